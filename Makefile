@@ -1,0 +1,46 @@
+# slurmft: set-up, tests, benchmarks. Run as root on Debian 12 (make install uses apt-get).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# A CPU build of this exact version lies on disk on our machines; an open range pulls CUDA.
+TORCH_SPEC ?= torch==2.13.0
+DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server
+PYTEST_ARGS ?=
+
+.PHONY: install system-deps venv test test-unit test-integration bench clean
+
+install: system-deps venv
+
+system-deps:
+	@missing=""; for p in $(DEBIAN_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "make install: need root to apt-get install:$$missing" >&2; exit 1; fi; \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e ".[train,dev]"
+	touch $@
+
+# pytest exits 5 when it collected nothing: that is a failure for us, not a pass.
+test: venv
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
+test-integration: venv
+	$(PY) -m pytest -q -m integration $(PYTEST_ARGS)
+
+bench: venv
+	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Typer sub-apps, one module per ``slurmft <command>``; ``slurmft.cli`` mounts them."""

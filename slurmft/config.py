@@ -1,0 +1,191 @@
+"""One typed configuration: defaults < slurmft.toml < environment < CLI flags.
+
+Each component owns a frozen dataclass of its settings (``SweepConfig``, ``CheckpointConfig``...)
+and registers nothing here: this module only knows how to fill a dataclass from a mapping,
+validating every value in one place. Errors name the offending key (``[sweep] max_drain_share``)
+and unknown keys are rejected with the list of valid ones.
+
+Layering:
+  * defaults are the dataclass defaults;
+  * ``slurmft.toml``: the file named by ``--config`` or ``$SLURMFT_CONFIG``, else ``./slurmft.toml``
+    when present; one TOML table per component (``[sweep]``, ``[checkpoint]``...);
+  * environment: ``SLURMFT_<SECTION>_<FIELD>`` (upper case), parsed as the field's type;
+  * CLI flags: passed by the command as ``overrides`` (``None`` means "not given").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+T = TypeVar("T")
+
+CONFIG_ENV = "SLURMFT_CONFIG"
+DEFAULT_CONFIG_NAME = "slurmft.toml"
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file is wrong; the message names it."""
+
+
+def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file to read: explicit path, then $SLURMFT_CONFIG, then ./slurmft.toml if present."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        return path
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} (from ${CONFIG_ENV}) does not exist")
+        return path
+    local = Path(DEFAULT_CONFIG_NAME)
+    return local if local.is_file() else None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; a syntax error becomes a ConfigError naming the file."""
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+
+
+def load_section(
+    cls: type[T],
+    section: str,
+    *,
+    config_file: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """Build ``cls`` from its defaults, the ``[section]`` table, the environment and overrides."""
+    values: dict[str, Any] = {}
+    path = find_config_file(config_file)
+    if path is not None:
+        table = read_toml(path).get(section, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}] in {path} must be a table")
+        values.update(table)
+    env = os.environ if environ is None else environ
+    prefix = f"SLURMFT_{section.upper()}_"
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key, raw in env.items():
+        if key.startswith(prefix):
+            field = key[len(prefix):].lower()
+            if field in names:
+                values[field] = raw
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = value
+    return from_mapping(cls, values, section)
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], section: str) -> T:
+    """Validate ``data`` against dataclass ``cls``; every error names ``[section] key``."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"[{section}] unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(fields))}"
+        )
+    hints = typing.get_type_hints(cls)
+    kwargs = {name: coerce(value, hints[name], f"[{section}] {name}") for name, value in data.items()}
+    try:
+        obj = cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"[{section}] {exc}") from None
+    return obj
+
+
+def coerce(value: Any, hint: Any, where: str) -> Any:
+    """Convert a TOML/env value to the annotated type, or raise ConfigError naming ``where``."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}")
+    if origin in (tuple, list):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {type(value).__name__}")
+        item = args[0] if args else Any
+        return tuple(coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
+        return dict(value)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{where} must be a boolean, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where} must be a string, got {value!r}")
+    if hint is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise ConfigError(f"{where} must be a path string, got {value!r}")
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
+        return from_mapping(hint, value, where.strip("[]").replace("] ", "."))
+    return value

@@ -1,0 +1,1 @@
+"""slurmft.health: node health checks, each a small pure function over gathered facts."""

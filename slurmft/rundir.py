@@ -1,0 +1,136 @@
+"""The run directory: the one contract between the in-job side and the cluster side.
+
+This module owns the layout (every path name is spelled here and nowhere else) and the atomic
+write used for every file in it: write to a temporary name in the same directory, fsync the file,
+rename over the final name, fsync the directory. A reader therefore sees either the old file or
+the new one, never a torn one, even after a kill -9 or a node crash.
+
+It imports neither torch nor anything that talks to Slurm, so both sides can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RUN_DIR_ENV = "SLURMFT_RUN_DIR"
+
+CHECKPOINTS = "checkpoints"
+HEARTBEAT = "heartbeat"
+EVENTS = "events.jsonl"
+WATCH = "watch"
+DONE = "DONE"
+STEP_PREFIX = "step_"
+TMP_MARK = ".tmp-"
+STEP_DIGITS = 9
+
+
+def step_dirname(step: int) -> str:
+    """``step_000001200`` for step 1200: zero-padded so lexical order is numeric order."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"{STEP_PREFIX}{step:0{STEP_DIGITS}d}"
+
+
+def parse_step_dirname(name: str) -> int | None:
+    """The step of a committed checkpoint directory name, or None for anything else (incl. tmp)."""
+    if not name.startswith(STEP_PREFIX) or TMP_MARK in name:
+        return None
+    digits = name[len(STEP_PREFIX):]
+    return int(digits) if digits.isdigit() else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run directory. Creating the object touches nothing on disk."""
+
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> "RunDir":
+        value = os.environ.get(RUN_DIR_ENV)
+        if not value:
+            raise ValueError(f"${RUN_DIR_ENV} is not set")
+        return cls(Path(value))
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def heartbeat_dir(self) -> Path:
+        return self.root / HEARTBEAT
+
+    def heartbeat(self, node: str) -> Path:
+        return self.heartbeat_dir / f"{node}.json"
+
+    @property
+    def events(self) -> Path:
+        return self.root / EVENTS
+
+    @property
+    def watch_state(self) -> Path:
+        return self.root / WATCH / "state.json"
+
+    @property
+    def done(self) -> Path:
+        return self.root / DONE
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / step_dirname(step)
+
+    def committed_steps(self) -> list[int]:
+        """Steps of committed checkpoint directories, oldest first (unverified)."""
+        if not self.checkpoints.is_dir():
+            return []
+        steps = []
+        for entry in os.scandir(self.checkpoints):
+            step = parse_step_dirname(entry.name)
+            if step is not None and entry.is_dir():
+                steps.append(step)
+        return sorted(steps)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename or create inside it is durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` atomically and durably (temp name, fsync, rename, fsync dir)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Atomically write ``obj`` as indented, key-sorted JSON with a trailing newline."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file written by :func:`atomic_write_json`."""
+    with open(path, "rb") as fh:
+        return json.load(fh)

@@ -1,0 +1,1 @@
+"""slurmft.train: the in-job side; the only package that imports torch."""

@@ -1,0 +1,59 @@
+"""Config layering and validation: defaults < toml < environment < overrides; errors name keys."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from slurmft.config import ConfigError, load_section
+
+
+@dataclass(frozen=True)
+class Demo:
+    interval: int = 10
+    share: float = 0.1
+    paths: tuple[str, ...] = ()
+    dry: bool = False
+    where: Path | None = None
+
+
+def write(tmp_path, text):
+    p = tmp_path / "slurmft.toml"
+    p.write_text(text)
+    return p
+
+
+def test_layers_in_order(tmp_path):
+    cfg = write(tmp_path, "[demo]\ninterval = 20\nshare = 0.2\n")
+    got = load_section(Demo, "demo", config_file=cfg, environ={"SLURMFT_DEMO_SHARE": "0.3"},
+                       overrides={"dry": True, "interval": None})
+    assert got == Demo(interval=20, share=0.3, dry=True)
+
+
+def test_unknown_key_lists_valid_ones(tmp_path):
+    cfg = write(tmp_path, "[demo]\nintervall = 3\n")
+    with pytest.raises(ConfigError, match=r"\[demo\] unknown key 'intervall'; valid keys: dry, interval"):
+        load_section(Demo, "demo", config_file=cfg, environ={})
+
+
+def test_wrong_type_names_key(tmp_path):
+    cfg = write(tmp_path, '[demo]\ninterval = "often"\n')
+    with pytest.raises(ConfigError, match=r"\[demo\] interval must be an integer"):
+        load_section(Demo, "demo", config_file=cfg, environ={})
+
+
+def test_bool_is_not_an_int(tmp_path):
+    cfg = write(tmp_path, "[demo]\ninterval = true\n")
+    with pytest.raises(ConfigError, match="interval"):
+        load_section(Demo, "demo", config_file=cfg, environ={})
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_section(Demo, "demo", config_file=tmp_path / "nope.toml", environ={})
+
+
+def test_env_list_and_path(tmp_path):
+    got = load_section(Demo, "demo", config_file=write(tmp_path, ""),
+                       environ={"SLURMFT_DEMO_PATHS": "/a, /b", "SLURMFT_DEMO_WHERE": "/x"})
+    assert got.paths == ("/a", "/b") and got.where == Path("/x")
