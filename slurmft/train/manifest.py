@@ -1,0 +1,373 @@
+"""Checkpoint manifests: what a committed checkpoint holds, with per-file checksums.
+
+This module owns the ``manifest.json`` format, the checksum used for checkpoint files, the
+names of checkpoint directories (committed ``step_N`` and in-flight ``step_N.tmp-<id>``), and
+the torch-free checks built on them: :func:`verify_checkpoint` and :func:`list_checkpoints`.
+
+It never imports torch: the cluster side (``slurmft ckpt``, the watcher) uses it on login nodes.
+DCP's ``.metadata`` is a pickle; it is verified here by size and checksum only, never unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import xxhash
+
+from slurmft.rundir import TMP_MARK, RunDir, atomic_write_json, parse_step_dirname, step_dirname
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+HASH_ALGO = "xxh3_128"
+DCP_METADATA_NAME = ".metadata"
+HASH_CHUNK = 4 << 20
+
+ProgressFn = Callable[[int, int], None]
+
+
+class ManifestError(Exception):
+    """A manifest is missing, unreadable or malformed; the message names the file and the field."""
+
+
+# ----------------------------------------------------------------------------- checksums
+
+
+class StreamHasher:
+    """Incremental checksum of one file, fed with the bytes as they are written."""
+
+    algo = HASH_ALGO
+
+    def __init__(self) -> None:
+        self._hash = xxhash.xxh3_128()
+        self.size = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._hash.update(data)
+        self.size += memoryview(data).nbytes
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+def hash_file(path: str | os.PathLike[str], chunk: int = HASH_CHUNK,
+              on_bytes: Callable[[int], None] | None = None) -> str:
+    """Checksum of the file at ``path`` (same value :class:`StreamHasher` gives for its bytes)."""
+    hasher = StreamHasher()
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            hasher.update(view[:n])
+            if on_bytes is not None:
+                on_bytes(n)
+    return hasher.hexdigest()
+
+
+# ----------------------------------------------------------------------------- directory names
+
+
+def tmp_dirname(step: int, tmp_id: str) -> str:
+    """``step_000001300.tmp-<id>``: where a save writes before it is committed by a rename."""
+    if not tmp_id or not all(c.isalnum() or c in "-_" for c in tmp_id):
+        raise ValueError(f"tmp id must be non-empty [A-Za-z0-9_-], got {tmp_id!r}")
+    return f"{step_dirname(step)}{TMP_MARK}{tmp_id}"
+
+
+def parse_tmp_dirname(name: str) -> int | None:
+    """The step of an in-flight/abandoned ``step_N.tmp-<id>`` name, or None for anything else."""
+    head, mark, tmp_id = name.partition(TMP_MARK)
+    if not mark or not tmp_id:
+        return None
+    return parse_step_dirname(head)
+
+
+# ----------------------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint: path relative to the checkpoint dir (POSIX), size, checksum."""
+
+    path: str
+    size: int
+    hash: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    step: int
+    world_size: int
+    torch_version: str
+    job_id: str | None
+    restart_count: int | None
+    created_at: float
+    files: tuple[FileEntry, ...]
+    hash_algo: str = HASH_ALGO
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "step": self.step,
+            "world_size": self.world_size,
+            "torch_version": self.torch_version,
+            "job_id": self.job_id,
+            "restart_count": self.restart_count,
+            "created_at": self.created_at,
+            "hash_algo": self.hash_algo,
+            "files": [{"path": f.path, "size": f.size, "hash": f.hash} for f in self.files],
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = MANIFEST_NAME) -> "Manifest":
+        """Validate parsed JSON; every error names ``where`` and the offending field."""
+        if not isinstance(data, dict):
+            raise ManifestError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        version = _field(data, "format_version", int, where)
+        if version > FORMAT_VERSION:
+            raise ManifestError(
+                f"{where}: manifest format {version} is newer than this slurmft understands "
+                f"({FORMAT_VERSION})"
+            )
+        if version < 1:
+            raise ManifestError(f"{where}: format_version must be >= 1, got {version}")
+        raw_files = _field(data, "files", list, where)
+        files = []
+        for i, raw in enumerate(raw_files):
+            at = f"{where}: files[{i}]"
+            if not isinstance(raw, dict):
+                raise ManifestError(f"{at}: expected an object")
+            entry = FileEntry(_field(raw, "path", str, at), _field(raw, "size", int, at),
+                              _field(raw, "hash", str, at))
+            if not _is_plain_relative(entry.path):
+                raise ManifestError(f"{at}: path {entry.path!r} must be relative, inside the checkpoint")
+            if entry.size < 0:
+                raise ManifestError(f"{at}: size must be >= 0, got {entry.size}")
+            files.append(entry)
+        manifest = cls(
+            format_version=version,
+            step=_field(data, "step", int, where),
+            world_size=_field(data, "world_size", int, where),
+            torch_version=_field(data, "torch_version", str, where),
+            job_id=_field(data, "job_id", (str, type(None)), where),
+            restart_count=_field(data, "restart_count", (int, type(None)), where),
+            created_at=float(_field(data, "created_at", (int, float), where)),
+            files=tuple(files),
+            hash_algo=_field(data, "hash_algo", str, where),
+            extra=_field(data, "extra", dict, where),
+        )
+        if manifest.step < 0 or manifest.world_size < 1:
+            raise ManifestError(f"{where}: step must be >= 0 and world_size >= 1")
+        if manifest.hash_algo != HASH_ALGO:
+            raise ManifestError(f"{where}: unknown hash_algo {manifest.hash_algo!r} (know {HASH_ALGO})")
+        return manifest
+
+
+def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if name not in data:
+        raise ManifestError(f"{where}: missing field {name!r}")
+    value = data[name]
+    bad_bool = isinstance(value, bool) and kind is not bool
+    if bad_bool or not isinstance(value, kind):
+        raise ManifestError(f"{where}: field {name!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _is_plain_relative(path: str) -> bool:
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
+def read_manifest(ckpt_dir: str | os.PathLike[str]) -> Manifest:
+    """The manifest of ``ckpt_dir``; :class:`ManifestError` if missing, unreadable or malformed."""
+    path = Path(ckpt_dir) / MANIFEST_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: missing") from None
+    except OSError as exc:
+        raise ManifestError(f"{path}: unreadable ({exc.strerror})") from None
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+    return Manifest.from_json(data, str(path))
+
+
+def write_manifest(ckpt_dir: str | os.PathLike[str], manifest: Manifest) -> None:
+    """Write ``manifest.json`` into ``ckpt_dir`` atomically and durably."""
+    atomic_write_json(Path(ckpt_dir) / MANIFEST_NAME, manifest.to_json())
+
+
+def build_manifest(step: int, world_size: int, torch_version: str, files: Iterable[FileEntry], *,
+                   job_id: str | None = None, restart_count: int | None = None,
+                   extra: dict[str, Any] | None = None) -> Manifest:
+    """A manifest for the current format, files sorted by path, stamped with the wall time now."""
+    return Manifest(FORMAT_VERSION, step, world_size, torch_version, job_id, restart_count,
+                    time.time(), tuple(sorted(files, key=lambda f: f.path)), HASH_ALGO,
+                    dict(extra or {}))
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    ckpt_dir: Path
+    manifest: Manifest | None
+    problems: tuple[str, ...]
+    bytes_checked: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _files_on_disk(ckpt_dir: Path) -> set[str]:
+    found = set()
+    for dirpath, _dirs, names in os.walk(ckpt_dir):
+        rel = Path(dirpath).relative_to(ckpt_dir)
+        for name in names:
+            found.add((rel / name).as_posix())
+    found.discard(MANIFEST_NAME)
+    return found
+
+
+def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | None = None) -> VerifyReport:
+    """Check every file of a checkpoint against its manifest: presence, size, checksum, nothing extra.
+
+    ``progress(done_bytes, total_bytes)`` is called as checksums advance. Problems name the file.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    try:
+        manifest = read_manifest(ckpt_dir)
+    except ManifestError as exc:
+        return VerifyReport(ckpt_dir, None, (str(exc),), 0)
+    problems: list[str] = []
+    named_step = parse_step_dirname(ckpt_dir.name)
+    if named_step is None:
+        named_step = parse_tmp_dirname(ckpt_dir.name)
+    if named_step is not None and named_step != manifest.step:
+        problems.append(f"{ckpt_dir}: manifest says step {manifest.step}, directory name says {named_step}")
+    listed = {f.path for f in manifest.files}
+    if DCP_METADATA_NAME not in listed:
+        problems.append(f"{ckpt_dir / DCP_METADATA_NAME}: not listed in the manifest")
+    on_disk = _files_on_disk(ckpt_dir) if ckpt_dir.is_dir() else set()
+    for extra in sorted(on_disk - listed):
+        problems.append(f"{ckpt_dir / extra}: extra file, not listed in the manifest")
+    total = manifest.total_bytes
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total)
+
+    for entry in manifest.files:
+        path = ckpt_dir / entry.path
+        what = "DCP metadata" if entry.path == DCP_METADATA_NAME else "file"
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{path}: {what} missing")
+            advance(entry.size)
+            continue
+        except OSError as exc:
+            problems.append(f"{path}: {what} unreadable ({exc.strerror})")
+            advance(entry.size)
+            continue
+        if size != entry.size:
+            problems.append(f"{path}: wrong size {size}, manifest says {entry.size}")
+            advance(entry.size)
+            continue
+        try:
+            digest = hash_file(path, on_bytes=advance)
+        except OSError as exc:
+            problems.append(f"{path}: {what} unreadable ({exc.strerror})")
+            continue
+        if digest != entry.hash:
+            problems.append(f"{path}: wrong checksum {digest}, manifest says {entry.hash}")
+    return VerifyReport(ckpt_dir, manifest, tuple(problems), done)
+
+
+# ----------------------------------------------------------------------------- listing
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One directory under ``<run_dir>/checkpoints``: committed or tmp, with its manifest or error."""
+
+    path: Path
+    step: int
+    committed: bool
+    size_bytes: int
+    mtime: float
+    manifest: Manifest | None
+    error: str | None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:  # removed while we walk (retention, a save finishing)
+                pass
+    return total
+
+
+def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
+    """Committed and tmp checkpoint dirs of a run, by step (tmp after committed); no checksums read.
+
+    A committed dir whose manifest cannot be read carries the error; a tmp dir usually has no
+    manifest yet, which is not an error for it.
+    """
+    root = RunDir(Path(run_dir)).checkpoints
+    if not root.is_dir():
+        return []
+    infos = []
+    for entry in os.scandir(root):
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        step = parse_step_dirname(entry.name)
+        committed = step is not None
+        if step is None:
+            step = parse_tmp_dirname(entry.name)
+        if step is None:
+            continue
+        path = Path(entry.path)
+        manifest, error = None, None
+        try:
+            manifest = read_manifest(path)
+        except ManifestError as exc:
+            if committed or (path / MANIFEST_NAME).exists():
+                error = str(exc)
+        if manifest is not None and manifest.step != step:
+            error = f"{path}: manifest says step {manifest.step}, directory name says {step}"
+        try:
+            mtime = entry.stat(follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            continue
+        infos.append(CheckpointInfo(path, step, committed, _dir_size(path), mtime, manifest, error))
+    infos.sort(key=lambda i: (i.step, not i.committed, i.name))
+    return infos

@@ -1,0 +1,139 @@
+"""Checkpoint retention: which checkpoint directories of a run to delete, and deleting them safely.
+
+The decision (:func:`plan_prune`) is a pure function of step numbers and directory names, so it
+is tested without a filesystem and shared by the checkpoint manager (coordinator, after each
+commit) and ``slurmft ckpt prune``. The rules:
+
+* keep the last ``keep_last`` committed steps, every step divisible by ``keep_every``, and every
+  step in ``milestones``;
+* never delete the newest *valid* checkpoint (the one a restart would load), even when the rules
+  above would; with no valid checkpoint known, delete no committed checkpoint at all;
+* delete every ``step_N.tmp-<id>`` dir with ``N`` <= the newest committed step: a save of that
+  step either committed already or can never become the newest. The manager runs retention
+  between saves (at most one in flight), so no live save is ever a candidate.
+
+Deleting a committed checkpoint first renames it to a tmp name (atomic), then removes the tree, so
+a kill half-way leaves an abandoned tmp dir for the next pass, never a half-deleted ``step_N``
+that looks committed. No torch here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from slurmft.rundir import RunDir, fsync_dir, step_dirname
+from slurmft.train.manifest import parse_tmp_dirname, tmp_dirname
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    keep_last: int = 3
+    keep_every: int | None = None
+    milestones: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.keep_last, bool) or not isinstance(self.keep_last, int) or self.keep_last < 1:
+            raise ValueError(f"keep_last must be an integer >= 1, got {self.keep_last!r}")
+        if self.keep_every is not None and (
+            isinstance(self.keep_every, bool) or not isinstance(self.keep_every, int) or self.keep_every < 1
+        ):
+            raise ValueError(f"keep_every must be an integer >= 1 or unset, got {self.keep_every!r}")
+        bad = [m for m in self.milestones if isinstance(m, bool) or not isinstance(m, int) or m < 0]
+        if bad:
+            raise ValueError(f"milestones must be integers >= 0, got {bad[0]!r}")
+        object.__setattr__(self, "milestones", frozenset(self.milestones))
+
+    def protects(self, step: int) -> bool:
+        """Whether ``keep_every`` or ``milestones`` keep ``step`` regardless of its age."""
+        return step in self.milestones or (self.keep_every is not None and step % self.keep_every == 0)
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    keep_steps: tuple[int, ...]
+    delete_steps: tuple[int, ...]
+    delete_tmp_dirs: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.delete_steps and not self.delete_tmp_dirs
+
+
+def plan_prune(
+    committed_steps: Iterable[int],
+    newest_valid_step: int | None,
+    tmp_dirs: Iterable[str],
+    policy: RetentionPolicy,
+) -> PrunePlan:
+    """Decide what to delete; see the module docstring for the rules."""
+    steps = sorted(set(committed_steps))
+    if newest_valid_step is not None and newest_valid_step not in steps:
+        raise ValueError(f"newest valid step {newest_valid_step} is not among the committed steps")
+    tmp_steps = {}
+    for name in tmp_dirs:
+        step = parse_tmp_dirname(name)
+        if step is None:
+            raise ValueError(f"{name!r} is not a checkpoint tmp dir name")
+        tmp_steps[name] = step
+    if newest_valid_step is None:
+        keep = set(steps)
+    else:
+        keep = set(steps[-policy.keep_last:]) | {s for s in steps if policy.protects(s)}
+        keep.add(newest_valid_step)
+    newest_committed = steps[-1] if steps else None
+    stale_tmp = sorted(n for n, s in tmp_steps.items() if newest_committed is not None and s <= newest_committed)
+    return PrunePlan(
+        keep_steps=tuple(sorted(keep)),
+        delete_steps=tuple(s for s in steps if s not in keep),
+        delete_tmp_dirs=tuple(stale_tmp),
+    )
+
+
+def scan_checkpoint_dirs(run_dir: str | os.PathLike[str]) -> tuple[list[int], list[str]]:
+    """Committed steps (oldest first) and tmp dir names under ``<run_dir>/checkpoints``."""
+    rd = RunDir(Path(run_dir))
+    if not rd.checkpoints.is_dir():
+        return [], []
+    tmp = sorted(e.name for e in os.scandir(rd.checkpoints)
+                 if e.is_dir(follow_symlinks=False) and parse_tmp_dirname(e.name) is not None)
+    return rd.committed_steps(), tmp
+
+
+def apply_prune(run_dir: str | os.PathLike[str], plan: PrunePlan) -> list[Path]:
+    """Delete what ``plan`` names under ``<run_dir>/checkpoints``; returns the paths removed.
+
+    A directory that is already gone (another pruner got there first) is skipped silently.
+    """
+    root = RunDir(Path(run_dir)).checkpoints
+    removed: list[Path] = []
+    for step in plan.delete_steps:
+        src = root / step_dirname(step)
+        doomed = root / tmp_dirname(step, f"pruned-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(src, doomed)
+        except FileNotFoundError:
+            continue
+        fsync_dir(root)
+        _rmtree(doomed)
+        removed.append(src)
+    for name in plan.delete_tmp_dirs:
+        path = root / name
+        if path.is_dir():
+            _rmtree(path)
+            removed.append(path)
+    return removed
+
+
+def _rmtree(path: Path) -> None:
+    """Remove a tree; entries vanishing underneath are fine, any other error propagates."""
+
+    def onerror(_func, _path, exc_info) -> None:  # type: ignore[no-untyped-def]
+        if not issubclass(exc_info[0], FileNotFoundError):
+            raise exc_info[1]
+
+    shutil.rmtree(path, onerror=onerror)
