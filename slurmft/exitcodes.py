@@ -1,0 +1,29 @@
+"""Exit codes shared by the training process, the sbatch template and the watcher.
+
+These numbers are the protocol between a training step and whoever decides what happens next
+(the template's ``scontrol requeue``, the watcher's give-up rule). They are defined here and
+nowhere else in Python; ``sbatch_templates/train.sbatch`` repeats them in bash, and a unit test
+checks the two agree. Torch-free.
+"""
+
+from __future__ import annotations
+
+OK = 0
+"""Training finished (or this segment ended cleanly)."""
+
+REQUEUE = 85
+"""Preempted or out of time: every rank joined one emergency checkpoint; requeue me."""
+
+NO_REQUEUE = 86
+"""Running again would fail the same way (bad input, incompatible checkpoint, repeated NaNs)."""
+
+HANG = 87
+"""The step-time watchdog fired: a step (often a collective) hung; stacks are in the job log."""
+
+NAMES: dict[int, str] = {OK: "OK", REQUEUE: "REQUEUE", NO_REQUEUE: "NO_REQUEUE", HANG: "HANG"}
+
+
+def describe(code: int) -> str:
+    """``"REQUEUE (85)"`` for a known code, ``"exit 3"`` for anything else."""
+    name = NAMES.get(code)
+    return f"{name} ({code})" if name else f"exit {code}"

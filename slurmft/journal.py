@@ -1,0 +1,208 @@
+"""The run's journal, ``<run_dir>/events.jsonl``: one versioned JSON event per line, append-only.
+
+Both sides write it (the training job: segment start/end, checkpoint committed, guard trips,
+preemption, losses; the watcher: detections and actions) and both read it. Each event is written
+with ONE ``write`` on an ``O_APPEND`` descriptor followed by ``fsync``, so concurrent writers on
+one host never interleave bytes inside a line and an event that was reported written survives a
+crash. A reader skips a line it cannot parse (a torn tail after a crash on a filesystem that
+does not honour O_APPEND atomically) and says so once, instead of failing the whole read.
+
+``python -m slurmft.journal`` exposes the two operations the bash sbatch template needs
+(``append`` and ``outcome``). Torch-free.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from slurmft.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+JOURNAL_VERSION = 1
+_KIND_RE = re.compile(r"^[a-z][a-z0-9_.]{0,63}$")
+_RESERVED = frozenset({"v", "t", "kind"})
+
+
+class JournalError(ValueError):
+    """An event cannot be written as given (bad kind, reserved or unserialisable field)."""
+
+
+# Event kinds written by the in-job side. The watcher adds its own; readers accept any kind.
+SEGMENT_START = "segment_start"
+SEGMENT_END = "segment_end"
+CHECKPOINT_COMMITTED = "checkpoint_committed"
+GUARD_TRIP = "guard_trip"
+ROLLBACK = "rollback"
+PREEMPTION = "preemption"
+HANG = "hang"
+LOSS = "loss"
+TEMPLATE = "template"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One journal line: version, wall time (unix seconds), kind, and the kind's own fields."""
+
+    kind: str
+    time: float
+    fields: Mapping[str, Any]
+    version: int = JOURNAL_VERSION
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+def encode_event(kind: str, fields: Mapping[str, Any], *, now: float | None = None) -> bytes:
+    """The exact bytes of one journal line (validated; ends with a newline)."""
+    if not isinstance(kind, str) or not _KIND_RE.match(kind):
+        raise JournalError(f"journal event kind {kind!r} must match {_KIND_RE.pattern}")
+    clash = _RESERVED.intersection(fields)
+    if clash:
+        raise JournalError(f"journal event field {sorted(clash)[0]!r} is reserved")
+    record = {"v": JOURNAL_VERSION, "t": time.time() if now is None else now, "kind": kind}
+    record.update(fields)
+    try:
+        line = json.dumps(record, sort_keys=True, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise JournalError(f"journal event {kind!r} is not JSON-serialisable: {exc}") from None
+    return (line + "\n").encode()
+
+
+def append_event(path: Path, kind: str, /, **fields: Any) -> None:
+    """Append one event to the journal at ``path`` (one O_APPEND write + fsync)."""
+    data = encode_event(kind, fields)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(f"short append to {path}: {written} of {len(data)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    """The journal of one run directory, stamped with the job id and restart count of this writer."""
+
+    def __init__(self, run_dir: RunDir | Path, *, job_id: str | None = None,
+                 restart_count: int | None = None) -> None:
+        self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+        self.job_id = job_id
+        self.restart_count = restart_count
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir.events
+
+    def append(self, kind: str, /, **fields: Any) -> None:
+        stamped = {"job_id": self.job_id, "restart_count": self.restart_count}
+        stamped.update(fields)
+        append_event(self.path, kind, **stamped)
+
+    def read(self, kinds: Iterable[str] | None = None) -> list[Event]:
+        return read_events(self.path, kinds)
+
+
+def parse_line(line: str) -> Event | None:
+    """One line -> Event, or None when it is not a journal event this version understands."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    version, kind, when = record.get("v"), record.get("kind"), record.get("t")
+    if not isinstance(version, int) or version > JOURNAL_VERSION or not isinstance(kind, str):
+        return None
+    if not isinstance(when, (int, float)):
+        return None
+    fields = {k: v for k, v in record.items() if k not in _RESERVED}
+    return Event(kind=kind, time=float(when), fields=fields, version=version)
+
+
+def read_events(path: Path, kinds: Iterable[str] | None = None) -> list[Event]:
+    """Every event in file order (optionally only ``kinds``); [] when the journal does not exist."""
+    wanted = None if kinds is None else frozenset(kinds)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return []
+    events, skipped = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        event = parse_line(line)
+        if event is None:
+            skipped += 1
+            continue
+        if wanted is None or event.kind in wanted:
+            events.append(event)
+    if skipped:
+        log.warning("%s: skipped %d line(s) that are not journal events of version <= %d",
+                    path, skipped, JOURNAL_VERSION)
+    return events
+
+
+def segment_outcome(events: Iterable[Event], job_id: str, restart_count: int) -> Event | None:
+    """The last ``segment_end`` written by the job segment (job id, restart count), if any."""
+    found = None
+    for event in events:
+        if (event.kind == SEGMENT_END and str(event.get("job_id")) == str(job_id)
+                and event.get("restart_count") == restart_count):
+            found = event
+    return found
+
+
+def _parse_field(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise JournalError(f"field {text!r} must be KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI for the sbatch template: ``append`` an event, or print a segment's recorded ``outcome``."""
+    parser = argparse.ArgumentParser(prog="python -m slurmft.journal", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add = sub.add_parser("append", help="append one event: KIND [KEY=VALUE ...] (values JSON or text)")
+    add.add_argument("run_dir", type=Path)
+    add.add_argument("kind")
+    add.add_argument("fields", nargs="*")
+    out = sub.add_parser("outcome", help="print the exit code the segment recorded (nothing if none)")
+    out.add_argument("run_dir", type=Path)
+    out.add_argument("job_id")
+    out.add_argument("restart_count", type=int)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "append":
+            fields = dict(_parse_field(f) for f in args.fields)
+            append_event(RunDir(args.run_dir).events, args.kind, **fields)
+        else:
+            event = segment_outcome(read_events(RunDir(args.run_dir).events), args.job_id,
+                                    args.restart_count)
+            if event is not None and isinstance(event.get("exit_code"), int):
+                print(event.get("exit_code"))
+    except (JournalError, OSError) as exc:
+        print(f"slurmft.journal: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Preemption: SIGUSR2/SIGTERM set a flag; at a step boundary every rank agrees with ONE all-reduce.
+
+Slurm delivers ``--signal=B:USR2@grace`` (time limit) and SIGTERM (preemption, scancel) to the
+batch script, which forwards them to every process of the training step. A signal reaches
+ranks at different moments, maybe between two steps on one rank and mid-step on another, so a
+rank must not act on its own flag: ``should_stop()`` all-reduces MAX of the flag over the group,
+and every rank gets the same answer at the same step. Then all ranks join one emergency save of
+that step and exit with ``slurmft.exitcodes.REQUEUE``.
+
+The handler only sets the flag; a second signal during the save sets it again and nothing else,
+so it cannot interrupt or corrupt the save.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR2, signal.SIGTERM)
+
+
+class PreemptionHandler:
+    """Installs the flag-setting handlers; ``should_stop()`` is the collective decision."""
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS, *,
+                 process_group: Any = None, device: torch.device | str = "cpu",
+                 check_every: int = 1) -> None:
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.signals = tuple(signals)
+        self.process_group = process_group
+        self.device = torch.device(device)
+        self.check_every = check_every
+        self.received: signal.Signals | None = None
+        self.count = 0
+        self._previous: dict[signal.Signals, Callable | int | None] = {}
+        self._calls = 0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only record; everything else happens at the next step boundary.
+        self.received = signal.Signals(signum)
+        self.count += 1
+
+    def install(self) -> "PreemptionHandler":
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("PreemptionHandler.install() must run in the main thread")
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def __enter__(self) -> "PreemptionHandler":
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    @property
+    def requested(self) -> bool:
+        """This rank saw a signal (local view; use ``should_stop`` to decide)."""
+        return self.received is not None
+
+    def should_stop(self, *, force: bool = False) -> bool:
+        """Collective: True on every rank when any rank saw a signal. Call on every rank, every step.
+
+        With ``check_every=k`` the all-reduce runs only on every k-th call (all ranks count calls
+        identically), trading up to k-1 steps of reaction time for fewer collectives.
+        """
+        self._calls += 1
+        if not force and self._calls % self.check_every:
+            return False
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=self.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
+        return bool(flag.item())
