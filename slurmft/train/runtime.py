@@ -1,18 +1,29 @@
-"""Who and where this training process is: the ONE reader of the job's environment.
+"""Who and where this training process is, and how its segment of the run begins and ends.
 
-Rank, local rank, world size (torchrun's ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, else srun's
-``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NTASKS``), the node name, the Slurm job id, the
-restart count and the node list are read here once, validated, and passed around as a frozen
-``JobEnv``; no other module reads ``SLURM_*`` variables. Torch-free itself (it lives under
-``train/`` because only the in-job side needs it).
+``JobEnv`` is the ONE reader of the job's environment: rank, local rank, world size (torchrun's
+``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, else srun's ``SLURM_PROCID``/``SLURM_LOCALID``/
+``SLURM_NTASKS``), the node name, the Slurm job id, the restart count and the node list are read
+here once, validated, and passed around frozen; no other module reads ``SLURM_*`` variables.
+
+``Segment`` is one run of the job (job id + restart count): it journals the segment's start and
+its end, and ends the process with a code from ``slurmft.exitcodes``. The end is journaled
+before the exit because torchrun reports any failing worker as exit 1: the sbatch template reads
+the real outcome back with ``python -m slurmft.journal outcome``. Torch-free (a barrier, when
+needed, is passed in).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
-from typing import Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping, NoReturn
+
+from slurmft import exitcodes, journal
+from slurmft.journal import Journal
+from slurmft.rundir import RunDir, atomic_write_bytes
 
 
 class JobEnvError(ValueError):
@@ -30,6 +41,7 @@ class JobEnv:
     restart_count: int
     num_nodes: int
     nodelist: str | None
+    pg_timeout_s: float = 600.0
 
     @property
     def is_rank0(self) -> bool:
@@ -74,4 +86,111 @@ class JobEnv:
             restart_count=integer(("SLURM_RESTART_COUNT",), 0, 0),
             num_nodes=integer(("SLURM_JOB_NUM_NODES", "SLURM_NNODES"), 1, 1),
             nodelist=env.get("SLURM_JOB_NODELIST") or None,
+            pg_timeout_s=float(integer(("SLURMFT_PG_TIMEOUT_S",), 600, 1)),
         )
+
+
+class RunDirError(OSError):
+    """The run directory cannot be used; the message names the path and the reason."""
+
+
+def check_run_dir_writable(run_dir: RunDir) -> None:
+    """Create the run directory if needed and prove it writable with one atomic probe write.
+
+    ``os.access`` is not enough: root passes it on read-only mounts and jobs often run as root.
+    """
+    probe = run_dir.root / f".slurmft-probe-{socket.gethostname()}-{os.getpid()}"
+    if run_dir.root.exists() and not run_dir.root.is_dir():
+        raise RunDirError(f"run directory {run_dir.root} is not writable: it is not a directory")
+    try:
+        run_dir.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(probe, b"probe\n")
+        probe.unlink()
+    except OSError as exc:
+        raise RunDirError(f"run directory {run_dir.root} is not writable: "
+                          f"{exc.strerror or exc}") from None
+
+
+class Segment:
+    """Journal the start and end of this segment; ``end`` exits the process with the given code."""
+
+    def __init__(self, env: JobEnv, run_dir: RunDir) -> None:
+        self.env = env
+        self.journal = Journal(run_dir, job_id=env.job_id, restart_count=env.restart_count)
+
+    def record(self, kind: str, /, **fields: Any) -> None:
+        """Journal an event from rank 0 only (events every rank would write identically)."""
+        if self.env.is_rank0:
+            self.journal.append(kind, **fields)
+
+    def started(self, *, restored_step: int | None, **extra: Any) -> None:
+        self.record(journal.SEGMENT_START, world_size=self.env.world_size,
+                    num_nodes=self.env.num_nodes, nodelist=self.env.nodelist,
+                    node=self.env.node, restored_step=restored_step, **extra)
+
+    def end(self, code: int, reason: str, *, step: int | None = None,
+            barrier: Callable[[], None] | None = None) -> NoReturn:
+        """Journal ``segment_end`` (rank 0), wait for every rank, and exit with ``code``.
+
+        The barrier keeps the other ranks alive until rank 0's line is durable: torchrun tears
+        down all workers as soon as one exits non-zero.
+        """
+        if code != exitcodes.OK:
+            print(f"slurmft: rank {self.env.rank}: {reason} -> {exitcodes.describe(code)}",
+                  file=sys.stderr, flush=True)
+        self.record(journal.SEGMENT_END, exit_code=code, outcome=exitcodes.describe(code),
+                    reason=reason, step=step)
+        if barrier is not None:
+            barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        raise SystemExit(code)
+
+
+def preflight(run_dir: RunDir, *, min_free_gb: float) -> list[str]:
+    """Problems that make this node unfit to join the job (empty list = fit).
+
+    Run once per node by the sbatch template before rendezvous: the run directory is writable
+    from here, it has ``min_free_gb`` free, and torch imports.
+    """
+    problems = []
+    try:
+        check_run_dir_writable(run_dir)
+    except RunDirError as exc:
+        return [f"run-dir: {exc}"]
+    try:
+        stat = os.statvfs(run_dir.root)
+    except OSError as exc:
+        problems.append(f"disk: cannot stat {run_dir.root}: {exc.strerror}")
+    else:
+        free_gb = stat.f_bavail * stat.f_frsize / 2**30
+        if free_gb < min_free_gb:
+            problems.append(f"disk: {run_dir.root} has {free_gb:.1f} GiB free, below {min_free_gb:g} GiB")
+    try:
+        import torch  # noqa: F401  (the check IS the import)
+    except Exception as exc:  # a broken install raises anything, not only ImportError
+        problems.append(f"python: cannot import torch: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m slurmft.train.runtime preflight RUN_DIR``: one line per node, rc 1 when unfit."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m slurmft.train.runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    pre = sub.add_parser("preflight", help="check that this node can join the training job")
+    pre.add_argument("run_dir", type=Path)
+    pre.add_argument("--min-free-gb", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    env = JobEnv.from_environ()
+    problems = preflight(RunDir(args.run_dir), min_free_gb=args.min_free_gb)
+    for problem in problems:
+        print(f"FAIL {env.node} {problem}", flush=True)
+    if not problems:
+        print(f"OK {env.node}", flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
