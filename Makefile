@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps venv test test-unit test-integration bench clean
+.PHONY: install system-deps venv test test-unit test-integration test-matrix bench clean
 
 install: system-deps venv
 
@@ -38,6 +38,13 @@ test-unit: venv
 
 test-integration: venv
 	$(PY) -m pytest -q -m integration $(PYTEST_ARGS)
+
+# The Slurm integration tests on Debian's 22.05 (bookworm), 24.11 (trixie) and 26.05 (sid), each in
+# a debootstrapped rootfs cached outside the repo (matrix/run.sh says how). MATRIX_SUITES=trixie
+# runs one. Needs root, debootstrap and the network on the first run.
+MATRIX_SUITES ?=
+test-matrix:
+	matrix/run.sh $(MATRIX_SUITES)
 
 bench: venv
 	@for b in benchmarks/*_bench.py; do echo "== $$b"; $(PY) $$b || exit 1; done

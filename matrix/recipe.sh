@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# matrix/recipe.sh: the recipe of one Debian release's root filesystem for the Slurm test matrix.
+#
+# Usage: matrix/recipe.sh SUITE DEST
+# Builds DEST (which must not exist) with debootstrap --variant=minbase and installs that
+# release's Slurm, slurmdbd, munge, MariaDB and Python. Nothing here is cached or stamped:
+# matrix/run.sh decides when to (re)build and stores this file's hash in the rootfs. Every apt
+# run happens in a private mount+pid namespace with service starts forbidden, so no package
+# script can leave a daemon or a mount behind on the host. Any change to this file rebuilds
+# every rootfs on the next `make test-matrix`.
+set -euo pipefail
+
+MIRROR=${SLURMFT_MATRIX_MIRROR:-http://deb.debian.org/debian}
+PACKAGES=(slurm-wlm slurmdbd munge mariadb-server python3 python3-venv procps)
+
+die() { echo "recipe.sh: $*" >&2; exit 2; }
+[[ $# -eq 2 ]] || die "usage: recipe.sh SUITE DEST"
+suite=$1 dest=$2
+[[ $suite =~ ^[a-z]+$ ]] || die "suite '$suite' is not a Debian suite name"
+[[ $dest == /* ]] || die "DEST '$dest' must be an absolute path"
+[[ ! -e $dest ]] || die "DEST '$dest' already exists"
+[[ $(id -u) == 0 ]] || die "needs root (debootstrap, chroot)"
+
+# sid's libmariadb3 (1:11.8.x) makes slurmdbd 26.05 fail at start (error 5027); trixie's works.
+# The library is unpacked beside the system one and named in /etc/slurmft-matrix/env, which
+# matrix/run.sh exports inside the rootfs (slurmdbd is the only user of libmariadb there).
+extra_libmariadb_from() {
+  case $1 in sid|unstable) echo trixie ;; *) echo "" ;; esac
+}
+
+in_root() {  # run a command chrooted in $dest, in a throwaway mount+pid namespace
+  unshare --mount --pid --fork --kill-child -- bash -euc '
+    root=$1; shift
+    mount -t proc proc "$root/proc"
+    mount --rbind /dev "$root/dev"
+    exec chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+      DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 "$@"' in_root "$dest" "$@"
+}
+
+debootstrap --variant=minbase --include=ca-certificates "$suite" "$dest" "$MIRROR" >/dev/null
+
+# policy-rc.d 101: package scripts must not start munge/mariadb/slurm daemons.
+printf '#!/bin/sh\nexit 101\n' >"$dest/usr/sbin/policy-rc.d"
+chmod 755 "$dest/usr/sbin/policy-rc.d"
+cp /etc/resolv.conf "$dest/etc/resolv.conf"
+# A frozen mirror (snapshot, or a proxy of one) serves Release files past their Valid-Until;
+# signatures are still checked, only the freshness date is not.
+echo 'Acquire::Check-Valid-Until "false";' >"$dest/etc/apt/apt.conf.d/99slurmft-matrix"
+
+in_root apt-get update -qq
+in_root apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+
+mkdir -p "$dest/etc/slurmft-matrix"
+: >"$dest/etc/slurmft-matrix/env"
+donor=$(extra_libmariadb_from "$suite")
+if [[ -n $donor ]]; then
+  echo "deb $MIRROR $donor main" >"$dest/etc/apt/sources.list.d/slurmft-$donor.list"
+  in_root apt-get update -qq
+  in_root bash -euc "mkdir -p /opt/slurmft && cd /tmp && apt-get download -qq libmariadb3/$donor && \
+    dpkg-deb -x libmariadb3_*.deb /opt/slurmft/$donor-libmariadb && rm libmariadb3_*.deb"
+  rm "$dest/etc/apt/sources.list.d/slurmft-$donor.list"
+  in_root apt-get update -qq
+  libdir=$(cd "$dest" && dirname "$(find "opt/slurmft/$donor-libmariadb" -name libmariadb.so.3 | head -n1)")
+  [[ -n $libdir && $libdir != . ]] || die "no libmariadb.so.3 in $donor's libmariadb3"
+  echo "LD_LIBRARY_PATH=/$libdir" >>"$dest/etc/slurmft-matrix/env"
+fi
+
+in_root apt-get clean
+rm -rf "$dest/var/lib/apt/lists/"*
