@@ -1,4 +1,7 @@
-"""slurmft.slurm: the only package that talks to Slurm (see ``client.py`` for the contract)."""
+"""slurmft.slurm: the only package that talks to Slurm (see ``client.py`` for the contract).
+
+``CliSlurmClient`` (``cli.py``) is the command-line backend. Importing this package runs nothing.
+"""
 
 from slurmft.slurm.client import (
     InvalidArgument,

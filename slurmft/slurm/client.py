@@ -30,6 +30,8 @@ class JobState(str, enum.Enum):
     BOOT_FAIL = "BOOT_FAIL"
     DEADLINE = "DEADLINE"
     OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    # Accounting only (sacct -D): this run ended because the job went back to the queue.
+    REQUEUED = "REQUEUED"
 
     @property
     def finished(self) -> bool:

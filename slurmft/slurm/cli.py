@@ -1,0 +1,242 @@
+"""``CliSlurmClient``: the SlurmClient over squeue/scontrol/sacct/sbatch/scancel.
+
+Four layers per operation: build the argv (values validated first, see ``validate.py``), run it
+(``_run``, the one choke point, with timeout and retries in ``runner.py``), parse it (pure
+functions in ``parse_jobs.py``/``parse_nodes.py``), decide. Release differences come from
+``release.Capabilities`` only.
+
+Where data comes from:
+  * ``jobs(ids)``: ONE ``squeue --json`` call. 23.02+: ``-t all -j <ids>`` (finished jobs the
+    controller still holds, i.e. within MinJobAge, are included); if Slurm rejects the list
+    because one id is unknown, one unfiltered ``squeue -t all`` follows. 22.05: squeue ignores
+    ``-j``, so the call is unfiltered and filtered here. Jobs the controller has forgotten are
+    absent (nothing is read from accounting here: a poll loop must stay one controller call).
+  * ``job(id)``: squeue, then the newest sacct record for ids the controller has forgotten; an id
+    neither knows raises JobNotFound with Slurm's message.
+  * ``job_history(id)``: ``sacct -D`` (every run); on 22.05 ``sacct -P`` text, whose exit codes
+    are right (22.05's sacct JSON reports exit 3 as SUCCESS/0).
+  * ``nodes()``: 23.02+ ``scontrol --json show nodes``; 22.05 ``sinfo --json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from slurmft.slurm import validate
+from slurmft.slurm.client import (
+    InvalidArgument, Job, JobNotFound, JobState, Node, SlurmError, SlurmInfo,
+)
+from slurmft.slurm.config import SlurmConfig
+from slurmft.slurm.parse_jobs import SACCT_TEXT_FIELDS, parse_sacct, parse_sacct_text, parse_squeue
+from slurmft.slurm.parse_nodes import parse_nodes
+from slurmft.slurm.release import Capabilities, listed_parsers, parse_version
+from slurmft.slurm.runner import Result, Runner
+
+# Base states for which a plain `scontrol requeue` is right: the run ended, not successfully.
+_REQUEUE_PLAIN = frozenset({
+    JobState.FAILED, JobState.NODE_FAIL, JobState.TIMEOUT, JobState.CANCELLED, JobState.PREEMPTED,
+    JobState.BOOT_FAIL, JobState.DEADLINE, JobState.OUT_OF_MEMORY,
+})
+
+
+class CliSlurmClient:
+    """SlurmClient over Slurm's command line tools. ``env`` overlays the process environment
+    for every command (e.g. ``{"SLURM_CONF": ".../slurm.conf"}`` of a devcluster)."""
+
+    def __init__(self, config: SlurmConfig | None = None, *, env: Mapping[str, str] | None = None,
+                 runner: Runner | None = None) -> None:
+        self.config = config or SlurmConfig()
+        self._runner = runner or Runner(self.config, env)
+        self._info: SlurmInfo | None = None
+
+    # -- running -------------------------------------------------------------------------------
+
+    def _run(self, argv: Sequence[str], **kwargs) -> Result:
+        """Every command this client runs passes here (tests count the calls)."""
+        return self._runner.run(argv, **kwargs)
+
+    def info(self) -> SlurmInfo:
+        """Release (from ``sinfo --version``) and the data_parser in use (cached)."""
+        if self._info is None:
+            out = self._run(["sinfo", "--version"]).stdout
+            version = parse_version(out)
+            if version is None:
+                raise SlurmError(f"sinfo --version: cannot read a Slurm release from {out.strip()!r}")
+            self._info = SlurmInfo(version=version, data_parser=self._choose_parser(Capabilities(version)))
+        return self._info
+
+    def _choose_parser(self, caps: Capabilities) -> str | None:
+        pin = self.config.data_parser
+        if not caps.data_parser_pins:
+            if pin:
+                raise InvalidArgument(
+                    f"[slurm] data_parser = {pin!r}, but Slurm {'.'.join(map(str, caps.version))} "
+                    "has no data_parser pins (remove the setting)"
+                )
+            return None
+        listing = self._run(["squeue", "--json=list"], check=False)
+        available = listed_parsers(listing.stdout + listing.stderr)
+        if pin:
+            if available and pin not in available:
+                raise InvalidArgument(
+                    f"[slurm] data_parser = {pin!r} is not offered by this Slurm; it offers {', '.join(available)}"
+                )
+            return pin
+        return available[-1] if available else None
+
+    @property
+    def _caps(self) -> Capabilities:
+        return Capabilities(self.info().version)
+
+    def _json(self) -> str:
+        parser = self.info().data_parser
+        return f"--json={parser}" if parser else "--json"
+
+    # -- observing -----------------------------------------------------------------------------
+
+    def jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs among ``job_ids`` that the controller still knows, in one squeue call."""
+        ids = validate.job_ids(job_ids)
+        if not ids:
+            return {}
+        flag = self._json()
+        if not self._caps.json_filters:
+            found = parse_squeue(self._run(["squeue", flag]).stdout)
+        else:
+            try:
+                found = parse_squeue(self._run(["squeue", flag, "-t", "all", "-j", ",".join(ids)]).stdout)
+            except JobNotFound:
+                found = parse_squeue(self._run(["squeue", flag, "-t", "all"]).stdout)
+        wanted = set(ids)
+        return {job.job_id: job for job in found if job.job_id in wanted}
+
+    def job(self, job_id: str) -> Job:
+        """One job from the controller, else its newest accounting record; else JobNotFound."""
+        job_id = validate.job_id(job_id)
+        slurm_says: JobNotFound | None = None
+        try:
+            found = self.jobs([job_id])
+        except JobNotFound as exc:
+            found, slurm_says = {}, exc
+        if job_id in found:
+            return found[job_id]
+        history = self.job_history(job_id)
+        if history:
+            return history[-1]
+        if slurm_says is None:  # 22.05: squeue never complains; ask scontrol for Slurm's verdict
+            self._run(["scontrol", "show", "job", job_id])
+            slurm_says = JobNotFound(f"squeue: job {job_id} not listed")
+        raise slurm_says
+
+    def job_history(self, job_id: str) -> list[Job]:
+        """Accounting records of every run of the job (``sacct -D``), oldest first."""
+        job_id = validate.job_id(job_id)
+        if self._caps.sacct_json_exit_codes:
+            out = self._run(["sacct", self._json(), "-D", "-j", job_id]).stdout
+            records = parse_sacct(out)
+        else:
+            out = self._run(
+                ["sacct", "-P", "--noheader", "-D", "-X", "-j", job_id, "-o", ",".join(SACCT_TEXT_FIELDS)],
+                env={"SLURM_TIME_FORMAT": "%s"},
+            ).stdout
+            records = parse_sacct_text(out)
+        return [job for job in records if job.job_id == job_id]
+
+    def nodes(self, names: Sequence[str] | None = None) -> dict[str, Node]:
+        """Nodes by name; with ``names``, only those (unknown names are absent)."""
+        wanted = None if names is None else set(validate.node_names(names))
+        if self._caps.scontrol_json:
+            command = ["scontrol", self._json(), "show", "nodes"]
+        else:
+            command = ["sinfo", self._json()]
+        found = parse_nodes(self._run(command).stdout, " ".join(command))
+        return found if wanted is None else {n: v for n, v in found.items() if n in wanted}
+
+    # -- acting --------------------------------------------------------------------------------
+
+    def submit(self, script: Path, args: Sequence[str] = (), *, env: Mapping[str, str] | None = None,
+               sbatch_options: Sequence[str] = ()) -> str:
+        """``sbatch --parsable [options] script [args]`` -> job id. Not retried after a timeout
+        (the job may have been submitted)."""
+        script = Path(script)
+        if not script.is_file():
+            raise InvalidArgument(f"batch script {script} does not exist")
+        for value in (*sbatch_options, *args):
+            if not isinstance(value, str) or "\x00" in value:
+                raise InvalidArgument(f"invalid sbatch argument {value!r}")
+        for value in sbatch_options:
+            if not value.startswith("-"):
+                raise InvalidArgument(f"sbatch option {value!r} must start with '-' (use --opt=value)")
+        out = self._run(["sbatch", "--parsable", *sbatch_options, str(script), *args],
+                        env=env, idempotent=False).stdout
+        job_id = out.strip().split(";", 1)[0]
+        return validate.job_id(job_id)
+
+    def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False) -> None:
+        """``scancel`` the job, or send ``signal`` (to the batch step only when ``batch_only``)."""
+        argv = ["scancel"]
+        if signal is not None:
+            argv.append(f"--signal={validate.signal_name(signal)}")
+        if batch_only:
+            argv.append("--batch")
+        self._run([*argv, validate.job_id(job_id)])
+
+    def requeue(self, job_id: str) -> bool:
+        """Requeue unless the job completed successfully; decided by the job's state because
+        ``scontrol requeue`` requeues even a COMPLETED job. PENDING -> True (no-op); RUNNING or
+        SUSPENDED -> ``requeue Incomplete`` (a no-op should it finish meanwhile, then decided
+        again); FAILED/NODE_FAIL/TIMEOUT/... -> plain requeue; COMPLETED -> False."""
+        job_id = validate.job_id(job_id)
+        for _ in range(2):
+            job = self.job(job_id)
+            if job.state is JobState.PENDING:
+                return True
+            if job.state is JobState.COMPLETED:
+                return False
+            if job.state in (JobState.RUNNING, JobState.SUSPENDED):
+                if job.completing and job.restart_count > 0:
+                    return True  # 22.05 shows a just-requeued job as COMPLETING
+                self._run(["scontrol", "requeue", "Incomplete", job_id])
+                after = self.job(job_id)
+                if not after.state.finished:
+                    return True
+                continue  # it finished before the requeue landed: decide again from its state
+            if job.state in _REQUEUE_PLAIN:
+                self._run(["scontrol", "requeue", job_id])
+                return True
+            raise SlurmError(f"job {job_id}: cannot requeue a job in state {job.state.value}")
+        return False
+
+    def update_pending(self, job_id: str, *, exclude_nodes: Sequence[str] = (),
+                       start_now: bool = False) -> None:
+        """Merge ``exclude_nodes`` into the pending job's ExcNodeList (Slurm replaces the list on
+        update, so the current one is read first) and/or set ``StartTime=now``."""
+        job_id = validate.job_id(job_id)
+        extra = validate.node_names(exclude_nodes)
+        if not extra and not start_now:
+            return
+        argv = ["scontrol", "update", f"JobId={job_id}"]
+        if extra:
+            job = self.job(job_id)
+            if job.state is not JobState.PENDING:
+                raise SlurmError(f"job {job_id} is {job.state.value}, not PENDING: ExcNodeList not changed")
+            argv.append(f"ExcNodeList={validate.compress_nodes([*job.excluded_nodes, *extra])}")
+        if start_now:
+            argv.append("StartTime=now")
+        self._run(argv)
+
+    def hold(self, job_id: str) -> None:
+        self._run(["scontrol", "hold", validate.job_id(job_id)])
+
+    def release(self, job_id: str) -> None:
+        self._run(["scontrol", "release", validate.job_id(job_id)])
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain ``node``; ``reason`` is cleaned and cut (``validate.reason``)."""
+        argv = ["scontrol", "update", f"NodeName={validate.node_name(node)}", "State=DRAIN",
+                f"Reason={validate.reason(reason)}"]
+        self._run(argv)
+
+    def resume(self, node: str) -> None:
+        self._run(["scontrol", "update", f"NodeName={validate.node_name(node)}", "State=RESUME"])

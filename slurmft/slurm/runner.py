@@ -1,0 +1,134 @@
+"""The ONE place Slurm commands are run: timeout, retries with backoff, error classification.
+
+Every squeue/scontrol/sacct/sbatch/scancel call goes through :meth:`Runner.run` with an argv list
+(never a shell), an environment overlay (``SLURM_CONF`` of a devcluster...) and a timeout.
+Transient failures (our timeout, controller unreachable, socket timed out, slurmdbd connection
+refused) are retried with exponential backoff (tenacity); when they persist the call raises
+:class:`SlurmUnavailable` -- "could not observe", never an empty result. Permanent failures raise
+the typed error at once, carrying Slurm's own message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from slurmft.slurm.client import (
+    InvalidArgument, JobNotFound, PermissionDenied, SlurmError, SlurmUnavailable,
+)
+from slurmft.slurm.config import SlurmConfig
+
+# Slurm's messages when the controller/slurmdbd could not be reached: worth another try.
+_UNREACHABLE = re.compile(
+    r"Unable to contact slurm controller|Connection refused|connect failure|"
+    r"slurm_persist_conn_open|Problem talking to the database|Slurm backup controller in standby|"
+    r"Transport endpoint is not connected|Communication connection failure|"
+    r"Resource temporarily unavailable",
+    re.IGNORECASE,
+)
+# ... and when a request may or may not have reached it (not retried for non-idempotent calls).
+_TIMED_OUT = re.compile(r"Socket timed out|Zero Bytes were transmitted|timed out", re.IGNORECASE)
+_PERMANENT = (
+    (re.compile(r"Invalid job id specified|Unknown job id|job id .* not found", re.IGNORECASE), JobNotFound),
+    (re.compile(r"Invalid node name specified", re.IGNORECASE), InvalidArgument),
+    (re.compile(r"Access/permission denied|Permission denied|Access denied|User not authorized|"
+                r"Only the job owner", re.IGNORECASE), PermissionDenied),
+)
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def message(self) -> str:
+        """Slurm's own error text, one line."""
+        lines = [l.strip() for l in self.stderr.splitlines() if l.strip()]
+        return "; ".join(lines) or f"exit status {self.returncode}"
+
+
+class _Transient(Exception):
+    pass
+
+
+def classify(result: Result) -> SlurmError:
+    """The typed error for a failed command (never a transient one: see :func:`is_transient`)."""
+    for pattern, cls in _PERMANENT:
+        if pattern.search(result.stderr):
+            return cls(f"{result.argv[0]}: {result.message}")
+    return SlurmError(f"{' '.join(result.argv[:2])}: {result.message}")
+
+
+def is_transient(stderr: str, *, idempotent: bool) -> bool:
+    if _UNREACHABLE.search(stderr):
+        return True
+    return idempotent and bool(_TIMED_OUT.search(stderr))
+
+
+class Runner:
+    """Runs Slurm commands for one client (one environment, one config)."""
+
+    def __init__(self, config: SlurmConfig | None = None, env: Mapping[str, str] | None = None,
+                 *, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.config = config or SlurmConfig()
+        self.env_overlay = dict(env or {})
+        self._sleep = sleep
+
+    def environment(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env_overlay)
+        env.update(extra or {})
+        return env
+
+    def run(self, argv: Sequence[str], *, check: bool = True, idempotent: bool = True,
+            timeout: float | None = None, env: Mapping[str, str] | None = None) -> Result:
+        """Run ``argv``; retry transient failures; raise the typed error (``check``) or return."""
+        argv = tuple(argv)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise InvalidArgument(f"argv must be a non-empty list of strings, got {argv!r}")
+        limit = timeout or self.config.timeout
+        environment = self.environment(env)
+        retrying = Retrying(
+            stop=stop_after_attempt(self.config.retries + 1),
+            wait=wait_exponential(multiplier=self.config.backoff, max=self.config.max_backoff),
+            retry=retry_if_exception_type(_Transient),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(self._attempt, argv, limit, environment, check, idempotent)
+        except _Transient as exc:
+            raise SlurmUnavailable(
+                f"could not observe: {' '.join(argv[:2])}: {exc} (after {self.config.retries + 1} attempts)"
+            ) from None
+
+    def _attempt(self, argv: tuple[str, ...], limit: float, env: dict[str, str], check: bool,
+                 idempotent: bool) -> Result:
+        try:
+            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=limit,
+                                  env=env, stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            if not idempotent:
+                raise SlurmUnavailable(
+                    f"{' '.join(argv[:2])}: no answer within {limit:g} s; not retried (it may have "
+                    "taken effect)"
+                ) from None
+            raise _Transient(f"no answer within {limit:g} s") from None
+        except FileNotFoundError:
+            raise SlurmError(f"{argv[0]}: command not found (install slurm-wlm, or fix PATH)") from None
+        result = Result(argv, proc.returncode, proc.stdout, proc.stderr)
+        if proc.returncode != 0:
+            if is_transient(proc.stderr, idempotent=idempotent):
+                raise _Transient(result.message)
+            if check:
+                raise classify(result)
+        return result

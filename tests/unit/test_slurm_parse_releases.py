@@ -1,0 +1,161 @@
+"""Parser tests per Slurm release: 22.05 (captured here) and 23.02-25.11 (published output)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmft.slurm.client import JobNotFound, JobState, NodeState
+from slurmft.slurm.jsonshape import meta_release
+from slurmft.slurm.parse_jobs import parse_sacct, parse_sacct_text, parse_squeue
+from slurmft.slurm.parse_nodes import parse_nodes
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+PUB = FIXTURES / "published"
+CAP = FIXTURES / "2205"
+
+
+def read(path: Path) -> str:
+    return path.read_text()
+
+
+# -- 22.05: our own captures -------------------------------------------------------------------
+
+def by_state(jobs):
+    return {j.state: j for j in jobs}
+
+
+def test_2205_running_failed_completed():
+    jobs = by_state(parse_squeue(read(CAP / "squeue_running_failed_completed.json")))
+    running, failed, done = jobs[JobState.RUNNING], jobs[JobState.FAILED], jobs[JobState.COMPLETED]
+    assert running.nodes == ("n1", "n2") and running.node_count == 2
+    assert running.run_dir == Path("/shared/runs/demo")
+    assert running.exit_code is None and running.end_time is None and running.start_time is not None
+    # squeue 22.05 prints the raw wait status 768 for "exit 3"
+    assert failed.exit_code == 3 and failed.exit_signal is None and failed.reason == "NonZeroExitCode"
+    assert done.exit_code == 0 and done.end_time is not None
+
+
+def test_2205_requeued_job_is_pending_begintime_with_eligible_time_ahead():
+    jobs = parse_squeue(read(CAP / "squeue_requeued_pending.json"))
+    job = next(j for j in jobs if j.run_dir is not None)
+    assert job.state is JobState.PENDING and job.reason == "BeginTime"
+    assert job.restart_count == 1 and job.nodes == () and job.start_time is None
+    delay = (job.eligible_time - job.submit_time).total_seconds()
+    assert 100 <= delay <= 130
+
+
+def test_2205_sacct_json_misreports_exit_3_but_text_is_right():
+    from_json = {j.job_id: j for j in parse_sacct(read(CAP / "sacct_failed_exit3.json")) if j.state is JobState.FAILED}
+    from_text = {j.job_id: j for j in parse_sacct_text(read(CAP / "sacct_text_history.txt")) if j.state is JobState.FAILED}
+    (job_id,) = from_text
+    assert from_text[job_id].exit_code == 3
+    assert from_json[job_id].exit_code == 0  # Slurm 22.05's bug, which is why the client uses text there
+
+
+def test_2205_sacct_history_orders_runs_and_counts_restarts():
+    records = parse_sacct_text(read(CAP / "sacct_text_history.txt"))
+    requeued_id = next(j.job_id for j in records if j.state is JobState.REQUEUED)
+    runs = [j for j in records if j.job_id == requeued_id]
+    assert [r.state for r in runs] == [JobState.REQUEUED, JobState.PENDING]
+    assert [r.restart_count for r in runs] == [0, 1]
+    assert runs[0].nodes == ("n1", "n2") and runs[1].nodes == () and runs[1].start_time is None
+
+
+def test_2205_nodes_drained_and_down():
+    nodes = parse_nodes(read(CAP / "sinfo_drain_down.json"), "sinfo --json")
+    assert nodes["n3"].drained and nodes["n3"].reason.startswith("slurmft: gpu:")
+    assert nodes["n3"].reason_user == "root"
+    assert nodes["n4"].down and not nodes["n4"].responding
+    assert nodes["n1"].state is NodeState.IDLE and not nodes["n1"].flags
+
+
+# -- 23.02 .. 25.11: published real output ------------------------------------------------------
+
+RELEASES = {
+    "23.02": "v0.0.39", "23.11": "v0.0.40", "24.05": "v0.0.41", "24.11": "v0.0.42",
+    "25.05": "v0.0.43", "25.11": "v0.0.44",
+}
+
+
+@pytest.mark.parametrize("release,parser", sorted(RELEASES.items()))
+def test_running_job(release, parser):
+    text = read(PUB / release / parser / "slurmrestd__slurm-job-running.json")
+    (job,) = parse_squeue(text)
+    assert job.state is JobState.RUNNING and job.nodes and job.node_count == len(job.nodes)
+    assert job.exit_code is None and job.end_time is None
+    assert job.start_time >= job.submit_time
+    version, data_parser = meta_release(__import__("json").loads(text))
+    assert f"{version[0]}.{version[1]:02d}" == release and data_parser == parser
+
+
+@pytest.mark.parametrize("release,parser", [(r, p) for r, p in sorted(RELEASES.items()) if r != "23.02"])
+def test_failed_job_exit_code(release, parser):
+    (job,) = parse_squeue(read(PUB / release / parser / "slurmrestd__slurm-job-failed.json"))
+    assert job.state is JobState.FAILED and job.exit_code == 1 and job.exit_signal is None
+    assert job.reason == "NonZeroExitCode" and job.end_time is not None
+
+
+@pytest.mark.parametrize("release,parser", [(r, p) for r, p in sorted(RELEASES.items()) if r != "23.02"])
+def test_sacct_failed_record(release, parser):
+    (job,) = parse_sacct(read(PUB / release / parser / "slurmrestd__slurmdb-job-failed.json"))
+    assert job.state is JobState.FAILED and job.exit_code == 1 and job.nodes
+    assert job.restart_count == 0
+
+
+def test_2302_string_states_and_plain_int_times():
+    (pending,) = parse_squeue(read(PUB / "23.02/v0.0.39/slurmrestd__slurm-job-pending.json"))
+    assert pending.state is JobState.PENDING and pending.reason == "Resources"
+    assert pending.min_nodes == 16 and pending.start_time is None  # Slurm's estimate is dropped
+    (done,) = parse_squeue(read(PUB / "23.02/v0.0.39/slurmrestd__slurm-job-completed.json"))
+    assert done.state is JobState.COMPLETED and done.exit_code == 0 and len(done.nodes) == 64
+    (acct,) = parse_sacct(read(PUB / "23.02/v0.0.39/slurmrestd__slurmdb-job-completed.json"))
+    assert acct.state is JobState.COMPLETED and acct.exit_code == 0
+
+
+def test_2311_timeout_is_a_signal_not_an_exit_code():
+    (job,) = parse_squeue(read(PUB / "23.11/v0.0.40/slurmrestd__slurm-job-timeout.json"))
+    assert job.state is JobState.TIMEOUT and job.exit_code is None and job.exit_signal == 15
+
+
+def test_2411_pending_begintime():
+    (job,) = parse_squeue(read(PUB / "24.11/v0.0.42/slurmrestd__slurm-job-pending.json"))
+    assert job.state is JobState.PENDING and job.reason == "BeginTime" and job.nodes == ()
+
+
+def test_2511_multi_node_job_nodes_expanded():
+    (job,) = parse_squeue(read(PUB / "25.11/v0.0.44/slurmrestd__slurm-job-gpus-multi-nodes.json"))
+    assert job.node_count == len(job.nodes) >= 2 and all("[" not in n for n in job.nodes)
+
+
+@pytest.mark.parametrize("path", [
+    "23.11/v0.0.40/slurmrestd__slurm-job-unfound.json",
+    "25.11/v0.0.44/slurmrestd__slurm-job-unfound.json",
+])
+def test_unfound_job_document_raises_not_empty(path):
+    with pytest.raises(JobNotFound, match="Invalid job id specified"):
+        parse_squeue(read(PUB / path), "scontrol --json show job")
+
+
+@pytest.mark.parametrize("path,name,state,flags,reason", [
+    ("23.02/v0.0.39/slurmrestd__slurm-node-drain.json", "cn051", NodeState.IDLE, {"DRAIN"}, "ECC memory error"),
+    ("23.02/v0.0.39/slurmrestd__slurm-node-down.json", "cn084", NodeState.DOWN, set(), "CPU dead"),
+    ("23.11/v0.0.40/slurmrestd__slurm-node-drain.json", "cn1", NodeState.IDLE, {"DRAIN"}, "ECC memory error"),
+    ("24.05/v0.0.41/slurmrestd__slurm-node-draining.json", "cn1", NodeState.MIXED, {"DRAIN"}, "ECC memory error"),
+    ("24.11/v0.0.42/slurmrestd__slurm-node-drain.json", "cn4", NodeState.IDLE, {"DRAIN"}, "ECC memory error"),
+    ("25.05/v0.0.43/slurmrestd__slurm-node-down.json", "cn1", NodeState.DOWN, set(), "CPU dead"),
+    ("25.11/v0.0.44/slurmrestd__slurm-node-draining.json", "cn1", NodeState.MIXED, {"DRAIN"}, "ECC memory error"),
+    ("25.11/v0.0.44/cli__scontrol_show_node_json__charmed_25.11.0.json", "compute-0", NodeState.DOWN,
+     {"DYNAMIC_NORM"}, "Not responding"),
+])
+def test_nodes(path, name, state, flags, reason):
+    nodes = parse_nodes(read(PUB / path), "scontrol --json show nodes")
+    node = nodes[name]
+    assert node.state is state and node.flags == frozenset(flags) and node.reason == reason
+
+
+def test_real_sacct_cli_outputs_parse():
+    for path in ("23.02/v0.0.39/cli__sacct_json__mila_23.02.6.json",):
+        jobs = parse_sacct(read(PUB / path))
+        assert jobs and all(j.state is not None for j in jobs)
