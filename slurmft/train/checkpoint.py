@@ -1,0 +1,292 @@
+"""CheckpointManager: async sharded saves with an atomic commit, and loading the newest valid one.
+
+A save blocks the training loop only while the state is staged into reused host buffers
+(:mod:`slurmft.train.staging`); a background thread then runs ``dcp.save`` on a dedicated gloo
+group (:mod:`slurmft.train.groups`) through :class:`slurmft.train.writer.CommitWriter`, which
+checksums, fsyncs, writes the manifest and renames ``step_N.tmp-<id>`` to ``step_N``. At most one
+save is in flight; the next one waits for it or, with ``on_busy = "skip"``, is skipped by every
+rank together. After each commit the coordinator applies retention and calls ``on_commit``.
+
+``load_latest`` tries committed checkpoints newest first; ranks share the checksum work, merge
+their findings so all agree, skip (and log) any checkpoint that fails, and load the first good one
+with DCP (resharding to the current world size). None left means a fresh start, logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+from slurmft.config import load_section
+from slurmft.rundir import RunDir
+from slurmft.train.groups import CheckpointGroups
+from slurmft.train.manifest import read_manifest, verify_checkpoint
+from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
+from slurmft.train.rng import reseed_for_new_world
+from slurmft.train.staging import Stager
+from slurmft.train.state import TrainState
+from slurmft.train.writer import CommitWriter, FaultPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """``[checkpoint]`` settings (slurmft.toml, ``SLURMFT_CHECKPOINT_<FIELD>``, or overrides)."""
+
+    interval: int = 500  # steps between periodic saves (see CheckpointManager.due)
+    keep_last: int = 3
+    keep_every: int | None = None
+    milestones: tuple[int, ...] = ()
+    on_busy: Literal["wait", "skip"] = "wait"
+    thread_count: int = 1  # writer threads per rank (files per rank)
+    timeout_s: float = 1800.0  # collectives of the checkpoint groups
+
+    def __post_init__(self) -> None:
+        if self.interval < 1:
+            raise ValueError(f"interval must be >= 1, got {self.interval}")
+        if self.thread_count < 1:
+            raise ValueError(f"thread_count must be >= 1, got {self.thread_count}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        self.retention()  # validates keep_last / keep_every / milestones
+
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(self.keep_last, self.keep_every, frozenset(self.milestones))
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> "CheckpointConfig":
+        return load_section(cls, "checkpoint", config_file=config_file, overrides=overrides)
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """One save: training blocked for ``blocking_s``; committed ``total_s`` after it started.
+
+    ``bytes_written`` counts this rank's shard files. ``error`` is set when the save failed.
+    """
+
+    step: int
+    blocking_s: float
+    total_s: float
+    bytes_written: int
+    committed: bool
+    error: str | None = None
+
+
+OnCommit = Callable[[int, Path, SaveStats], None]
+
+
+class CheckpointError(RuntimeError):
+    """A synchronous save failed, or a verified checkpoint could not be loaded into this model."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for a DCP failure: each failing rank and its exception, without tracebacks."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"rank {rank}: {type(e).__name__}: {e}" for rank, (e, _tb) in sorted(exc.failures.items()))
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _PlainDataLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, but non-tensor values are unpickled with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: Any, value: Any) -> None:
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: CheckpointConfig | None = None,
+        *,
+        process_group: Any = None,
+        job_id: str | None = None,
+        restart_count: int | None = None,
+        on_commit: OnCommit | None = None,
+    ) -> None:
+        self.run = RunDir(Path(run_dir))
+        self.config = config or CheckpointConfig()
+        self.job_id = job_id
+        self.restart_count = restart_count
+        self.on_commit = on_commit
+        self._groups = CheckpointGroups(process_group, timeout_s=self.config.timeout_s)
+        self._stager = Stager()
+        self._faults = FaultPlan.from_env()
+        self._thread: threading.Thread | None = None
+        self._stats: list[SaveStats] = []
+        self._lock = threading.Lock()
+        self._last_committed: int | None = None
+        self.skipped = 0
+        if self._groups.is_coordinator:
+            self.run.checkpoints.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------------ saving
+
+    @property
+    def stats(self) -> list[SaveStats]:
+        with self._lock:
+            return list(self._stats)
+
+    @property
+    def staging_allocations(self) -> int:
+        return self._stager.allocations
+
+    def staging_pointers(self) -> list[int]:
+        return self._stager.buffer_pointers()
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a periodic checkpoint step (every ``interval`` steps)."""
+        return step > 0 and step % self.config.interval == 0
+
+    def save(self, step: int, state: TrainState, *, block: bool = False) -> bool:
+        """Checkpoint ``state`` as ``step``; returns False if skipped (busy or already committed).
+
+        Call at a step boundary on every rank. With ``block`` it returns once committed and
+        raises :class:`CheckpointError` if the save failed.
+        """
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        busy, tmp_id = self._groups.agree_busy_and_tmp_id(self._in_flight())
+        if busy and self.config.on_busy == "skip" and not block:
+            self.skipped += 1
+            log.info("checkpoint step %d skipped: the previous save is still in flight", step)
+            return False
+        self.wait()
+        if step == self._last_committed:
+            return False
+        started = time.perf_counter()
+        state.step = step
+        staged = {**self._stager.stage(state.heavy_state()), **state.light_state()}
+        blocking_s = time.perf_counter() - started
+        self._thread = threading.Thread(
+            target=self._persist, args=(step, staged, tmp_id, started, blocking_s),
+            name=f"slurmft-ckpt-{step}", daemon=True,
+        )
+        self._thread.start()
+        if block:
+            self.wait()
+            last = self.stats[-1]
+            if not last.committed:
+                raise CheckpointError(f"checkpoint step {step} failed: {last.error}")
+        return True
+
+    def emergency_save(self, step: int, state: TrainState) -> SaveStats | None:
+        """Synchronous save (waits for any save in flight first); returns once committed."""
+        self.wait()
+        if step == self._last_committed:
+            return None
+        self.save(step, state, block=True)
+        return self.stats[-1]
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) has committed or failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def close(self) -> None:
+        self.wait()
+        self._groups.destroy()
+
+    def _in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _persist(self, step: int, staged: dict[str, Any], tmp_id: str, started: float,
+                 blocking_s: float) -> None:
+        final = self.run.checkpoint(step)
+        writer = CommitWriter(final, tmp_id, step, self._groups.world_size, job_id=self.job_id,
+                              restart_count=self.restart_count, thread_count=self.config.thread_count,
+                              faults=self._faults)
+        try:
+            dcp.save(staged, storage_writer=writer, process_group=self._groups.io,
+                     no_dist=not self._groups.distributed)
+        except (Exception, CheckpointException) as exc:  # reported in stats and the log; training goes on
+            error = describe_failure(exc)
+            log.error("checkpoint step %d failed: %s", step, error)
+            with self._lock:
+                self._stats.append(SaveStats(step, blocking_s, time.perf_counter() - started,
+                                             writer.bytes_written, False, error))
+            return
+        stats = SaveStats(step, blocking_s, time.perf_counter() - started, writer.bytes_written, True)
+        with self._lock:
+            self._stats.append(stats)
+        self._last_committed = step
+        log.info("checkpoint step %d committed: blocked %.3fs, total %.3fs", step, blocking_s, stats.total_s)
+        if self._groups.is_coordinator:
+            self._after_commit(step, final, stats)
+
+    def _after_commit(self, step: int, final: Path, stats: SaveStats) -> None:
+        try:
+            committed, tmp_dirs = scan_checkpoint_dirs(self.run.root)
+            plan = plan_prune(committed, step, tmp_dirs, self.config.retention())
+            for path in apply_prune(self.run.root, plan):
+                log.info("retention removed %s", path)
+        except OSError as exc:
+            log.error("retention after step %d failed: %s", step, exc)
+        if self.on_commit is not None:
+            try:
+                self.on_commit(step, final, stats)
+            except Exception:
+                log.exception("on_commit callback failed for step %d", step)
+
+    # ------------------------------------------------------------------ loading
+
+    def load_latest(self, state: TrainState) -> int | None:
+        """Restore the newest checkpoint that verifies; returns its step, or None (fresh start)."""
+        self.wait()
+        groups = self._groups
+        steps = groups.broadcast(sorted(self.run.committed_steps(), reverse=True)
+                                 if groups.is_coordinator else None)
+        for step in steps:
+            path = self.run.checkpoint(step)
+            started = time.perf_counter()
+            report = verify_checkpoint(path, part=(groups.rank, groups.world_size))
+            problems = groups.union(list(report.problems))
+            if problems:
+                for problem in problems:
+                    log.warning("checkpoint step %d skipped: %s", step, problem)
+                continue
+            verified_s = time.perf_counter() - started
+            self._load(path, step, state)
+            self._last_committed = step
+            log.info("resumed from %s (verified in %.2fs, loaded in %.2fs)", path, verified_s,
+                     time.perf_counter() - started - verified_s)
+            return step
+        log.info("no valid checkpoint under %s: fresh start", self.run.checkpoints)
+        return None
+
+    def _load(self, path: Path, step: int, state: TrainState) -> None:
+        manifest = read_manifest(path)
+        same_world = manifest.world_size == self._groups.world_size
+        template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
+        try:
+            dcp.load(template, storage_reader=FileSystemReader(path),
+                     planner=_PlainDataLoadPlanner(), process_group=self._groups.io,
+                     no_dist=not self._groups.distributed)
+            state.load_state_dict(template)
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointError(
+                f"{path} verified but does not load into this state: {describe_failure(exc)}") from None
+        if state.step != step:
+            raise CheckpointError(f"{path}: holds step {state.step}, its name says {step}")
+        if not same_world:
+            seed = reseed_for_new_world(step, self._groups.rank)
+            log.info("world size changed %d -> %d: RNG reseeded from (step, rank), seed %d",
+                     manifest.world_size, self._groups.world_size, seed)

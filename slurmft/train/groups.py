@@ -1,0 +1,70 @@
+"""Process groups reserved for checkpointing, so its collectives never interleave with training's.
+
+Two gloo groups over the checkpointing ranks, created once by every rank together:
+
+* ``io``: used only by the background save thread (``dcp.save``) and by ``dcp.load``;
+* ``control``: used only by the training thread, for the small agreements a checkpoint needs
+  (is a save still in flight anywhere? which tmp id? which checkpoints to try? did they verify?).
+
+Gloo keeps host tensors and runs beside NCCL, so none of this touches the training streams.
+Without ``torch.distributed`` initialised, everything degrades to a single rank.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class CheckpointGroups:
+    def __init__(self, process_group: dist.ProcessGroup | None = None, *, timeout_s: float = 1800.0) -> None:
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.io: dist.ProcessGroup | None = None
+        self.control: dist.ProcessGroup | None = None
+        self.rank, self.world_size = 0, 1
+        if not self.distributed:
+            return
+        ranks = dist.get_process_group_ranks(process_group) if process_group is not None else None
+        timeout = timedelta(seconds=timeout_s)
+        self.io = dist.new_group(ranks, timeout=timeout, backend="gloo")
+        self.control = dist.new_group(ranks, timeout=timeout, backend="gloo")
+        self.rank = dist.get_rank(self.control)
+        self.world_size = dist.get_world_size(self.control)
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.rank == 0
+
+    def agree_busy_and_tmp_id(self, busy: bool) -> tuple[bool, str]:
+        """One all-reduce: whether any rank still has a save in flight, and a tmp id from rank 0."""
+        nonce = secrets.randbits(62) if self.is_coordinator else 0
+        values = torch.tensor([int(busy), nonce], dtype=torch.int64)
+        if self.distributed:  # SUM: busy ranks add up; only rank 0 contributes a nonce
+            dist.all_reduce(values, op=dist.ReduceOp.SUM, group=self.control)
+        return bool(values[0] > 0), f"{int(values[1]):016x}"
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.control, 0), group=self.control)
+        return box[0]
+
+    def union(self, items: list[str]) -> list[str]:
+        """Every rank's strings merged (sorted, without duplicates) on every rank."""
+        if not self.distributed:
+            return sorted(set(items))
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, items, group=self.control)
+        return sorted({item for part in gathered for item in part})
+
+    def destroy(self) -> None:
+        for group in (self.io, self.control):
+            if group is not None:
+                dist.destroy_process_group(group)
+        self.io = self.control = None

@@ -1,0 +1,217 @@
+"""The DCP storage writer that makes a checkpoint atomic and checksummed.
+
+``CommitWriter`` is a ``FileSystemWriter`` writing into ``step_N.tmp-<id>``:
+
+* every file is checksummed while it is written (the stream DCP writes to is wrapped), so no
+  byte is read back; each rank's write results carry its ``FileEntry`` list to the coordinator;
+* each rank fsyncs its files (DCP's ``sync_files``) and then the directory;
+* the coordinator's ``finish`` strips the file entries (so ``.metadata`` stays plain DCP metadata
+  that ``dcp.load`` and ``format_utils`` read without slurmft), lets DCP write ``.metadata``,
+  writes ``manifest.json``, renames the tmp dir to ``step_N`` and fsyncs the parent. DCP runs
+  ``finish`` only once every rank's ``write_data`` has returned, i.e. after all shards are durable.
+
+Fault injection for crash tests (read when a writer is created, never at import):
+``SLURMFT_CKPT_FAULT=<phase>[@<step>]`` pauses the process forever at that phase (after creating
+the file named by ``SLURMFT_CKPT_FAULT_MARK``) so a test can kill -9 it exactly there;
+``SLURMFT_CKPT_FAULT_DELAY=<seconds>`` sleeps a random time up to that at every phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import random
+import threading
+import time
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Generator
+
+import torch
+from torch.futures import Future
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+
+from slurmft.rundir import fsync_dir
+from slurmft.train.manifest import FileEntry, StreamHasher, build_manifest, tmp_dirname, write_manifest
+
+# Rank-local phases run on every rank; the others on the coordinator only, in this order.
+PHASES = ("write", "shards_written", "shards_synced", "metadata_written", "manifest_written",
+          "renamed", "committed")
+FAULT_ENV = "SLURMFT_CKPT_FAULT"
+FAULT_MARK_ENV = "SLURMFT_CKPT_FAULT_MARK"
+FAULT_DELAY_ENV = "SLURMFT_CKPT_FAULT_DELAY"
+_FILES_FQN = "__slurmft_files__"
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultPlan:
+    """Where to pause or how long to dawdle; built from the environment by :meth:`from_env`."""
+
+    pause_phase: str | None = None
+    pause_step: int | None = None
+    mark: Path | None = None
+    max_delay_s: float = 0.0
+
+    @classmethod
+    def from_env(cls) -> "FaultPlan":
+        spec = os.environ.get(FAULT_ENV, "")
+        phase, _, step = spec.partition("@")
+        if phase and phase not in PHASES:
+            raise ValueError(f"${FAULT_ENV}: unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+        mark = os.environ.get(FAULT_MARK_ENV)
+        return cls(phase or None, int(step) if step else None, Path(mark) if mark else None,
+                   float(os.environ.get(FAULT_DELAY_ENV, "0") or 0))
+
+    def at(self, phase: str, step: int) -> None:
+        if self.max_delay_s > 0:
+            time.sleep(random.uniform(0, self.max_delay_s))
+        if phase == self.pause_phase and (self.pause_step is None or self.pause_step == step):
+            if self.mark is not None:
+                fd = os.open(self.mark, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                os.write(fd, f"{phase} {step} {os.getpid()}\n".encode())
+                os.close(fd)
+            while True:  # paused for the test's kill -9
+                time.sleep(60)
+
+
+class _HashingStream(io.RawIOBase):
+    """A write-only file wrapper that checksums every byte on its way to the file."""
+
+    def __init__(self, raw: io.BufferedWriter, on_first_write: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self.hasher = StreamHasher()
+        self._on_first_write = on_first_write
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = self._raw.write(view)
+        self.hasher.update(view[:written])
+        if self._on_first_write is not None:
+            callback, self._on_first_write = self._on_first_write, None
+            callback()
+        return written
+
+    def tell(self) -> int:
+        return self.hasher.size
+
+    def fileno(self) -> int:
+        # DCP calls os.fsync(stream.fileno()) before closing the stream; without this flush the
+        # buffered tail of the file (up to one buffer) would reach the kernel only after fsync.
+        self._raw.flush()
+        return self._raw.fileno()
+
+    def flush(self) -> None:
+        if not self._raw.closed:
+            self._raw.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local FileSystem, recording a FileEntry for every file written under ``root``."""
+
+    def __init__(self, root: Path, on_first_write: Any) -> None:
+        self.root = root
+        self.entries: dict[str, FileEntry] = {}
+        self._lock = threading.Lock()
+        self._on_first_write = on_first_write
+
+    def _rel(self, path: Any) -> str:
+        return Path(path).relative_to(self.root).as_posix()
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Generator[io.IOBase, None, None]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with open(path, mode) as raw:
+            stream = _HashingStream(raw, self._on_first_write)
+            yield stream
+        entry = FileEntry(self._rel(path), stream.hasher.size, stream.hasher.hexdigest())
+        with self._lock:
+            self.entries[entry.path] = entry
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            entry = self.entries.pop(self._rel(path), None)
+            if entry is not None:
+                new = dataclasses.replace(entry, path=self._rel(new_path))
+                self.entries[new.path] = new
+
+
+class CommitWriter(FileSystemWriter):
+    """Writes one checkpoint into its tmp dir and commits it by renaming to ``final_dir``."""
+
+    def __init__(self, final_dir: Path, tmp_id: str, step: int, world_size: int, *,
+                 job_id: str | None = None, restart_count: int | None = None,
+                 thread_count: int = 1, faults: FaultPlan | None = None) -> None:
+        self.final_dir = Path(final_dir)
+        tmp_dir = self.final_dir.parent / tmp_dirname(step, tmp_id)
+        super().__init__(tmp_dir, single_file_per_rank=True, sync_files=True,
+                         thread_count=thread_count, overwrite=False)
+        self.step = step
+        self.world_size = world_size
+        self.job_id = job_id
+        self.restart_count = restart_count
+        self.faults = faults or FaultPlan()
+        self.fs = _HashingFileSystem(Path(self.path), lambda: self.faults.at("write", step))
+        self.bytes_written = 0
+
+    def storage_meta(self) -> StorageMeta | None:
+        # .metadata records where the checkpoint lives once committed, not the tmp name.
+        return StorageMeta(checkpoint_id=str(self.final_dir), save_id=self.save_id)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        results = super().write_data(plan, planner).value()  # DCP's filesystem writer is synchronous
+        self.faults.at("shards_written", self.step)
+        fsync_dir(Path(self.path))
+        self.faults.at("shards_synced", self.step)
+        entries = tuple(self.fs.entries.values())
+        self.bytes_written = sum(e.size for e in entries)
+        carrier = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0, storage_data=entries)
+        done: Future[list[WriteResult]] = Future()
+        done.set_result([*results, carrier])
+        return done
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        files: list[FileEntry] = []
+        plain: list[list[WriteResult]] = []
+        for rank_results in results:
+            plain.append([r for r in rank_results if r.index.fqn != _FILES_FQN])
+            for r in rank_results:
+                if r.index.fqn == _FILES_FQN:
+                    files.extend(r.storage_data)
+        super().finish(metadata, plain)
+        self.faults.at("metadata_written", self.step)
+        files.extend(e for e in self.fs.entries.values() if e.path == ".metadata")
+        manifest = build_manifest(self.step, self.world_size, torch.__version__, files,
+                                  job_id=self.job_id, restart_count=self.restart_count)
+        write_manifest(self.path, manifest)  # fsyncs the file and the tmp dir (covers .metadata)
+        self.faults.at("manifest_written", self.step)
+        self._rename_into_place()
+        self.faults.at("renamed", self.step)
+        fsync_dir(self.final_dir.parent)
+        self.faults.at("committed", self.step)
+
+    def _rename_into_place(self) -> None:
+        if self.final_dir.exists():
+            # Re-saving a step already committed (e.g. after a rollback): the newer save wins;
+            # the old one becomes an abandoned tmp dir that retention removes.
+            aside = self.final_dir.parent / tmp_dirname(self.step, f"replaced-{self.save_id[:12]}")
+            os.rename(self.final_dir, aside)
+        os.rename(self.path, self.final_dir)

@@ -1,0 +1,257 @@
+"""CheckpointManager in one process (no process group): round trips, corruption, staging, retention."""
+
+import json
+import logging
+import os
+import pickle
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from slurmft.config import ConfigError
+from slurmft.rundir import RunDir
+from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
+from slurmft.train.manifest import DCP_METADATA_NAME, MANIFEST_NAME, list_checkpoints, verify_checkpoint
+from slurmft.train.state import TrainState
+from slurmft.train.writer import CommitWriter
+
+
+class CountingSampler:
+    """Stands in for the resumable sampler: a plain global offset."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def state_dict(self):
+        return {"offset": self.offset}
+
+    def load_state_dict(self, sd):
+        self.offset = sd["offset"]
+
+
+def make_state(seed=0, width=16):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    return TrainState(model, opt, sched, CountingSampler(), extras={"tokens_seen": 0})
+
+
+def train_step(state):
+    x = torch.randn(4, 8)
+    loss = state.model(x).pow(2).mean()
+    loss.backward()
+    state.optimizer.step()
+    state.optimizer.zero_grad()
+    state.scheduler.step()
+    state.sampler.offset += 4
+    state.extras["tokens_seen"] += 32
+
+
+def snapshot(state):
+    return {k: v.detach().clone() for k, v in state.model.state_dict().items()}
+
+
+def assert_same_model(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_round_trip_restores_everything(tmp_path):
+    state = make_state()
+    manager = CheckpointManager(tmp_path)
+    for step in range(1, 4):
+        train_step(state)
+        manager.save(step, state)
+    manager.wait()
+    saved_model = snapshot(state)
+    saved_optim = state.optimizer.state_dict()
+    draws_after_save = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+
+    fresh = make_state(seed=123)
+    assert manager.load_latest(fresh) == 3
+    # The restored generators replay exactly what followed the save.
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == draws_after_save
+    assert_same_model(saved_model, snapshot(fresh))
+    for pid, pstate in saved_optim["state"].items():
+        for key, value in pstate.items():
+            assert torch.equal(value, fresh.optimizer.state_dict()["state"][pid][key]), key
+    assert fresh.scheduler.state_dict() == state.scheduler.state_dict()
+    assert fresh.sampler.offset == 12 and fresh.extras == {"tokens_seen": 96} and fresh.step == 3
+
+
+def test_checkpoint_is_plain_dcp(tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    state = make_state()
+    manager = CheckpointManager(tmp_path)
+    manager.save(5, state, block=True)
+    ckpt = RunDir(tmp_path).checkpoint(5)
+    assert sorted(os.listdir(ckpt)) == [DCP_METADATA_NAME, "__0_0.distcp", MANIFEST_NAME]
+    assert verify_checkpoint(ckpt).ok
+    with open(ckpt / DCP_METADATA_NAME, "rb") as fh:
+        metadata = pickle.load(fh)
+    assert not any("slurmft" in str(key) for key in metadata.storage_data)
+    assert str(metadata.storage_meta.checkpoint_id) == str(ckpt)
+    dcp_to_torch_save(ckpt, tmp_path / "full.pt")
+    full = torch.load(tmp_path / "full.pt", weights_only=False)
+    assert torch.equal(full["model"]["0.weight"], state.model[0].weight)
+    assert full["train"]["step"] == 5
+
+
+def _flip(path, offset=100):
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+CORRUPTIONS = {
+    "flipped_shard_byte": lambda c: _flip(c / "__0_0.distcp", 5000),
+    "truncated_shard": lambda c: os.truncate(c / "__0_0.distcp", 1000),
+    "deleted_metadata": lambda c: (c / DCP_METADATA_NAME).unlink(),
+    "corrupt_manifest": lambda c: (c / MANIFEST_NAME).write_text('{"format_version": 1, "step": '),
+    "manifest_claims_other_size": lambda c: (c / MANIFEST_NAME).write_text(
+        json.dumps({**json.loads((c / MANIFEST_NAME).read_text()),
+                    "files": [{**f, "size": f["size"] + 1} for f in json.loads((c / MANIFEST_NAME).read_text())["files"]]})),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(CORRUPTIONS))
+def test_corrupt_newest_is_skipped_and_previous_loaded(tmp_path, damage, caplog):
+    state = make_state()
+    manager = CheckpointManager(tmp_path)
+    train_step(state)
+    manager.save(1, state, block=True)
+    at_step_1 = snapshot(state)
+    train_step(state)
+    manager.save(2, state, block=True)
+    CORRUPTIONS[damage](RunDir(tmp_path).checkpoint(2))
+
+    fresh = make_state(seed=99)
+    with caplog.at_level(logging.WARNING, logger="slurmft.train.checkpoint"):
+        assert manager.load_latest(fresh) == 1
+    assert any("checkpoint step 2 skipped" in r.getMessage() for r in caplog.records)
+    assert_same_model(at_step_1, snapshot(fresh))
+    assert fresh.sampler.offset == 4
+
+
+def test_nothing_valid_is_a_fresh_start(tmp_path, caplog):
+    state = make_state()
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, state, block=True)
+    (RunDir(tmp_path).checkpoint(1) / DCP_METADATA_NAME).unlink()
+    before = snapshot(state)
+    with caplog.at_level(logging.INFO, logger="slurmft.train.checkpoint"):
+        assert manager.load_latest(state) is None
+        assert CheckpointManager(tmp_path / "empty").load_latest(state) is None
+    assert sum("fresh start" in r.getMessage() for r in caplog.records) == 2
+    assert_same_model(before, snapshot(state))
+
+
+def test_staging_buffers_are_reused(tmp_path):
+    import resource
+
+    state = make_state(width=2048)  # ~0.2 MB of params, ~0.6 MB with AdamW state
+    manager = CheckpointManager(tmp_path, CheckpointConfig(keep_last=1))
+    train_step(state)
+    manager.save(1, state, block=True)
+    pointers = manager.staging_pointers()
+    rss_after_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for step in range(2, 12):
+        train_step(state)
+        manager.save(step, state)
+    manager.wait()
+    assert manager.staging_allocations == 1
+    assert manager.staging_pointers() == pointers and len(pointers) >= 6
+    # Peak RSS (KiB) may not grow by more than a few staging copies' worth over ten saves.
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_after_first < 8 * 1024
+    assert [s.step for s in manager.stats] == list(range(1, 12))
+    assert all(s.committed and s.blocking_s <= s.total_s and s.bytes_written > 0 for s in manager.stats)
+
+
+def test_retention_and_on_commit(tmp_path):
+    seen = []
+    config = CheckpointConfig(keep_last=2, milestones=(2,))
+    manager = CheckpointManager(tmp_path, config, job_id="77", restart_count=3,
+                                on_commit=lambda step, path, stats: seen.append((step, path, stats.step)))
+    state = make_state()
+    abandoned = RunDir(tmp_path).checkpoints / "step_000000003.tmp-deadbeef"
+    abandoned.mkdir(parents=True)
+    for step in range(1, 7):
+        manager.save(step, state)
+    manager.wait()
+    infos = list_checkpoints(tmp_path)
+    assert [(i.step, i.committed) for i in infos] == [(2, True), (5, True), (6, True)]
+    assert seen == [(s, RunDir(tmp_path).checkpoint(s), s) for s in range(1, 7)]
+    assert infos[-1].manifest.job_id == "77" and infos[-1].manifest.restart_count == 3
+
+
+def test_busy_skip_and_emergency_save(tmp_path, monkeypatch):
+    gate = threading.Event()
+    real_finish = CommitWriter.finish
+
+    def gated_finish(self, metadata, results):
+        gate.wait(30)
+        real_finish(self, metadata, results)
+
+    monkeypatch.setattr(CommitWriter, "finish", gated_finish)
+    state = make_state()
+    manager = CheckpointManager(tmp_path, CheckpointConfig(on_busy="skip"))
+    assert manager.save(1, state) is True
+    assert manager.save(2, state) is False and manager.skipped == 1
+    assert RunDir(tmp_path).committed_steps() == []
+    threading.Timer(0.3, gate.set).start()
+    stats = manager.emergency_save(3, state)  # waits for step 1, then commits step 3
+    assert stats.step == 3 and stats.committed
+    assert RunDir(tmp_path).committed_steps() == [1, 3]
+    assert manager.emergency_save(3, state) is None  # already committed: nothing to do
+
+
+def test_resave_of_committed_step_replaces_it(tmp_path):
+    state = make_state()
+    CheckpointManager(tmp_path).save(4, state, block=True)
+    train_step(state)
+    manager = CheckpointManager(tmp_path)  # a new job (e.g. after a rollback) saves step 4 again
+    manager.save(4, state, block=True)
+    infos = list_checkpoints(tmp_path)
+    assert [(i.step, i.committed) for i in infos] == [(4, True)]
+    fresh = make_state(seed=5)
+    assert manager.load_latest(fresh) == 4
+    assert_same_model(snapshot(state), snapshot(fresh))
+
+
+def test_failed_blocking_save_raises(tmp_path, monkeypatch):
+    def broken_finish(self, metadata, results):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(CommitWriter, "finish", broken_finish)
+    manager = CheckpointManager(tmp_path)
+    with pytest.raises(CheckpointError, match="checkpoint step 1 failed: .*No space left on device"):
+        manager.save(1, make_state(), block=True)
+    assert not manager.stats[-1].committed
+    assert RunDir(tmp_path).committed_steps() == []
+
+
+def test_non_json_extras_are_rejected(tmp_path):
+    state = make_state()
+    state.extras["bad"] = object()
+    with pytest.raises(TypeError, match="extras state must be plain JSON data"):
+        CheckpointManager(tmp_path).save(1, state)
+
+
+def test_config_from_toml_and_errors(tmp_path):
+    toml = tmp_path / "slurmft.toml"
+    toml.write_text("[checkpoint]\ninterval = 50\nkeep_last = 2\nmilestones = [1000, 2000]\non_busy = 'skip'\n")
+    config = CheckpointConfig.load(toml)
+    assert (config.interval, config.keep_last, config.milestones, config.on_busy) == (50, 2, (1000, 2000), "skip")
+    assert config.retention().milestones == frozenset({1000, 2000})
+    with pytest.raises(ConfigError, match=r"\[checkpoint\] keep_last must be an integer >= 1"):
+        CheckpointConfig.load(toml, keep_last=0)
+    with pytest.raises(ConfigError, match=r"\[checkpoint\] on_busy must be one of 'wait', 'skip'"):
+        CheckpointConfig.load(toml, on_busy="drop")
+    with pytest.raises(ConfigError, match=r"\[checkpoint\] unknown key 'intervall'"):
+        CheckpointConfig.load(toml, intervall=3)
