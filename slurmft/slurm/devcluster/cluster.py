@@ -1,0 +1,347 @@
+"""``DevCluster``: the handle on one throwaway real Slurm cluster (munge, MariaDB, slurmdbd,
+slurmctld and N slurmd on 127.0.0.1), used by ``slurmft devcluster``, the tests and the demo.
+
+``up`` validates everything before starting anything, records each daemon in the state file the
+moment it starts, and on any failure (or Ctrl-C) stops what it started and removes its
+/etc/hosts block before re-raising. ``down`` stops exactly the recorded processes plus the
+step daemons and job processes of every node, and keeps only ``log/`` for post-mortems.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from slurmft.slurm.devcluster import daemons, hosts, query
+from slurmft.slurm.devcluster.errors import DevClusterError
+from slurmft.slurm.devcluster.layout import ClusterState, Layout, load_state
+from slurmft.slurm.devcluster.nodeprocs import kill_node_tree
+from slurmft.slurm.devcluster.ports import choose_ports
+from slurmft.slurm.devcluster.procs import ProcId, is_alive, terminate
+from slurmft.slurm.devcluster.release import Binaries, mariadb_version, slurm_version
+from slurmft.slurm.devcluster.render import ConfSpec, render_slurm_conf, render_slurmdbd_conf
+
+DEFAULT_NODES = 3
+# Every slurmd is a real daemon (~10 MB resident, one port, one log) and slurmctld pings each
+# every few seconds; past a few dozen on one small box the controller's ping storms, not the
+# tests, dominate. 64 covers any multi-node scenario a laptop or CI box can usefully run.
+MAX_NODES = 64
+UP_TIMEOUT_S = 120.0
+IDLE_TIMEOUT_S = 60.0
+STOP_GRACE_S = 15.0
+CPUS_PER_NODE = min(2, os.cpu_count() or 1)
+MEMORY_MB_PER_NODE = 1000
+# Order matters for ``down``: nodes first (they talk to slurmctld), the database last.
+SERVICE_ORDER = ("slurmctld", "slurmdbd", "mariadbd", "munged")
+
+
+def slurmd_key(node: str) -> str:
+    return f"slurmd-{node}"
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise DevClusterError("devcluster needs root (slurmd runs jobs as any user and "
+                              "/etc/hosts must be edited); run it with sudo")
+
+
+def check_node_count(nodes: int) -> None:
+    if not 1 <= nodes <= MAX_NODES:
+        raise DevClusterError(f"--nodes {nodes}: must be between 1 and {MAX_NODES}")
+
+
+@contextmanager
+def dir_lock(layout: Layout) -> Iterator[None]:
+    """Serialise up/down/reset on one directory (two ``up`` racing on D must not both start)."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with open(layout.lock_file, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def live_processes(state: ClusterState) -> dict[str, ProcId]:
+    return {name: p for name, p in state.processes.items() if is_alive(p)}
+
+
+def _remove_owned_files(layout: Layout) -> None:
+    """Remove everything ``up`` created except logs (and the lock, still held)."""
+    for path in (layout.munge_dir, layout.run_dir, layout.state_dir, layout.spool_root,
+                 layout.mysql_datadir.parent):
+        shutil.rmtree(path, ignore_errors=True)
+    for path in (layout.slurm_conf, layout.slurmdbd_conf, layout.state_file):
+        path.unlink(missing_ok=True)
+
+
+class DevCluster:
+    """A running devcluster. Get one with :meth:`up` or :meth:`attach`."""
+
+    def __init__(self, layout: Layout, state: ClusterState, binaries: Binaries) -> None:
+        self._layout = layout
+        self._state = state
+        self._bins = binaries
+
+    # -- what callers read ---------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return self._layout.root
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self._state.node_names)
+
+    @property
+    def cluster_name(self) -> str:
+        return self._state.cluster_name
+
+    @property
+    def slurm_version(self) -> tuple[int, int, int]:
+        return self._state.slurm_version
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self._layout.slurm_conf
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment overlay for Slurm commands (sbatch, squeue, ...) against this cluster."""
+        return {"SLURM_CONF": str(self._layout.slurm_conf)}
+
+    def exports(self) -> str:
+        return "".join(f"export {k}={v}\n" for k, v in self.env.items())
+
+    def processes(self) -> dict[str, ProcId]:
+        """The daemons this cluster started, by name (``slurmctld``, ``slurmd-n1``, ...)."""
+        return dict(self._state.processes)
+
+    def _client_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    # -- life cycle ----------------------------------------------------------------------
+    @classmethod
+    def up(cls, dir: str | os.PathLike[str], nodes: int = DEFAULT_NODES, *,
+           port_base: int | None = None, daemon_env: Mapping[str, str] | None = None,
+           timeout: float = UP_TIMEOUT_S) -> "DevCluster":
+        """Start a cluster of ``nodes`` nodes (n1..nN) in ``dir``; return once all are IDLE."""
+        check_node_count(nodes)
+        require_root()
+        bins = Binaries.find()
+        layout = Layout(Path(dir).absolute())
+        with dir_lock(layout):
+            if layout.state_file.exists():
+                old = load_state(layout)
+                if live_processes(old):
+                    raise DevClusterError(f"{layout.root} already holds a running devcluster "
+                                          f"({old.cluster_name}); run `slurmft devcluster down "
+                                          f"--dir {layout.root}` first")
+                hosts.remove_cluster(old.cluster_name)
+            _remove_owned_files(layout)
+            node_names = [f"n{i}" for i in range(1, nodes + 1)]
+            state = ClusterState(
+                cluster_name=f"sft{secrets.token_hex(4)}", node_names=node_names,
+                ports=choose_ports(node_names, port_base), slurm_version=slurm_version(bins),
+                daemon_env=dict(daemon_env or {}))
+            cluster = cls(layout, state, bins)
+            try:
+                cluster._start(mariadb_version(bins), timeout)
+            except BaseException:
+                cluster._stop_all()
+                raise
+            return cluster
+
+    @classmethod
+    def attach(cls, dir: str | os.PathLike[str]) -> "DevCluster":
+        """The cluster recorded in ``dir`` (error if none, or if none of its daemons runs)."""
+        layout = Layout(Path(dir).absolute())
+        state = load_state(layout)
+        cluster = cls(layout, state, Binaries.find())
+        if not live_processes(state):
+            raise DevClusterError(f"the devcluster in {layout.root} is not running "
+                                  "(no recorded daemon is alive); run `up` again")
+        return cluster
+
+    def is_running(self) -> bool:
+        return bool(live_processes(self._state))
+
+    def down(self) -> None:
+        """Stop every process of this cluster, remove its /etc/hosts block and its files
+        (except ``log/``). Safe to call twice."""
+        with dir_lock(self._layout):
+            self._stop_all()
+
+    def _daemon_env(self, node: str | None = None) -> dict[str, str]:
+        env = {**os.environ, **self._state.daemon_env, **self.env}
+        if node is not None:
+            env[daemons.NODE_MARK_ENV] = f"{self.cluster_name}:{node}"
+        return env
+
+    def _record(self, name: str, proc: ProcId) -> None:
+        self._state.processes[name] = proc
+        self._state.save(self._layout)
+
+    def _start(self, mariadb_ver: tuple[int, int, int], timeout: float) -> None:
+        lay, st, bins = self._layout, self._state, self._bins
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(1.0, deadline - time.monotonic())
+
+        lay.make_dirs(st.node_names)
+        st.save(lay)  # from here on, `down` can undo whatever happens
+        st.hosts_names = hosts.add_cluster(st.cluster_name, lay.root, st.node_names,
+                                           is_stale=_block_is_stale)
+        st.save(lay)
+        password = secrets.token_hex(16)
+        spec = ConfSpec(layout=lay, cluster_name=st.cluster_name, node_names=st.node_names,
+                        ports=st.ports, cpus_per_node=CPUS_PER_NODE,
+                        memory_mb_per_node=MEMORY_MB_PER_NODE, db_password=password)
+        from slurmft.rundir import atomic_write_bytes
+
+        atomic_write_bytes(lay.slurm_conf, render_slurm_conf(spec).encode())
+        atomic_write_bytes(lay.slurmdbd_conf, render_slurmdbd_conf(spec).encode(), mode=0o600)
+        daemons.write_munge_key(lay)
+        env = self._daemon_env()
+
+        munged = daemons.spawn(lay, "munged", daemons.munged_argv(bins, lay), env)
+        self._record("munged", munged)
+        daemons.install_mariadb(bins, lay, env)
+        daemons.wait_ready("munged", munged, lambda: daemons.unix_socket_accepts(lay.munge_socket),
+                           left(), [lay.log("munged"), daemons.out_file(lay, "munged")],
+                           "its socket accepts connections")
+
+        argv = daemons.mariadbd_argv(bins, lay, st.ports.mysql, mariadb_ver)
+        mariadbd = daemons.spawn(lay, "mariadbd", argv, env)
+        self._record("mariadbd", mariadbd)
+        daemons.wait_ready("mariadbd", mariadbd,
+                           lambda: daemons.unix_socket_accepts(lay.mysql_socket), left(),
+                           [lay.log("mariadbd"), daemons.out_file(lay, "mariadbd")],
+                           "its socket accepts connections")
+        daemons.bootstrap_database(bins, lay, password, env)
+
+        slurmdbd = daemons.spawn(lay, "slurmdbd", daemons.slurmdbd_argv(bins), env)
+        self._record("slurmdbd", slurmdbd)
+        daemons.wait_ready("slurmdbd", slurmdbd, lambda: daemons.tcp_accepts(st.ports.slurmdbd),
+                           left(), [lay.log("slurmdbd"), daemons.out_file(lay, "slurmdbd")],
+                           f"listening on port {st.ports.slurmdbd}")
+
+        slurmctld = daemons.spawn(lay, "slurmctld", daemons.slurmctld_argv(bins, lay), env)
+        self._record("slurmctld", slurmctld)
+        daemons.wait_ready("slurmctld", slurmctld,
+                           lambda: daemons.tcp_accepts(st.ports.slurmctld), left(),
+                           [lay.log("slurmctld"), daemons.out_file(lay, "slurmctld")],
+                           f"listening on port {st.ports.slurmctld}")
+        for node in st.node_names:
+            self._spawn_slurmd(node)
+        self.wait_nodes_idle(left())
+        st.ready = True
+        st.save(lay)
+
+    def _spawn_slurmd(self, node: str) -> ProcId:
+        key = slurmd_key(node)
+        proc = daemons.spawn(self._layout, key, daemons.slurmd_argv(self._bins, self._layout, node),
+                             self._daemon_env(node))
+        self._record(key, proc)
+        return proc
+
+    def _stop_all(self) -> None:
+        """Stop everything recorded (nodes with their job trees first), then clean up."""
+        st = self._state
+        stubborn: list[ProcId] = []
+        for node in st.node_names:
+            stubborn += kill_node_tree(st.cluster_name, node, st.processes.get(slurmd_key(node)),
+                                       daemons.NODE_MARK_ENV)
+        for name in SERVICE_ORDER:
+            if name in st.processes:
+                stubborn += terminate([st.processes[name]], STOP_GRACE_S)
+        hosts.remove_cluster(st.cluster_name)
+        if stubborn:
+            # Keep the state file so a later `down` can try again; say exactly what is left.
+            raise DevClusterError("could not stop pid(s) "
+                                  + ", ".join(str(p.pid) for p in stubborn))
+        _remove_owned_files(self._layout)
+
+    # -- nodes ---------------------------------------------------------------------------
+    def _check_node(self, name: str) -> None:
+        if name not in self._state.node_names:
+            raise DevClusterError(f"unknown node {name!r}; this cluster has "
+                                  f"{', '.join(self._state.node_names)}")
+
+    def kill_node(self, name: str) -> None:
+        """A real node death: SIGKILL the node's slurmd, its slurmstepds and its job processes."""
+        self._check_node(name)
+        left = kill_node_tree(self.cluster_name, name, self._state.processes.get(slurmd_key(name)),
+                              daemons.NODE_MARK_ENV)
+        if left:
+            raise DevClusterError(f"node {name}: could not kill pid(s) "
+                                  + ", ".join(str(p.pid) for p in left))
+
+    def node_alive(self, name: str) -> bool:
+        self._check_node(name)
+        proc = self._state.processes.get(slurmd_key(name))
+        return proc is not None and is_alive(proc)
+
+    def start_node(self, name: str, wait_timeout: float | None = 30.0) -> None:
+        """Restart the node's slurmd (no-op if it runs); wait until the controller hears from it
+        again (with ReturnToService=1 a DOWN node then returns to service by itself)."""
+        if not self.node_alive(name):
+            self._spawn_slurmd(name)
+        if wait_timeout is not None:
+            self._wait_nodes(lambda n: n.name != name or "NOT_RESPONDING" not in n.flags,
+                             wait_timeout, f"node {name} responding")
+
+    def nodes(self) -> dict[str, query.NodeStatus]:
+        return query.node_states(self._bins.scontrol, self._client_env())
+
+    def jobs(self) -> list[query.JobStatus]:
+        return query.jobs(self._bins.squeue, self._client_env())
+
+    def wait_nodes_idle(self, timeout: float = IDLE_TIMEOUT_S) -> None:
+        self._wait_nodes(lambda n: n.idle, timeout, "every node IDLE")
+
+    def _wait_nodes(self, ok, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        last: dict[str, query.NodeStatus] = {}
+        while True:
+            try:
+                last = self.nodes()
+            except DevClusterError:
+                last = {}  # the controller may still be starting: keep polling until deadline
+            if len(last) == len(self._state.node_names) and all(ok(n) for n in last.values()):
+                return
+            if time.monotonic() >= deadline:
+                seen = ", ".join(f"{n.name}={n.describe()}" for n in last.values()) or "no answer"
+                raise DevClusterError(f"timed out after {timeout:.0f} s waiting for {what} "
+                                      f"({seen}); logs in {self._layout.log_dir}")
+            time.sleep(0.2)
+
+    def reset(self, timeout: float = IDLE_TIMEOUT_S) -> None:
+        """Back to a clean cluster: cancel every job, restart dead slurmds, resume nodes that
+        are drained or down, wait until every node is IDLE. Cheap when already clean."""
+        env = self._client_env()
+        queued = self.jobs()
+        nodes = self.nodes()
+        if not queued and all(n.idle for n in nodes.values()) and len(nodes) == len(self.node_names):
+            return
+        query.cancel(self._bins.scancel, [j.job_id for j in queued], env)
+        for name in self.node_names:
+            if not self.node_alive(name):
+                self.start_node(name, wait_timeout=None)
+        for name in self.node_names:
+            status = nodes.get(name)
+            if status is not None and (status.state == "DOWN" or "DRAIN" in status.flags):
+                query.resume_node(self._bins.scontrol, name, env)
+        self.wait_nodes_idle(timeout)
+
+
+def _block_is_stale(block: hosts.Block) -> bool:
+    """A hosts block whose directory no longer records that cluster as running."""
+    try:
+        state = load_state(Layout(Path(block.directory)))
+    except DevClusterError:
+        return True
+    return state.cluster_name != block.cluster or not live_processes(state)

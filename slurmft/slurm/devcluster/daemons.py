@@ -1,0 +1,186 @@
+"""Starting the devcluster's daemons in the foreground and waiting (bounded) until each serves.
+
+Every daemon runs in the foreground (``-D`` / ``--foreground``), in its own session, so the pid
+we get from the fork IS the daemon: nothing to chase through pid files, and Ctrl-C in the
+terminal that ran ``up`` does not reach it. Its stdout/stderr go to ``log/<name>.out`` beside the
+log the daemon writes itself; when it dies or does not become ready in time, the error carries
+the tail of both.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+from slurmft.slurm.devcluster.errors import DevClusterError
+from slurmft.slurm.devcluster.layout import Layout
+from slurmft.slurm.devcluster.procs import ProcId, identify, is_alive, reap_if_child
+from slurmft.slurm.devcluster.release import Binaries, mariadbd_release_args
+from slurmft.slurm.devcluster.render import render_db_bootstrap_sql
+
+LOG_TAIL_LINES = 15
+INSTALL_DB_TIMEOUT_S = 180.0
+SQL_TIMEOUT_S = 20.0
+POLL_S = 0.1
+# Set in every daemon's environment; slurmstepd inherits it from its slurmd, which is how
+# ``kill_node`` finds a node's step daemons even after they are re-parented away from slurmd.
+NODE_MARK_ENV = "SLURMFT_DEVCLUSTER_NODE"
+
+
+class DaemonFailed(DevClusterError):
+    """A daemon exited or did not become ready; the message names it and ends with its log."""
+
+
+def out_file(layout: Layout, name: str) -> Path:
+    return layout.log_dir / f"{name}.out"
+
+
+def log_tail(paths: list[Path], lines: int = LOG_TAIL_LINES) -> str:
+    parts = []
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        if text:
+            parts.append(f"--- {path} (last {min(lines, len(text))} lines)")
+            parts.extend(text[-lines:])
+    return "\n".join(parts) if parts else "(no log output)"
+
+
+def spawn(layout: Layout, name: str, argv: list[str], env: Mapping[str, str]) -> ProcId:
+    """Start one daemon in its own session, output to log/<name>.out; return its identity."""
+    with open(out_file(layout, name), "ab") as out:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, env=dict(env),
+                                    start_new_session=True, close_fds=True)
+        except OSError as exc:
+            raise DaemonFailed(f"{name} did not start: {argv[0]}: {exc.strerror}") from None
+    ident = identify(proc.pid)
+    if ident is None:  # exited (and became unreadable) before we looked
+        proc.wait()
+        raise DaemonFailed(f"{name} exited at once (status {proc.returncode})\n"
+                           + log_tail([out_file(layout, name)]))
+    # The Popen object is dropped on purpose: the daemon outlives this process. Reaping is
+    # done by pid (procs.reap_if_child) when we stop it ourselves.
+    proc.returncode = 0  # keeps Popen.__del__ from warning about a still-running child
+    return ident
+
+
+def wait_ready(name: str, proc: ProcId, ready: Callable[[], bool], timeout: float,
+               logs: list[Path], what: str) -> float:
+    """Poll ``ready()`` until true; fail early when ``proc`` dies. Returns seconds waited."""
+    start = time.monotonic()
+    deadline = start + timeout
+    while True:
+        if ready():
+            return time.monotonic() - start
+        reap_if_child(proc.pid)
+        if not is_alive(proc):
+            raise DaemonFailed(f"{name} exited before {what}\n{log_tail(logs)}")
+        if time.monotonic() >= deadline:
+            raise DaemonFailed(f"{name} did not reach '{what}' within {timeout:.0f} s\n"
+                               f"{log_tail(logs)}")
+        time.sleep(POLL_S)
+
+
+def unix_socket_accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def tcp_accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def write_munge_key(layout: Layout) -> None:
+    """A fresh random key (munge wants >= 32 bytes, private to its owner)."""
+    fd = os.open(layout.munge_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
+    try:
+        os.write(fd, secrets.token_bytes(1024))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def munged_argv(bins: Binaries, layout: Layout) -> list[str]:
+    # --force turns munged's "every directory above the socket must be searchable by all"
+    # error into a warning: the cluster dir may sit in a private (0700) temp dir such as
+    # pytest's, and only root, which can search it anyway, talks to this socket.
+    return [bins.munged, "--foreground", "--force", f"--socket={layout.munge_socket}",
+            f"--key-file={layout.munge_key}", f"--pid-file={layout.pid_file('munged')}",
+            f"--log-file={layout.log('munged')}", f"--seed-file={layout.munge_seed}"]
+
+
+def install_mariadb(bins: Binaries, layout: Layout, env: Mapping[str, str]) -> None:
+    """Create MariaDB's system tables in our datadir (root authenticates by unix socket)."""
+    argv = [bins.mariadb_install_db, "--no-defaults", f"--datadir={layout.mysql_datadir}",
+            "--user=root", "--auth-root-authentication-method=socket", "--skip-test-db"]
+    log = out_file(layout, "mariadb-install-db")
+    with open(log, "ab") as out:
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, env=dict(env),
+                                  timeout=INSTALL_DB_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise DaemonFailed(f"mariadb-install-db did not finish within "
+                               f"{INSTALL_DB_TIMEOUT_S:.0f} s\n{log_tail([log])}") from None
+    if done.returncode != 0:
+        raise DaemonFailed(f"mariadb-install-db failed (exit {done.returncode})\n"
+                           f"{log_tail([log])}")
+
+
+def mariadbd_argv(bins: Binaries, layout: Layout, port: int,
+                  mariadb_version: tuple[int, int, int]) -> list[str]:
+    return [bins.mariadbd, "--no-defaults", f"--datadir={layout.mysql_datadir}",
+            f"--socket={layout.mysql_socket}", f"--port={port}", "--bind-address=127.0.0.1",
+            f"--pid-file={layout.pid_file('mariadbd')}", f"--log-error={layout.log('mariadbd')}",
+            "--user=root", "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
+            *mariadbd_release_args(mariadb_version)]
+
+
+def bootstrap_database(bins: Binaries, layout: Layout, password: str,
+                       env: Mapping[str, str]) -> None:
+    argv = [bins.mariadb, "--no-defaults", f"--socket={layout.mysql_socket}", "--user=root",
+            "--batch"]
+    try:
+        done = subprocess.run(argv, input=render_db_bootstrap_sql(password), text=True,
+                              capture_output=True, env=dict(env), timeout=SQL_TIMEOUT_S,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise DaemonFailed(f"creating the slurm database user timed out after "
+                           f"{SQL_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        raise DaemonFailed(f"creating the slurm database user failed: {done.stderr.strip()}")
+
+
+def slurmdbd_argv(bins: Binaries) -> list[str]:
+    return [bins.slurmdbd, "-D"]
+
+
+def slurmctld_argv(bins: Binaries, layout: Layout) -> list[str]:
+    return [bins.slurmctld, "-D", "-f", str(layout.slurm_conf)]
+
+
+def slurmd_argv(bins: Binaries, layout: Layout, node: str) -> list[str]:
+    return [bins.slurmd, "-D", "-N", node, "-f", str(layout.slurm_conf)]
+
+
+def node_log(layout: Layout, node: str) -> Path:
+    """Where slurm.conf's ``SlurmdLogFile=.../slurmd-%n.log`` puts this node's log."""
+    return layout.log_dir / f"slurmd-{node}.log"

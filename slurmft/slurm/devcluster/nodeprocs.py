@@ -1,0 +1,60 @@
+"""Finding every process that belongs to one devcluster node: its slurmd, the slurmstepd
+daemons it forked, and the job processes they run.
+
+slurmd double-forks slurmstepd, so step daemons are NOT below slurmd in the parent tree. They are
+found by the marker variable that slurmd passes down in its environment (``NODE_MARK_ENV``); job
+processes by ``SLURMD_NODENAME`` + ``SLURM_CLUSTER_NAME``, which slurmstepd puts in every task's
+environment; then everything below any of these in the parent tree (which also catches a task
+that cleared its environment).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from slurmft.slurm.devcluster.procs import (
+    ProcId, descendants, is_alive, read_environ, send, snapshot, wait_gone,
+)
+
+KILL_PASSES = 5
+
+
+def node_mark(cluster: str, node: str) -> str:
+    return f"{cluster}:{node}"
+
+
+def belongs_to_node(env: dict[str, str], cluster: str, node: str, mark_env: str) -> bool:
+    """Pure: does a process with this environment belong to ``node`` of ``cluster``?"""
+    if env.get(mark_env) == node_mark(cluster, node):
+        return True
+    return env.get("SLURMD_NODENAME") == node and env.get("SLURM_CLUSTER_NAME") == cluster
+
+
+def node_processes(cluster: str, node: str, slurmd: ProcId | None, mark_env: str) -> list[ProcId]:
+    """Every live process of ``node`` (slurmd included), from one pass over the process table."""
+    table = snapshot()
+    me = os.getpid()
+    roots = {st.pid for st in table
+             if st.pid != me and belongs_to_node(read_environ(st.pid), cluster, node, mark_env)}
+    if slurmd is not None and is_alive(slurmd):
+        roots.add(slurmd.pid)
+    pids = roots | descendants(roots, table)
+    pids.discard(me)
+    by_pid = {st.pid: st for st in table}
+    return [ProcId(pid, by_pid[pid].start_time) for pid in sorted(pids)
+            if by_pid[pid].state not in ("Z", "X")]
+
+
+def kill_node_tree(cluster: str, node: str, slurmd: ProcId | None, mark_env: str) -> list[ProcId]:
+    """SIGKILL the node's whole tree, repeating while new members appear (a task may fork while
+    we look); returns what could not be killed (empty on success)."""
+    left: list[ProcId] = []
+    for _ in range(KILL_PASSES):
+        procs = node_processes(cluster, node, slurmd, mark_env)
+        if not procs:
+            return []
+        for proc in procs:
+            send(proc, signal.SIGKILL)
+        left = wait_gone(procs, 5.0)
+    return left

@@ -1,0 +1,114 @@
+"""Text of the devcluster's configuration files: slurm.conf and slurmdbd.conf (pure functions).
+
+The lines come from configurations measured to work on Slurm 22.05, 24.11 and 26.05 with one
+host running every daemon: all slurmd on 127.0.0.1 with distinct ports, proctrack/linuxproc and
+task/none (so no cgroup.conf is needed), accounting through slurmdbd. With munge on a private
+socket, ``AccountingStoragePass`` must name that socket or slurmctld 22.05 exits at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurmft.slurm.devcluster.layout import Layout, Ports
+
+PARTITION = "debug"
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurm"
+
+
+@dataclass(frozen=True)
+class ConfSpec:
+    """Everything the configuration files depend on."""
+
+    layout: Layout
+    cluster_name: str
+    node_names: list[str]
+    ports: Ports
+    cpus_per_node: int
+    memory_mb_per_node: int
+    db_password: str
+
+
+def render_slurm_conf(spec: ConfSpec) -> str:
+    lay = spec.layout
+    munge = lay.munge_socket
+    lines = [
+        f"ClusterName={spec.cluster_name}",
+        "SlurmctldHost=localhost",
+        f"SlurmctldPort={spec.ports.slurmctld}",
+        f"SlurmdPort={spec.ports.slurmd_default}",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={munge}",
+        "CredType=cred/munge",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={lay.state_dir}",
+        f"SlurmdSpoolDir={lay.spool_root}/%n",
+        f"SlurmctldPidFile={lay.pid_file('slurmctld')}",
+        f"SlurmdPidFile={lay.run_dir}/slurmd-%n.pid",
+        f"SlurmctldLogFile={lay.log('slurmctld')}",
+        f"SlurmdLogFile={lay.log_dir}/slurmd-%n.log",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "MpiDefault=none",
+        # Short timeouts so a killed node is noticed in seconds, as the tests and demo need.
+        "SlurmdTimeout=10",
+        "SlurmctldTimeout=30",
+        "ReturnToService=1",
+        "JobRequeue=1",
+        "MinJobAge=600",
+        "KillWait=5",
+        "InactiveLimit=0",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=localhost",
+        f"AccountingStoragePort={spec.ports.slurmdbd}",
+        f"AccountingStoragePass={munge}",
+        "JobAcctGatherType=jobacct_gather/none",
+        "JobCompType=jobcomp/none",
+    ]
+    for name in spec.node_names:
+        lines.append(
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
+            f"Port={spec.ports.nodes[name]} CPUs={spec.cpus_per_node} "
+            f"RealMemory={spec.memory_mb_per_node} State=UNKNOWN")
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(spec.node_names)} Default=YES "
+                 "MaxTime=INFINITE State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def render_slurmdbd_conf(spec: ConfSpec) -> str:
+    lay = spec.layout
+    lines = [
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={lay.munge_socket}",
+        "DbdHost=localhost",
+        f"DbdPort={spec.ports.slurmdbd}",
+        "SlurmUser=root",
+        f"LogFile={lay.log('slurmdbd')}",
+        f"PidFile={lay.pid_file('slurmdbd')}",
+        "StorageType=accounting_storage/mysql",
+        "StorageHost=127.0.0.1",
+        f"StoragePort={spec.ports.mysql}",
+        f"StorageUser={DB_USER}",
+        f"StoragePass={spec.db_password}",
+        f"StorageLoc={DB_NAME}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_db_bootstrap_sql(password: str) -> str:
+    """SQL run once as MariaDB's root (unix-socket auth) to give slurmdbd its user and database.
+    slurmdbd connects over TCP to 127.0.0.1, so the user is created for that host (and localhost)."""
+    if not password.isalnum():
+        raise ValueError("database password must be alphanumeric")
+    stmts = [f"CREATE DATABASE IF NOT EXISTS {DB_NAME}"]
+    for host in ("127.0.0.1", "localhost"):
+        stmts.append(f"CREATE USER IF NOT EXISTS '{DB_USER}'@'{host}' IDENTIFIED BY '{password}'")
+        stmts.append(f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'{host}'")
+    return ";\n".join(stmts) + ";\n"

@@ -1,0 +1,56 @@
+"""`slurmft devcluster` refuses bad input with one line and starts nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from slurmft.cli import app
+from slurmft.slurm.devcluster import cluster, release
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, ["devcluster", *args])
+
+
+@pytest.mark.parametrize("nodes", ["0", "65"])
+def test_node_count_out_of_range(tmp_path: Path, nodes: str) -> None:
+    result = run("up", "--nodes", nodes, "--dir", str(tmp_path / "d"))
+    assert result.exit_code == 1
+    assert result.output == f"slurmft devcluster: --nodes {nodes}: must be between 1 and 64\n"
+    assert not (tmp_path / "d").exists()
+
+
+def test_not_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 1000)
+    result = run("up", "--dir", str(tmp_path / "d"))
+    assert result.exit_code == 1
+    assert result.output.startswith("slurmft devcluster: devcluster needs root")
+    assert not (tmp_path / "d").exists()
+
+
+def test_missing_binaries_name_the_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(release.shutil, "which", lambda name, path=None: None)
+    result = run("up", "--dir", str(tmp_path / "d"))
+    assert result.exit_code == 1
+    line = result.output.strip()
+    assert "\n" not in line and "missing program(s): slurmctld, slurmd, slurmdbd, munged" in line
+    assert line.endswith("apt-get install slurm-wlm slurmdbd munge mariadb-server (or: make install)")
+    assert not (tmp_path / "d").exists()
+
+
+def test_bad_daemon_env(tmp_path: Path) -> None:
+    result = run("up", "--daemon-env", "oops", "--dir", str(tmp_path / "d"))
+    assert result.exit_code == 1
+    assert result.output == "slurmft devcluster: daemon environment entry 'oops' is not KEY=VALUE\n"
+
+
+def test_env_and_down_without_a_cluster(tmp_path: Path) -> None:
+    for command in ("env", "down", "status"):
+        result = run(command, "--dir", str(tmp_path))
+        assert result.exit_code == 1
+        assert result.output == (f"slurmft devcluster: no devcluster in {tmp_path} "
+                                 "(devcluster.json not found)\n")

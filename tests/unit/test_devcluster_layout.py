@@ -1,0 +1,59 @@
+"""The devcluster state file and release helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmft.slurm.devcluster.errors import DevClusterError
+from slurmft.slurm.devcluster.layout import ClusterState, Layout, load_state
+from slurmft.slurm.devcluster.ports import ports_from_base
+from slurmft.slurm.devcluster.procs import ProcId
+from slurmft.slurm.devcluster.release import (
+    daemon_env_from_pairs, mariadbd_release_args, parse_version, version_string,
+)
+
+
+def test_state_round_trip(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    state = ClusterState("sfta", ["n1", "n2"], ports_from_base(21000, ["n1", "n2"]), (24, 11, 5),
+                         daemon_env={"LD_LIBRARY_PATH": "/x"},
+                         processes={"slurmctld": ProcId(12, 34)}, hosts_names=["n1"], ready=True)
+    state.save(layout)
+    assert load_state(layout) == state
+
+
+def test_missing_and_corrupt_state(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    with pytest.raises(DevClusterError, match=f"no devcluster in {tmp_path}"):
+        load_state(layout)
+    layout.state_file.write_text('{"version": 1}')
+    with pytest.raises(DevClusterError, match="unreadable devcluster state"):
+        load_state(layout)
+
+
+@pytest.mark.parametrize("text, version", [
+    ("slurm-wlm 22.05.8\n", (22, 5, 8)),
+    ("slurm 24.11.5\n", (24, 11, 5)),
+    ("mariadbd  Ver 11.8.3-MariaDB-1 for debian-linux-gnu", (11, 8, 3)),
+])
+def test_parse_version(text: str, version: tuple[int, int, int]) -> None:
+    assert parse_version(text) == version
+
+
+def test_version_string_and_unreadable_version() -> None:
+    assert version_string((22, 5, 8)) == "22.05.8"
+    with pytest.raises(DevClusterError, match="cannot read a version"):
+        parse_version("slurm unknown")
+
+
+def test_snapshot_isolation_is_switched_off_only_where_it_defaults_on() -> None:
+    assert mariadbd_release_args((10, 11, 19)) == []
+    assert mariadbd_release_args((11, 8, 3)) == ["--innodb-snapshot-isolation=OFF"]
+
+
+def test_daemon_env_pairs() -> None:
+    assert daemon_env_from_pairs(["LD_LIBRARY_PATH=/a:/b", "X="]) == {"LD_LIBRARY_PATH": "/a:/b", "X": ""}
+    with pytest.raises(DevClusterError, match="'1X=2' is not KEY=VALUE"):
+        daemon_env_from_pairs(["1X=2"])

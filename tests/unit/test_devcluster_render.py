@@ -1,0 +1,64 @@
+"""slurm.conf / slurmdbd.conf / bootstrap SQL text of the devcluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmft.slurm.devcluster.layout import Layout
+from slurmft.slurm.devcluster.ports import ports_from_base
+from slurmft.slurm.devcluster.render import (
+    ConfSpec, render_db_bootstrap_sql, render_slurm_conf, render_slurmdbd_conf,
+)
+
+
+def conf_lines(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if not line.startswith(("NodeName", "PartitionName")))
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> ConfSpec:
+    names = ["n1", "n2", "n3"]
+    return ConfSpec(layout=Layout(tmp_path), cluster_name="sftdeadbeef", node_names=names,
+                    ports=ports_from_base(25000, names), cpus_per_node=2, memory_mb_per_node=1000,
+                    db_password="abc123")
+
+
+def test_slurm_conf_points_every_path_and_port_into_the_cluster(spec: ConfSpec, tmp_path: Path) -> None:
+    text = render_slurm_conf(spec)
+    kv = conf_lines(text)
+    assert kv["ClusterName"] == "sftdeadbeef"
+    assert kv["SlurmctldPort"] == "25000" and kv["SlurmdPort"] == "25001"
+    assert kv["AccountingStoragePort"] == "25002"
+    munge = str(tmp_path / "munge" / "munge.socket.2")
+    # Without AccountingStoragePass=<munge socket>, slurmctld 22.05 exits at start.
+    assert kv["AuthInfo"] == f"socket={munge}" and kv["AccountingStoragePass"] == munge
+    assert kv["ProctrackType"] == "proctrack/linuxproc" and kv["TaskPlugin"] == "task/none"
+    assert kv["StateSaveLocation"] == str(tmp_path / "state")
+    assert kv["SlurmdSpoolDir"] == f"{tmp_path}/spool/%n"
+    assert "cgroup" not in text
+    nodes = [line for line in text.splitlines() if line.startswith("NodeName=")]
+    assert nodes == [
+        f"NodeName=n{i} NodeHostname=localhost NodeAddr=127.0.0.1 Port={25003 + i} CPUs=2 "
+        "RealMemory=1000 State=UNKNOWN" for i in (1, 2, 3)]
+    assert text.splitlines()[-1] == ("PartitionName=debug Nodes=n1,n2,n3 Default=YES "
+                                     "MaxTime=INFINITE State=UP")
+
+
+def test_slurmdbd_conf_uses_the_private_mariadb(spec: ConfSpec, tmp_path: Path) -> None:
+    kv = conf_lines(render_slurmdbd_conf(spec))
+    assert kv["DbdPort"] == "25002" and kv["StoragePort"] == "25003"
+    assert kv["StorageHost"] == "127.0.0.1" and kv["StoragePass"] == "abc123"
+    assert kv["AuthInfo"] == f"socket={tmp_path}/munge/munge.socket.2"
+
+
+def test_bootstrap_sql_creates_the_user_for_tcp_and_socket() -> None:
+    sql = render_db_bootstrap_sql("abc123")
+    assert "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'abc123'" in sql
+    assert "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'" in sql
+
+
+def test_bootstrap_sql_refuses_a_password_that_could_break_out_of_quotes() -> None:
+    with pytest.raises(ValueError, match="alphanumeric"):
+        render_db_bootstrap_sql("x'; DROP DATABASE mysql; --")
