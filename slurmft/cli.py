@@ -20,6 +20,7 @@ app = typer.Typer(
 # Each entry: (module under slurmft.commands, command name). Keep sorted by name.
 _COMMANDS: list[tuple[str, str]] = [
     ("devcluster", "devcluster"),
+    ("sweep", "sweep"),
 ]
 
 

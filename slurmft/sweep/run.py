@@ -1,0 +1,78 @@
+"""One sweep, in order: lock, read Slurm's view of the nodes, gather facts and run the checks,
+decide, act (unless dry-run), save state, write the report and the metrics textfile.
+
+A Slurm controller that cannot be read does not stop the checks: they still run and are
+reported, and nothing is acted on ("could not observe" is never "healthy").
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmft.config import ConfigError
+from slurmft.health import xid
+from slurmft.health.registry import HealthConfig, Mode, plan, run_plan
+from slurmft.health.state import HealthState
+from slurmft.slurm.client import Node, SlurmClient, SlurmError
+from slurmft.sweep.act import Outcome, apply
+from slurmft.sweep.config import SweepConfig
+from slurmft.sweep.decide import decide
+from slurmft.sweep.lock import SweepLock
+from slurmft.sweep.metrics import write_textfile
+from slurmft.sweep.report import SweepReport, now, write_report
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    node: str
+    mode: Mode = "normal"
+    dry_run: bool = False
+    forget_xids: bool = False
+
+
+def state_path(cfg: SweepConfig, node: str) -> Path:
+    return Path(cfg.state_dir) / f"health-{node}.json"
+
+
+def lock_path(cfg: SweepConfig, node: str) -> Path:
+    return Path(cfg.state_dir) / f"sweep-{node}.lock"
+
+
+def _nodes(client: SlurmClient) -> tuple[dict[str, Node] | None, str]:
+    try:
+        return client.nodes(), ""
+    except SlurmError as exc:
+        return None, f"could not read nodes from Slurm: {type(exc).__name__}: {exc}"
+
+
+def sweep(req: SweepRequest, cfg: SweepConfig, hc: HealthConfig, client: SlurmClient,
+          nvml: Any = None) -> SweepReport:
+    """Run one sweep; raises LockHeld, or ConfigError (unknown check, unknown node) before acting."""
+    the_plan = plan(cfg.checks, hc, req.mode)  # config errors surface before anything runs
+    with SweepLock(lock_path(cfg, req.node)):
+        started, t0 = now(), time.monotonic()
+        nodes, slurm_error = _nodes(client)
+        if nodes is not None and req.node not in nodes:
+            raise ConfigError(f"--node {req.node!r}: Slurm knows no such node "
+                              f"(nodes: {', '.join(sorted(nodes)) or 'none'})")
+        state = HealthState.load(state_path(cfg, req.node))
+        notes = [state.note] if state.note else []
+        if req.forget_xids:
+            xid.forget(state)
+            notes.append("remembered drain-level Xids forgotten (--forget-xids)")
+        results, _ = run_plan(the_plan, hc, state, cfg.fact_timeout_s, nvml)
+        decision = None if nodes is None else decide(nodes[req.node], results, nodes, cfg)
+        outcome = Outcome("")
+        if decision is not None and not req.dry_run:
+            outcome = apply(decision, req.node, client, cfg)
+        report = SweepReport(req.node, req.mode, req.dry_run, started, time.monotonic() - t0,
+                             tuple(results), decision, outcome, slurm_error, tuple(notes))
+        if not req.dry_run:
+            state.save()
+            write_report(report, cfg.report_dir)
+            if cfg.textfile_dir is not None:
+                write_textfile(report, cfg.textfile_dir)
+        return report

@@ -1,0 +1,32 @@
+"""``slurmft sweep`` refuses bad input with one line and exit 2, before touching Slurm."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from slurmft.cli import app
+
+
+@pytest.mark.parametrize("args,toml,message", [
+    (["--quick", "--deep"], None, "--quick and --deep exclude each other"),
+    (["--node", "n1/../../etc"], None, "invalid node name 'n1/../../etc'"),
+    (["--node", "n1"], '[sweep]\nchecks = ["gpu_ecc", "gpu_temp"]\n', "unknown check 'gpu_temp'"),
+    (["--node", "n1"], "[sweep]\nmax_drain_share = \"lots\"\n", "[sweep] max_drain_share must be a number"),
+    (["--node", "n1"], "[health_gpu]\nexpected_count = 8.5\n", "[health_gpu] expected_count must be an integer"),
+    (["--node", "n1"], "[sweep]\nmax_drian_share = 0.2\n", "[sweep] unknown key 'max_drian_share'"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, toml, message):
+    if toml is not None:
+        (tmp_path / "slurmft.toml").write_text(toml)
+        cfg = tmp_path / "slurmft.toml"
+        args = args + ["--config", str(cfg)]
+    result = CliRunner().invoke(app, ["sweep", *args], env={"SLURMFT_CONFIG": ""})
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("slurmft-sweep: error: ") and message in lines[0]
+
+
+def test_missing_config_file_is_named(tmp_path):
+    result = CliRunner().invoke(app, ["sweep", "--node", "n1", "--config", str(tmp_path / "nope.toml")])
+    assert result.exit_code == 2 and f"config file {tmp_path / 'nope.toml'} does not exist" in result.output

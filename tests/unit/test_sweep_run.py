@@ -1,0 +1,137 @@
+"""One sweep end to end without a controller: report JSON, Prometheus textfile, dry run, lock,
+state across runs. Slurm is an in-memory SlurmClient here (the real one is exercised in
+tests/integration/test_sweep.py against the devcluster)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurmft.config import ConfigError
+from slurmft.health.external import ExternalCheck, ExternalConfig
+from slurmft.health.registry import HealthConfig
+from slurmft.slurm.client import Node, NodeState, SlurmUnavailable
+from slurmft.sweep.config import SweepConfig
+from slurmft.sweep.lock import LockHeld, SweepLock
+from slurmft.sweep.run import SweepRequest, lock_path, sweep
+
+
+class MemorySlurm:
+    """nodes/drain/resume over a dict, recording every change."""
+
+    def __init__(self, names=("n1", "n2", "n3", "n4"), down=False):
+        self.state = {n: Node(n, NodeState.IDLE) for n in names}
+        self.calls: list[tuple[str, str]] = []
+        self.down = down
+
+    def nodes(self, names=None):
+        if self.down:
+            raise SlurmUnavailable("slurm_load_node error: Unable to contact slurm controller")
+        return dict(self.state)
+
+    def drain(self, node, reason):
+        self.calls.append(("drain", node))
+        self.state[node] = Node(node, NodeState.IDLE, frozenset({"DRAIN"}), reason)
+
+    def resume(self, node):
+        self.calls.append(("resume", node))
+        self.state[node] = Node(node, NodeState.IDLE)
+
+
+def configs(tmp_path, exit_code=0):
+    flag = tmp_path / "exit-code"
+    flag.write_text(str(exit_code))
+    script = tmp_path / "site-check"
+    script.write_text(f"#!/bin/sh\necho 'site check says {exit_code}'\nexit $(cat {flag})\n")
+    script.chmod(0o755)
+    cfg = SweepConfig(checks=("node_memory", "external_site"), state_dir=tmp_path / "state",
+                      report_dir=tmp_path / "reports", textfile_dir=tmp_path / "textfile")
+    hc = HealthConfig(external=ExternalConfig(commands=(ExternalCheck("site", (str(script),)),)))
+    return cfg, hc, flag
+
+
+def metrics(path):
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples}
+
+
+def test_fail_drains_then_pass_resumes_and_reports(tmp_path):
+    cfg, hc, flag = configs(tmp_path, exit_code=1)
+    slurm = MemorySlurm()
+    report = sweep(SweepRequest("n2"), cfg, hc, slurm)
+    assert slurm.calls == [("drain", "n2")] and report.outcome.acted == "drained"
+    assert slurm.state["n2"].reason == "slurmft: external_site: site check says 1"
+
+    doc = json.loads((tmp_path / "reports" / "n2.json").read_text())
+    assert doc["status"] == "fail" and doc["decision"]["action"] == "drain" and doc["acted"] == "drained"
+    assert {"check": "external_site", "status": "fail", "detail": "site check says 1"} in doc["results"]
+    m = metrics(tmp_path / "textfile" / "slurmft_sweep_n2.prom")
+    assert m[("slurmft_sweep_node_healthy", (("node", "n2"),))] == 0
+    assert m[("slurmft_health_check_status", (("check", "external_site"), ("node", "n2"), ("status", "fail")))] == 1
+    assert m[("slurmft_sweep_action", (("action", "drain"), ("node", "n2")))] == 1
+
+    flag.write_text("0")
+    report = sweep(SweepRequest("n2"), cfg, hc, slurm)
+    assert slurm.calls[-1] == ("resume", "n2") and report.healthy
+    assert metrics(tmp_path / "textfile" / "slurmft_sweep_n2.prom")[("slurmft_sweep_node_healthy", (("node", "n2"),))] == 1
+
+
+def test_dry_run_decides_but_touches_nothing(tmp_path):
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    slurm = MemorySlurm()
+    report = sweep(SweepRequest("n1", dry_run=True), cfg, hc, slurm)
+    assert report.decision.action.value == "drain" and slurm.calls == []
+    assert not (tmp_path / "reports").exists() and not (tmp_path / "textfile").exists()
+    assert not (tmp_path / "state" / "health-n1.json").exists()
+
+
+def test_guard_blocks_and_exports_the_alert(tmp_path):
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    slurm = MemorySlurm()
+    slurm.drain("n4", "slurmft: node_disk: full")
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)
+    assert report.decision.action.value == "blocked" and slurm.calls == [("drain", "n4")]
+    m = metrics(tmp_path / "textfile" / "slurmft_sweep_n1.prom")
+    assert m[("slurmft_sweep_blast_radius_blocked", (("node", "n1"),))] == 1
+    assert m[("slurmft_sweep_nodes_drained_by_slurmft", (("node", "n1"),))] == 1
+
+
+def test_unreachable_controller_still_reports_checks_and_acts_on_nothing(tmp_path):
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    slurm = MemorySlurm(down=True)
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)
+    assert report.decision is None and "Unable to contact slurm controller" in report.slurm_error
+    assert slurm.calls == [] and json.loads((tmp_path / "reports" / "n1.json").read_text())["status"] == "fail"
+
+
+def test_unknown_node_or_check_is_a_config_error_before_anything_runs(tmp_path):
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    slurm = MemorySlurm()
+    with pytest.raises(ConfigError, match="--node 'n9': Slurm knows no such node"):
+        sweep(SweepRequest("n9"), cfg, hc, slurm)
+    bad = SweepConfig(checks=("gpu_tmp",), state_dir=tmp_path / "s")
+    with pytest.raises(ConfigError, match=r"unknown check 'gpu_tmp'"):
+        sweep(SweepRequest("n1"), bad, hc, slurm)
+    assert slurm.calls == [] and not (tmp_path / "reports").exists()
+
+
+def test_second_sweep_on_the_same_node_is_refused_while_one_runs(tmp_path):
+    cfg, hc, _ = configs(tmp_path)
+    with SweepLock(lock_path(cfg, "n1")):
+        with pytest.raises(LockHeld):
+            sweep(SweepRequest("n1"), cfg, hc, MemorySlurm())
+    assert sweep(SweepRequest("n1"), cfg, hc, MemorySlurm()).healthy  # released
+
+
+def test_sweep_config_rejects_bad_share(tmp_path):
+    from slurmft.config import load_section
+
+    f = tmp_path / "slurmft.toml"
+    f.write_text("[sweep]\nmax_drain_share = 1.5\n")
+    with pytest.raises(ConfigError, match=r"\[sweep\] max_drain_share must be between 0 and 1"):
+        load_section(SweepConfig, "sweep", config_file=f, environ={})
+    f.write_text('[sweep]\nchecks = "gpu_ecc"\nfact_timeout_s = "soon"\n')
+    with pytest.raises(ConfigError, match=r"\[sweep\] fact_timeout_s must be a number"):
+        load_section(SweepConfig, "sweep", config_file=f, environ={})
