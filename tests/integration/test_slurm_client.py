@@ -1,0 +1,164 @@
+"""CliSlurmClient against the real devcluster (slurmctld + 4 slurmd + slurmdbd): every operation
+the watcher and the sweeper rely on, observed the way they will observe it."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import pytest
+
+from slurmft.slurm.cli import CliSlurmClient
+from slurmft.slurm.client import InvalidArgument, Job, JobNotFound, JobState
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+
+
+def wait_for(fetch: Callable[[], T], ok: Callable[[T], bool], timeout: float, what: str, poll: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if ok(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}; last: {value!r}")
+        time.sleep(poll)
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text("#!/bin/bash\n" + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def client(slurm_cluster) -> CliSlurmClient:
+    return CliSlurmClient(env=slurm_cluster.env)
+
+
+def submit(client: CliSlurmClient, tmp_path: Path, body: str, *options: str) -> str:
+    return client.submit(script(tmp_path, f"job{time.monotonic_ns()}.sh", body),
+                         sbatch_options=[f"--output={tmp_path}/%j.out", *options])
+
+
+def running(client: CliSlurmClient, job_id: str, timeout: float = 20) -> Job:
+    return wait_for(lambda: client.job(job_id), lambda j: j.state is JobState.RUNNING, timeout, f"{job_id} RUNNING")
+
+
+@pytest.mark.timeout(90)
+def test_requeue_then_exclude_and_start_now(client, tmp_path):
+    job_id = submit(client, tmp_path, "sleep 300", "-N2", "--comment=SLURMFT_RUN_DIR=/runs/a")
+    job = running(client, job_id)
+    first_nodes = job.nodes
+    assert len(first_nodes) == 2 and job.node_count == 2 and job.run_dir == Path("/runs/a")
+
+    assert client.requeue(job_id) is True
+    pending = wait_for(lambda: client.job(job_id), lambda j: j.state is JobState.PENDING and j.reason == "BeginTime",
+                       20, "requeued job PENDING/BeginTime")
+    ahead = (pending.eligible_time - datetime.now(timezone.utc)).total_seconds()
+    assert 90 <= ahead <= 130, ahead
+    assert pending.restart_count == 1
+    assert client.requeue(job_id) is True  # already pending: success, nothing done
+    assert client.job(job_id).restart_count == 1
+
+    client.update_pending(job_id, exclude_nodes=[first_nodes[0]])
+    client.update_pending(job_id, exclude_nodes=[first_nodes[1]], start_now=True)
+    started = time.monotonic()
+    again = running(client, job_id, timeout=15)
+    assert time.monotonic() - started < 10
+    assert set(again.excluded_nodes) == set(first_nodes)  # merged, not replaced
+    assert not set(again.nodes) & set(first_nodes) and len(again.nodes) == 2
+    history = client.job_history(job_id)
+    assert [r.state for r in history][:1] == [JobState.REQUEUED] and history[0].nodes == first_nodes
+    client.cancel(job_id)
+
+
+@pytest.mark.timeout(60)
+def test_exit_codes_and_completed_job_is_never_requeued(client, tmp_path):
+    ok = submit(client, tmp_path, "exit 0")
+    bad = submit(client, tmp_path, "exit 3")
+    done = wait_for(lambda: client.jobs([ok, bad]), lambda js: len(js) == 2 and all(j.state.finished for j in js.values()),
+                    30, "both jobs finished")
+    assert done[ok].state is JobState.COMPLETED and done[ok].exit_code == 0
+    assert done[bad].state is JobState.FAILED and done[bad].exit_code == 3 and done[bad].exit_signal is None
+    assert client.requeue(ok) is False
+    time.sleep(1)
+    assert client.job(ok).state is JobState.COMPLETED
+    history = wait_for(lambda: client.job_history(bad), lambda h: bool(h) and h[-1].state.finished, 10, "sacct record")
+    assert history[-1].exit_code == 3
+
+
+@pytest.mark.timeout(60)
+def test_drain_resume_hold_release(client, tmp_path, slurm_cluster):
+    client.drain("n2", "slurmft: gpu:\nxid 79\t" + "x" * 400)
+    node = client.nodes(["n2"])["n2"]
+    assert node.drained and node.reason.startswith("slurmft: gpu: xid 79 x") and "\n" not in node.reason
+    assert len(node.reason) <= 200 and set(client.nodes()) == set(slurm_cluster.node_names)
+    client.resume("n2")
+    assert not client.nodes(["n2"])["n2"].drained
+
+    job_id = submit(client, tmp_path, "true", "--begin=now+600")
+    client.hold(job_id)
+    held = client.job(job_id)
+    assert held.state is JobState.PENDING and held.reason.startswith("JobHeld")
+    client.release(job_id)
+    released = client.job(job_id)
+    assert released.state is JobState.PENDING and not released.reason.startswith("JobHeld")
+    assert (released.eligible_time - datetime.now(timezone.utc)).total_seconds() > 500  # --begin kept
+    client.cancel(job_id)
+
+
+@pytest.mark.timeout(60)
+def test_cancel_with_usr2_reaches_the_batch_script(client, tmp_path):
+    marker = tmp_path / "got-usr2"
+    job_id = submit(client, tmp_path, f"trap 'echo usr2 > {marker}; exit 0' USR2\nwhile true; do sleep 0.2; done")
+    running(client, job_id)
+    time.sleep(1)  # let bash install its trap
+    client.cancel(job_id, signal="USR2", batch_only=True)
+    wait_for(lambda: marker.exists(), bool, 15, "USR2 marker file")
+    assert marker.read_text().strip() == "usr2"
+
+
+@pytest.mark.timeout(30)
+def test_errors_unknown_job_and_invalid_names(client, monkeypatch):
+    with pytest.raises(JobNotFound, match="Invalid job id specified"):
+        client.job("999999")
+    calls = []
+    monkeypatch.setattr(client, "_run", lambda argv, **kw: calls.append(argv))
+    with pytest.raises(InvalidArgument, match="invalid node name"):
+        client.nodes(["n[1-2]"])
+    with pytest.raises(InvalidArgument, match="invalid node name"):
+        client.drain("n1;reboot", "x")
+    with pytest.raises(InvalidArgument, match="invalid job id"):
+        client.requeue("12 13")
+    assert calls == []
+
+
+@pytest.mark.timeout(60)
+def test_jobs_of_several_ids_is_one_controller_call(client, tmp_path, monkeypatch):
+    ids = [submit(client, tmp_path, "sleep 60") for _ in range(3)]
+    client.info()  # cached release/data_parser probe, not part of a poll
+    calls = []
+    real = client._run
+    monkeypatch.setattr(client, "_run", lambda argv, **kw: calls.append(list(argv)) or real(argv, **kw))
+    jobs = client.jobs([*ids, "999999"])
+    assert set(jobs) == set(ids) and len(calls) == 1 and calls[0][0] == "squeue"
+
+
+@pytest.mark.timeout(90)
+def test_node_death_makes_node_down_and_job_leaves_running(client, tmp_path, slurm_cluster):
+    job_id = submit(client, tmp_path, "sleep 300", "-N1")
+    victim = running(client, job_id).nodes[0]
+    killed = time.monotonic()
+    slurm_cluster.kill_node(victim)
+    node = wait_for(lambda: client.nodes([victim])[victim], lambda n: n.down, 45, f"{victim} DOWN", poll=1)
+    took = time.monotonic() - killed
+    assert not node.responding and 15 <= took <= 45, took
+    job = wait_for(lambda: client.job(job_id), lambda j: j.state in (JobState.PENDING, JobState.NODE_FAIL), 15,
+                   "job requeued or NODE_FAIL")
+    assert job.state is JobState.NODE_FAIL or job.restart_count == 1
+    client.cancel(job_id)
