@@ -135,3 +135,16 @@ def test_sweep_config_rejects_bad_share(tmp_path):
     f.write_text('[sweep]\nchecks = "gpu_ecc"\nfact_timeout_s = "soon"\n')
     with pytest.raises(ConfigError, match=r"\[sweep\] fact_timeout_s must be a number"):
         load_section(SweepConfig, "sweep", config_file=f, environ={})
+
+
+def test_alert_rules_use_only_metrics_the_sweep_exports(tmp_path):
+    import re
+    from pathlib import Path
+
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    sweep(SweepRequest("n1"), cfg, hc, MemorySlurm())
+    exported = {s.name for fam in text_string_to_metric_families(
+        (tmp_path / "textfile" / "slurmft_sweep_n1.prom").read_text()) for s in fam.samples}
+    rules = (Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "slurmft-alerts.yml").read_text()
+    used = set(re.findall(r"\bslurmft_[a-z_]+\b", rules))
+    assert used and used <= exported, used - exported

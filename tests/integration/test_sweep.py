@@ -1,0 +1,152 @@
+"""``slurmft sweep`` against the real devcluster, run as a subprocess with the cluster's env.
+
+A site "external check" (a script reading a flag file) makes a node fail or pass; Slurm's own
+view (through CliSlurmClient) is what the tests assert on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmft.slurm.cli import CliSlurmClient
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SLURMFT = Path(sys.executable).parent / "slurmft"
+CRON = REPO / "bin" / "slurmft-sweep-cron"
+
+
+@pytest.fixture
+def site(tmp_path):
+    """slurmft.toml with one external check whose verdict is the number in ``flag``."""
+    flag = tmp_path / "flag"
+    flag.write_text("0")
+    script = tmp_path / "site-check"
+    script.write_text("#!/bin/sh\nsleep \"$(cat %s.sleep 2>/dev/null || echo 0)\"\n"
+                      "code=$(cat %s)\n[ \"$code\" = 0 ] && echo 'site check ok' || "
+                      "echo 'ERROR: site check: /scratch read-only'\nexit \"$code\"\n" % (flag, flag))
+    script.chmod(0o755)
+    config = tmp_path / "slurmft.toml"
+    config.write_text(f"""
+[sweep]
+checks = ["node_memory", "external_site"]
+state_dir = "{tmp_path}/state"
+report_dir = "{tmp_path}/reports"
+textfile_dir = "{tmp_path}/textfile"
+
+[[health_external.commands]]
+name = "site"
+argv = ["{script}"]
+timeout_s = 20
+""")
+    return config, flag
+
+
+def sweep(cluster, config, node, *extra, timeout=90):
+    env = {**os.environ, **cluster.env, "SLURMFT_CONFIG": str(config)}
+    return subprocess.run([str(SLURMFT), "sweep", "--node", node, *extra], env=env, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def scontrol(cluster, *args):
+    subprocess.run(["scontrol", *args], env={**os.environ, **cluster.env}, check=True,
+                   capture_output=True, timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_failing_check_drains_and_passing_check_resumes(slurm_cluster, site):
+    config, flag = site
+    client = CliSlurmClient(env=slurm_cluster.env)
+    flag.write_text("1")
+    res = sweep(slurm_cluster, config, "n1")
+    assert res.returncode == 1, res.stderr
+    n1 = client.nodes()["n1"]
+    assert n1.drained and n1.reason == "slurmft: external_site: ERROR: site check: /scratch read-only"
+    report = json.loads((config.parent / "reports" / "n1.json").read_text())
+    assert report["acted"] == "drained" and report["decision"]["action"] == "drain"
+
+    flag.write_text("0")
+    res = sweep(slurm_cluster, config, "n1")
+    assert res.returncode == 0, res.stderr
+    assert not client.nodes()["n1"].drained
+    assert "slurmft_sweep_node_healthy{node=\"n1\"} 1.0" in (config.parent / "textfile" / "slurmft_sweep_n1.prom").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_other_drains_and_down_nodes_are_never_touched(slurm_cluster, site):
+    config, flag = site
+    client = CliSlurmClient(env=slurm_cluster.env)
+    client.drain("n2", "maintenance: bad DIMM")
+    scontrol(slurm_cluster, "update", "NodeName=n3", "State=DOWN", "Reason=dead PSU")
+    for code in ("1", "0"):
+        flag.write_text(code)
+        for node in ("n2", "n3"):
+            res = sweep(slurm_cluster, config, node)
+            assert res.returncode == int(code), res.stderr
+    nodes = client.nodes()
+    assert nodes["n2"].drained and nodes["n2"].reason == "maintenance: bad DIMM"
+    assert nodes["n3"].down and nodes["n3"].reason == "dead PSU"
+
+
+@pytest.mark.timeout(120)
+def test_blast_radius_guard_stops_the_next_drain(slurm_cluster, site):
+    config, flag = site
+    client = CliSlurmClient(env=slurm_cluster.env)
+    flag.write_text("1")
+    assert sweep(slurm_cluster, config, "n1").returncode == 1
+    res = sweep(slurm_cluster, config, "n2", "--json")  # 10 % of 4 nodes, at least 1: n2 is one too many
+    assert res.returncode == 1, res.stderr
+    report = json.loads(res.stdout)
+    assert report["decision"]["action"] == "blocked" and report["acted"] == ""
+    assert "blast-radius guard: 1 of 4 nodes already drained by slurmft, at most 1 allowed" in report["decision"]["why"]
+    assert not client.nodes()["n2"].drained
+    prom = (config.parent / "textfile" / "slurmft_sweep_n2.prom").read_text()
+    assert 'slurmft_sweep_blast_radius_blocked{node="n2"} 1.0' in prom
+
+
+@pytest.mark.timeout(120)
+def test_dry_run_acts_on_nothing(slurm_cluster, site):
+    config, flag = site
+    flag.write_text("1")
+    res = sweep(slurm_cluster, config, "n4", "--dry-run")
+    assert res.returncode == 1 and "decision: drain" in res.stdout and "nothing (dry run)" in res.stdout
+    assert not CliSlurmClient(env=slurm_cluster.env).nodes()["n4"].drained
+
+
+@pytest.mark.timeout(120)
+def test_overlapping_cron_runs_do_not_both_act(slurm_cluster, site, tmp_path):
+    config, flag = site
+    flag.write_text("1")
+    Path(f"{flag}.sleep").write_text("3")  # the check takes 3 s: the second run starts meanwhile
+    env = {**os.environ, **slurm_cluster.env, "SLURMFT_CONFIG": str(config), "SLURMFT_BIN": str(SLURMFT),
+           "SLURMFT_SWEEP_LOCK": str(tmp_path / "cron.lock")}
+    first = subprocess.Popen([str(CRON), "--node", "n1"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    second = subprocess.run([str(CRON), "--node", "n1"], env=env, text=True, capture_output=True, timeout=60)
+    out, err = first.communicate(timeout=90)
+    assert second.returncode == 3 and "previous sweep still running" in second.stderr
+    assert first.returncode == 1, err
+    assert "acted=drained" in err
+    assert CliSlurmClient(env=slurm_cluster.env).nodes()["n1"].drained
+
+
+@pytest.mark.timeout(120)
+def test_healthcheck_program_entry_point_finishes_well_inside_slurms_limit(slurm_cluster, site):
+    config, flag = site
+    env = {**os.environ, **slurm_cluster.env, "SLURMFT_CONFIG": str(config), "SLURMFT_BIN": str(SLURMFT),
+           "SLURMD_NODENAME": "n2"}
+    start = time.monotonic()
+    res = subprocess.run([str(REPO / "bin" / "slurmft-healthcheck")], env=env, text=True,
+                         capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "node=n2 status=ok action=none" in res.stderr
+    assert time.monotonic() - start < 30
