@@ -1,0 +1,181 @@
+"""One rank of a multi-process checkpoint test (gloo on CPU); started by tests/unit/test_checkpoint_dist.py.
+
+Scenarios (argv[1]):
+  reshard      FSDP2 model + Adam: load the latest checkpoint, compare the full (unsharded) state
+               with the reference file the previous world size wrote, train one step, save, write
+               the new reference.
+  determinism  DDP model with dropout and python/numpy noise: train to --steps with a save every
+               2 steps, appending each step's loss; --kill-at K sends SIGKILL to itself at step K.
+  crash        FSDP2 model whose parameters equal the step: load the latest checkpoint, check the
+               parameters, then save every step until the test kills it.
+Rank 0 writes results as JSON lines to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from torch.distributed.fsdp import fully_shard
+
+from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurmft.train.state import TrainState
+
+
+class CountingSampler:
+    def __init__(self) -> None:
+        self.offset = 0
+
+    def state_dict(self):
+        return {"offset": self.offset}
+
+    def load_state_dict(self, sd):
+        self.offset = int(sd["offset"])
+
+
+def emit(out: str, **record) -> None:
+    if dist.get_rank() == 0:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        os.fsync(fd)
+        os.close(fd)
+
+
+def full_state(state: TrainState) -> dict:
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(state.model, state.optimizer, options=options)
+    return {"model": model_sd, "optim": optim_sd, "offset": state.sampler.offset}
+
+
+def same(a, b, path="") -> list[str]:
+    if isinstance(a, torch.Tensor):
+        return [] if isinstance(b, torch.Tensor) and torch.equal(a, b) else [path]
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or a.keys() != b.keys():
+            return [path]
+        return [p for k in a for p in same(a[k], b[k], f"{path}/{k}")]
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            return [path]
+        return [p for i, (x, y) in enumerate(zip(a, b)) for p in same(x, y, f"{path}/{i}")]
+    return [] if a == b else [path]
+
+
+def fsdp_model(width: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, 5))
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def reshard(args) -> None:
+    model = fsdp_model(24)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    state = TrainState(model, opt, sampler=CountingSampler())
+    manager = CheckpointManager(args.run_dir)
+    loaded = manager.load_latest(state)
+    mismatches: list[str] = []
+    if loaded is not None:
+        reference = torch.load(os.path.join(args.run_dir, f"ref_{loaded}.pt"), weights_only=True)
+        mismatches = same(reference, full_state(state))
+    step = (loaded or 0) + 1
+    torch.manual_seed(1000 + step * 10 + dist.get_rank())
+    model(torch.randn(6, 24)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    state.sampler.offset += 6 * dist.get_world_size()
+    manager.save(step, state, block=True)
+    reference = full_state(state)
+    if dist.get_rank() == 0:
+        torch.save(reference, os.path.join(args.run_dir, f"ref_{step}.pt"))
+    manager.close()
+    emit(args.out, loaded=loaded, saved=step, mismatches=mismatches, world=dist.get_world_size(),
+         offset=state.sampler.offset)
+
+
+def determinism(args) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Dropout(0.3), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    model = DistributedDataParallel(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+    # Different seeds per rank, as real jobs have: per-rank RNG must come back per rank.
+    torch.manual_seed(100 + dist.get_rank())
+    state = TrainState(model, opt, sched, CountingSampler(), extras={"rank_seed_note": "per-rank"})
+    manager = CheckpointManager(args.run_dir, CheckpointConfig(interval=2, keep_last=2))
+    start = (manager.load_latest(state) or 0) + 1
+    for step in range(start, args.steps + 1):
+        x = torch.randn(8, 10) + float(np.random.rand()) + random.random()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        state.sampler.offset += 8
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        emit(args.out, step=step, loss=float(total), offset=state.sampler.offset)
+        if step == args.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if manager.due(step):
+            manager.save(step, state)
+    manager.close()
+
+
+def crash(args) -> None:
+    model = fsdp_model(64)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), sampler=CountingSampler())
+    manager = CheckpointManager(args.run_dir, CheckpointConfig(keep_last=2))
+    loaded = manager.load_latest(state)
+    params_ok = all(bool((p.full_tensor() == (loaded or 0)).all()) for p in model.parameters()) if loaded else True
+    emit(args.out, loaded=loaded, params_ok=params_ok, offset_ok=state.sampler.offset == 10 * (loaded or 0))
+    step = loaded or 0
+    while True:
+        step += 1
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(step)
+        state.sampler.offset = 10 * step
+        manager.save(step, state)
+        if step == (loaded or 0) + 2 and dist.get_rank() == 0:
+            manager.wait()  # the first save of this run has committed: tell the test it may kill
+            open(args.ready, "w").close()
+        time.sleep(0.01)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=["reshard", "determinism", "crash"])
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--kill-at", type=int, default=-1)
+    parser.add_argument("--ready", default="")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=90))
+    try:
+        {"reshard": reshard, "determinism": determinism, "crash": crash}[args.scenario](args)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
