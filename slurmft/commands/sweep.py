@@ -99,6 +99,9 @@ def app(
     except LockHeld as exc:
         _log(f"node={node or default_node_name()} skipped: {exc}")
         raise typer.Exit(EXIT_LOCKED)
+    except OSError as exc:  # state/report/textfile dir not writable, lock file not creatable
+        _log(f"error: {exc.filename or ''}: {exc.strerror or exc}")
+        raise typer.Exit(EXIT_USAGE)
 
     if as_json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))

@@ -5,6 +5,7 @@ how a site plugs in its NHC scripts, and how tests make a node fail.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ class ExternalCheck:
         exe = self.argv[0]
         if ("/" in exe and not Path(exe).is_file()) or ("/" not in exe and shutil.which(exe) is None):
             raise ValueError(f"argv[0] {exe!r} does not exist")
+        if "/" in exe and not os.access(exe, os.X_OK):
+            raise ValueError(f"argv[0] {exe!r} is not executable")
         if self.timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
 

@@ -17,6 +17,7 @@ from slurmft.health import xid
 from slurmft.health.registry import HealthConfig, Mode, plan, run_plan
 from slurmft.health.state import HealthState
 from slurmft.slurm.client import Node, SlurmClient, SlurmError
+from slurmft.slurm.validate import node_name
 from slurmft.sweep.act import Outcome, apply
 from slurmft.sweep.config import SweepConfig
 from slurmft.sweep.decide import decide
@@ -31,6 +32,9 @@ class SweepRequest:
     mode: Mode = "normal"
     dry_run: bool = False
     forget_xids: bool = False
+
+    def __post_init__(self) -> None:
+        node_name(self.node)  # it names state and report files: Slurm's node-name form only
 
 
 def state_path(cfg: SweepConfig, node: str) -> Path:

@@ -117,3 +117,24 @@ def test_plan_rejects_unknown_checks_and_picks_quick_subset():
     assert [c.check_name for c in quick.external] == ["external_site"]
     assert "dcgm_diag" not in {s.name for s in plan((), hc, "normal").builtin}
     assert "dcgm_diag" in {s.name for s in plan((), hc, "deep").builtin}
+
+
+def test_deploy_example_config_is_valid(tmp_path):
+    from slurmft.config import load_section
+    from slurmft.sweep.config import SweepConfig
+
+    example = (Path(__file__).resolve().parents[2] / "deploy" / "slurmft-sweep.example.toml").read_text()
+    for missing in ("/lustre/checkpoints", "/scratch", "/usr/sbin/nhc"):
+        example = example.replace(f'"{missing}"', f'"{tmp_path}"')
+    (tmp_path / "nhc").write_text("#!/bin/sh\n")
+    (tmp_path / "nhc").chmod(0o644)
+    cfg = tmp_path / "slurmft.toml"
+    cfg.write_text(example.replace(f'argv = ["{tmp_path}"', f'argv = ["{tmp_path}/nhc"'))
+    with pytest.raises(ConfigError, match="is not executable"):
+        load_health_config(cfg, environ={})
+    (tmp_path / "nhc").chmod(0o755)
+    cfg = tmp_path / "slurmft.toml"
+    cfg.write_text(example.replace(f'argv = ["{tmp_path}"', f'argv = ["{tmp_path}/nhc"'))
+    hc = load_health_config(cfg, environ={})
+    assert hc.gpu.expected_count == 8 and hc.external.commands[0].check_name == "external_nhc"
+    assert load_section(SweepConfig, "sweep", config_file=cfg, environ={}).max_drain_share == 0.10
