@@ -23,22 +23,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from slurmft.slurm import validate
-from slurmft.slurm.client import (
-    InvalidArgument, Job, JobNotFound, JobState, Node, SlurmError, SlurmInfo,
-)
+from slurmft.slurm import policy, validate
+from slurmft.slurm.client import InvalidArgument, Job, JobNotFound, JobState, Node, SlurmError, SlurmInfo
 from slurmft.slurm.config import SlurmConfig
 from slurmft.slurm.parse_jobs import SACCT_TEXT_FIELDS, parse_sacct, parse_sacct_text, parse_squeue
 from slurmft.slurm.parse_nodes import parse_nodes
 from slurmft.slurm.release import Capabilities, listed_parsers, parse_version
 from slurmft.slurm.runner import Result, Runner
-
-# Base states for which a plain `scontrol requeue` is right: the run ended, not successfully.
-_REQUEUE_PLAIN = frozenset({
-    JobState.FAILED, JobState.NODE_FAIL, JobState.TIMEOUT, JobState.CANCELLED, JobState.PREEMPTED,
-    JobState.BOOT_FAIL, JobState.DEADLINE, JobState.OUT_OF_MEMORY,
-})
-
 
 class CliSlurmClient:
     """SlurmClient over Slurm's command line tools. ``env`` overlays the process environment
@@ -183,30 +174,16 @@ class CliSlurmClient:
         self._run([*argv, validate.job_id(job_id)])
 
     def requeue(self, job_id: str) -> bool:
-        """Requeue unless the job completed successfully; decided by the job's state because
-        ``scontrol requeue`` requeues even a COMPLETED job. PENDING -> True (no-op); RUNNING or
-        SUSPENDED -> ``requeue Incomplete`` (a no-op should it finish meanwhile, then decided
-        again); FAILED/NODE_FAIL/TIMEOUT/... -> plain requeue; COMPLETED -> False."""
+        """Requeue unless the job completed successfully, decided from its state
+        (``policy.requeue_by_state``): PENDING -> True, nothing done; RUNNING/SUSPENDED ->
+        ``scontrol requeue Incomplete``; FAILED/NODE_FAIL/TIMEOUT/... -> ``scontrol requeue``;
+        COMPLETED -> False. Never a plain requeue on a job that may have completed."""
         job_id = validate.job_id(job_id)
-        for _ in range(2):
-            job = self.job(job_id)
-            if job.state is JobState.PENDING:
-                return True
-            if job.state is JobState.COMPLETED:
-                return False
-            if job.state in (JobState.RUNNING, JobState.SUSPENDED):
-                if job.completing and job.restart_count > 0:
-                    return True  # 22.05 shows a just-requeued job as COMPLETING
-                self._run(["scontrol", "requeue", "Incomplete", job_id])
-                after = self.job(job_id)
-                if not after.state.finished:
-                    return True
-                continue  # it finished before the requeue landed: decide again from its state
-            if job.state in _REQUEUE_PLAIN:
-                self._run(["scontrol", "requeue", job_id])
-                return True
-            raise SlurmError(f"job {job_id}: cannot requeue a job in state {job.state.value}")
-        return False
+
+        def run_requeue(incomplete: bool) -> None:
+            self._run(["scontrol", "requeue", *(["Incomplete"] if incomplete else []), job_id])
+
+        return policy.requeue_by_state(lambda: self.job(job_id), run_requeue, wait_s=self.config.timeout)
 
     def update_pending(self, job_id: str, *, exclude_nodes: Sequence[str] = (),
                        start_now: bool = False) -> None:
@@ -221,7 +198,7 @@ class CliSlurmClient:
             job = self.job(job_id)
             if job.state is not JobState.PENDING:
                 raise SlurmError(f"job {job_id} is {job.state.value}, not PENDING: ExcNodeList not changed")
-            argv.append(f"ExcNodeList={validate.compress_nodes([*job.excluded_nodes, *extra])}")
+            argv.append(f"ExcNodeList={policy.merged_exclusions(job, extra)}")
         if start_now:
             argv.append("StartTime=now")
         self._run(argv)

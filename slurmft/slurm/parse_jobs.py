@@ -114,7 +114,7 @@ def _job_id(rec: Mapping[str, Any], where: Where) -> str:
     return str(job_id)
 
 
-def _finished_fields(state: JobState, start, end, exit_value, where: Where):
+def finished_fields(state: JobState, start, end, exit_value, where: Where):
     if not state.finished:
         return (None if state is JobState.PENDING else start), None, None, None
     code, sig = exit_status(exit_value, where)
@@ -124,7 +124,7 @@ def _finished_fields(state: JobState, start, end, exit_value, where: Where):
 def job_from_squeue(rec: Mapping[str, Any], where: Where) -> Job:
     """One ``jobs[]`` record of ``squeue --json`` / ``scontrol --json show job``."""
     state, flags = job_state(state_names(rec.get("job_state"), where.key("job_state")), where.key("job_state"))
-    start, end, code, sig = _finished_fields(
+    start, end, code, sig = finished_fields(
         state, timestamp(rec, "start_time", where), timestamp(rec, "end_time", where),
         rec.get("exit_code"), where.key("exit_code"),
     )
@@ -171,7 +171,7 @@ def job_from_sacct(rec: Mapping[str, Any], where: Where) -> Job:
     if not isinstance(times, dict):
         raise where.key("time").fail("object", times)
     tw = where.key("time")
-    start, end, code, sig = _finished_fields(
+    start, end, code, sig = finished_fields(
         state, timestamp(times, "start", tw), timestamp(times, "end", tw),
         rec.get("exit_code"), where.key("exit_code"),
     )

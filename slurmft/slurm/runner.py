@@ -62,10 +62,26 @@ class _Transient(Exception):
 
 def classify(result: Result) -> SlurmError:
     """The typed error for a failed command (never a transient one: see :func:`is_transient`)."""
+    return classify_message(result.stderr, result.message, where=" ".join(result.argv[:2]))
+
+
+def classify_message(text: str, message: str, *, where: str) -> SlurmError:
+    """The typed error whose pattern matches Slurm's ``text``; ``message`` is what it says."""
     for pattern, cls in _PERMANENT:
-        if pattern.search(result.stderr):
-            return cls(f"{result.argv[0]}: {result.message}")
-    return SlurmError(f"{' '.join(result.argv[:2])}: {result.message}")
+        if pattern.search(text):
+            return cls(f"{where}: {message}")
+    return SlurmError(f"{where}: {message}")
+
+
+def retrying(config: SlurmConfig, sleep: Callable[[float], None], transient: type[BaseException]) -> Retrying:
+    """The retry policy of every Slurm call: ``config.retries`` more attempts, exponential backoff."""
+    return Retrying(
+        stop=stop_after_attempt(config.retries + 1),
+        wait=wait_exponential(multiplier=config.backoff, max=config.max_backoff),
+        retry=retry_if_exception_type(transient),
+        sleep=sleep,
+        reraise=True,
+    )
 
 
 def is_transient(stderr: str, *, idempotent: bool) -> bool:
@@ -97,15 +113,8 @@ class Runner:
             raise InvalidArgument(f"argv must be a non-empty list of strings, got {argv!r}")
         limit = timeout or self.config.timeout
         environment = self.environment(env)
-        retrying = Retrying(
-            stop=stop_after_attempt(self.config.retries + 1),
-            wait=wait_exponential(multiplier=self.config.backoff, max=self.config.max_backoff),
-            retry=retry_if_exception_type(_Transient),
-            sleep=self._sleep,
-            reraise=True,
-        )
         try:
-            return retrying(self._attempt, argv, limit, environment, check, idempotent)
+            return retrying(self.config, self._sleep, _Transient)(self._attempt, argv, limit, environment, check, idempotent)
         except _Transient as exc:
             raise SlurmUnavailable(
                 f"could not observe: {' '.join(argv[:2])}: {exc} (after {self.config.retries + 1} attempts)"
