@@ -66,7 +66,8 @@ class CliSlurmClient:
                     "has no data_parser pins (remove the setting)"
                 )
             return None
-        listing = self._run(["squeue", "--json=list"], check=False)
+        # scontrol lists its data_parser plugins without asking the controller (squeue asks first).
+        listing = self._run(["scontrol", "--json=list"], check=False)
         available = listed_parsers(listing.stdout + listing.stderr)
         if pin:
             if available and pin not in available:

@@ -45,5 +45,6 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
 
 
 def listed_parsers(text: str) -> list[str]:
-    """data_parser names found in ``squeue --json=list`` output, oldest first."""
+    """data_parser names in ``scontrol --json=list`` output, oldest first. 24.11 prints
+    "Possible data_parser plugins:" then ``data_parser/v0.0.42``, ``.../v0.0.40``... unsorted."""
     return [f"v0.0.{n}" for n in sorted({int(m) for m in _PARSER_RE.findall(text)})]

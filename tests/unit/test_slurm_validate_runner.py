@@ -73,7 +73,8 @@ def test_signal_rejected(value):
 def test_release_helpers():
     assert parse_version("slurm-wlm 22.05.8") == (22, 5, 8)
     assert parse_version("slurm 24.11.5") == (24, 11, 5)
-    assert listed_parsers("data_parser/v0.0.42\ndata_parser/v0.0.40 v0.0.41") == ["v0.0.40", "v0.0.41", "v0.0.42"]
+    listing = "Possible data_parser plugins:\ndata_parser/v0.0.42\ndata_parser/v0.0.40\ndata_parser/v0.0.41\n"  # 24.11.5
+    assert listed_parsers(listing) == ["v0.0.40", "v0.0.41", "v0.0.42"]
     old, new = Capabilities((22, 5, 8)), Capabilities((24, 11, 5))
     assert not old.json_filters and not old.scontrol_json and not old.sacct_json_exit_codes
     assert new.json_filters and new.scontrol_json and new.data_parser_pins
