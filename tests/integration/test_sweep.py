@@ -150,3 +150,43 @@ def test_healthcheck_program_entry_point_finishes_well_inside_slurms_limit(slurm
     assert res.returncode == 0, res.stderr
     assert "node=n2 status=ok action=none" in res.stderr
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.timeout(150)
+def test_real_slurmd_runs_the_healthcheck_program_and_it_drains(devcluster, tmp_path):
+    """Slurm's own HealthCheckProgram loop, on a second 2-node cluster of this test's own (its
+    slurm.conf gets HealthCheckProgram; the shared session cluster is left as it is)."""
+    from slurmft.slurm.devcluster import DevCluster
+
+    wrapper = tmp_path / "hc-wrapper"
+    config = tmp_path / "slurmft.toml"
+    cluster = DevCluster.up(tmp_path / "hc-cluster", nodes=2)
+    try:
+        conf = Path(cluster.env["SLURM_CONF"])
+        # slurmd gives the program SLURMD_NODENAME only; this cluster's config is not the default one
+        wrapper.write_text(f"#!/bin/sh\nexport SLURM_CONF={conf} SLURMFT_CONFIG={config} SLURMFT_BIN={SLURMFT}\n"
+                           f"exec {REPO / 'bin' / 'slurmft-healthcheck'} >> {tmp_path}/hc.log 2>&1\n")
+        wrapper.chmod(0o755)
+        config.write_text(f"""
+[sweep]
+checks = ["external_site"]
+state_dir = "{tmp_path}/state"
+report_dir = "{tmp_path}/reports"
+textfile_dir = "{tmp_path}/textfile"
+[[health_external.commands]]
+name = "site"
+argv = ["/bin/sh", "-c", "[ \\"$SLURMD_NODENAME\\" != n2 ] || {{ echo 'ERROR: GPU 3 missing'; exit 1; }}"]
+""")
+        with conf.open("a") as fh:
+            fh.write(f"HealthCheckProgram={wrapper}\nHealthCheckInterval=5\nHealthCheckNodeState=ANY\n")
+        scontrol(cluster, "reconfigure")
+        client = CliSlurmClient(env=cluster.env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not client.nodes()["n2"].drained:
+            time.sleep(1)
+        nodes = client.nodes()
+        assert nodes["n2"].drained and nodes["n2"].reason == "slurmft: external_site: ERROR: GPU 3 missing"
+        assert not nodes["n1"].drained
+        assert json.loads((tmp_path / "reports" / "n1.json").read_text())["status"] == "ok"
+    finally:
+        cluster.down()
