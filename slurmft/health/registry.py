@@ -103,6 +103,26 @@ def plan(names: tuple[str, ...], hc: HealthConfig, mode: Mode) -> Plan:
     return Plan(builtin, external)
 
 
+def gather_timeout(p: Plan, hc: HealthConfig, fact_timeout_s: float) -> float:
+    """How long the sweep waits for its facts: ``fact_timeout_s``, stretched in deep mode to
+    let ``dcgmi diag`` finish (deep mode is for drained nodes, never for HealthCheckProgram)."""
+    if any(s.fact == dcgm.DIAG_FACT for s in p.builtin):
+        return max(fact_timeout_s, hc.dcgm.diag_timeout_s + 5.0)
+    return fact_timeout_s
+
+
+def check_timeouts(p: Plan, hc: HealthConfig, fact_timeout_s: float) -> None:
+    """Every program a sweep runs must time out (and be killed) before the sweep stops waiting
+    for it, or it would outlive the sweep; a config that breaks this is rejected up front."""
+    limit = gather_timeout(p, hc, fact_timeout_s)
+    programs = [(f"[health_external] commands {c.name!r} timeout_s", c.timeout_s) for c in p.external]
+    if any(s.fact == dcgm.HEALTH_FACT for s in p.builtin):
+        programs.append(("[health_dcgm] timeout_s", hc.dcgm.timeout_s))
+    for where, value in programs:
+        if value >= limit:
+            raise ConfigError(f"{where} = {value:g} must be below [sweep] fact_timeout_s = {limit:g}")
+
+
 def gatherers(p: Plan, hc: HealthConfig, state: HealthState, nvml: Any = None) -> dict[str, Callable[[], Any]]:
     sources: dict[str, Callable[[], Any]] = {
         gpu_checks.GPU_FACT: lambda: gather_gpus(nvml),
@@ -133,8 +153,8 @@ def run_guarded(name: str, fn: Callable[[], CheckResult]) -> CheckResult:
 
 def run_plan(p: Plan, hc: HealthConfig, state: HealthState, timeout_s: float,
              nvml: Any = None) -> tuple[list[CheckResult], Facts]:
-    """Gather every needed fact once (bounded by ``timeout_s``), then run each check on them."""
-    facts = gather(gatherers(p, hc, state, nvml), timeout_s)
+    """Gather every needed fact once (bounded by ``gather_timeout``), then run each check."""
+    facts = gather(gatherers(p, hc, state, nvml), gather_timeout(p, hc, timeout_s))
     configs = {"gpu": hc.gpu, "xid": hc.xid, "dcgm": hc.dcgm, "node": hc.node}
     results = [run_guarded(s.name, lambda s=s: s.fn(facts, configs[s.area], state)) for s in p.builtin]
     results += [run_guarded(c.check_name, lambda c=c: check_external(c, facts)) for c in p.external]

@@ -237,5 +237,7 @@ def check_gpu_xid(facts: Facts, cfg: XidConfig, state: HealthState) -> CheckResu
     remembered = remembered[-REMEMBER_MAX:]
     state.set("xid", {"boot_id": read.boot_id, "position": read.position, "remembered": remembered})
     fail = sorted({f"Xid {r['code']} on {r['pci']} ({r['what']})" for r in remembered})
+    if fail:  # tell the admin reading `sinfo -R` how this drain ends
+        fail[-1] += " [kept until reboot or slurmft sweep --forget-xids]"
     ok = f"{len(read.events)} new Xid lines" + (f", {ignored} application-level ignored" if ignored else "")
     return findings("gpu_xid", fail, sorted(set(warn)), ok)

@@ -14,7 +14,7 @@ from typing import Any
 
 from slurmft.config import ConfigError
 from slurmft.health import xid
-from slurmft.health.registry import HealthConfig, Mode, plan, run_plan
+from slurmft.health.registry import HealthConfig, Mode, check_timeouts, plan, run_plan
 from slurmft.health.state import HealthState
 from slurmft.slurm.client import Node, SlurmClient, SlurmError
 from slurmft.slurm.validate import node_name
@@ -56,6 +56,7 @@ def sweep(req: SweepRequest, cfg: SweepConfig, hc: HealthConfig, client: SlurmCl
           nvml: Any = None) -> SweepReport:
     """Run one sweep; raises LockHeld, or ConfigError (unknown check, unknown node) before acting."""
     the_plan = plan(cfg.checks, hc, req.mode)  # config errors surface before anything runs
+    check_timeouts(the_plan, hc, cfg.fact_timeout_s)
     with SweepLock(lock_path(cfg, req.node)):
         started, t0 = now(), time.monotonic()
         nodes, slurm_error = _nodes(client)

@@ -45,7 +45,7 @@ textfile_dir = "{tmp_path}/textfile"
 [[health_external.commands]]
 name = "site"
 argv = ["{script}"]
-timeout_s = 20
+timeout_s = 15
 """)
     return config, flag
 

@@ -138,3 +138,24 @@ def test_deploy_example_config_is_valid(tmp_path):
     hc = load_health_config(cfg, environ={})
     assert hc.gpu.expected_count == 8 and hc.external.commands[0].check_name == "external_nhc"
     assert load_section(SweepConfig, "sweep", config_file=cfg, environ={}).max_drain_share == 0.10
+    from slurmft.slurm.config import SlurmConfig
+    assert load_section(SlurmConfig, "slurm", config_file=cfg, environ={}).retries == 1
+
+
+def test_programs_must_time_out_before_the_sweep_stops_waiting():
+    from slurmft.health.registry import check_timeouts
+
+    hc = HealthConfig(external=ExternalConfig(commands=(ExternalCheck("nhc", ("true",), timeout_s=70),)))
+    with pytest.raises(ConfigError, match=r"\[health_external\] commands 'nhc' timeout_s = 70 must be below "
+                                          r"\[sweep\] fact_timeout_s = 20"):
+        check_timeouts(plan((), hc, "normal"), hc, 20.0)
+    check_timeouts(plan((), hc, "quick"), hc, 20.0)  # not a quick check: not run, not judged
+    check_timeouts(plan(("dcgm_diag",), HealthConfig(), "deep"), HealthConfig(), 20.0)  # deep waits for diag
+
+
+def test_a_crashing_check_fails_naming_the_error_instead_of_passing():
+    def broken():
+        raise KeyError("Remapped Rows")
+
+    r = run_guarded("gpu_memory_remap", broken)
+    assert r.status is Status.FAIL and r.detail == "check crashed: KeyError: 'Remapped Rows'"

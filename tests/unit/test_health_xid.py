@@ -90,7 +90,8 @@ def test_file_source_reads_only_new_lines_and_remembers_drains(tmp_path, monkeyp
         fh.write("[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n")
         fh.write("[6781741.6] NVRM: Xid (PCI:0000:91:00): 13, pid=1, half a li")  # not finished yet
     r = _sweep(cfg, state)
-    assert r.status is Status.FAIL and r.detail == "Xid 79 on 0000:91:00 (GPU has fallen off the bus)"
+    assert r.status is Status.FAIL and r.detail == ("Xid 79 on 0000:91:00 (GPU has fallen off the bus) "
+                                                  "[kept until reboot or slurmft sweep --forget-xids]")
     r = _sweep(cfg, state)  # the line scrolled past; the GPU is still gone
     assert r.status is Status.FAIL
 
