@@ -217,4 +217,12 @@ class CliSlurmClient:
         self._run(argv)
 
     def resume(self, node: str) -> None:
-        self._run(["scontrol", "update", f"NodeName={validate.node_name(node)}", "State=RESUME"])
+        """Return a drained/down node to service; a node already in service is left as is
+        (Slurm says "Invalid node state specified" for it)."""
+        name = validate.node_name(node)
+        try:
+            self._run(["scontrol", "update", f"NodeName={name}", "State=RESUME"])
+        except SlurmError as exc:
+            current = self.nodes([name]).get(name)
+            if "Invalid node state" not in str(exc) or current is None or current.drained or current.down:
+                raise

@@ -27,6 +27,7 @@ class RequeueAction(enum.Enum):
     INCOMPLETE = "requeue Incomplete (running or suspended)"
     PLAIN = "requeue (ended without success)"
     IMPOSSIBLE = "cannot requeue from this state"
+    NOT_REQUEUEABLE = "submitted with --no-requeue"
 
 
 _PLAIN = frozenset({
@@ -40,10 +41,12 @@ def requeue_action(job: Job) -> RequeueAction:
         return RequeueAction.ALREADY_PENDING
     if job.state is JobState.COMPLETED:
         return RequeueAction.REFUSE_COMPLETED
-    if job.state in (JobState.RUNNING, JobState.SUSPENDED):
-        return RequeueAction.WAIT if job.completing else RequeueAction.INCOMPLETE
-    if job.state in _PLAIN:
-        return RequeueAction.PLAIN
+    if job.state in (JobState.RUNNING, JobState.SUSPENDED) and job.completing:
+        return RequeueAction.WAIT
+    if job.state in (JobState.RUNNING, JobState.SUSPENDED) or job.state in _PLAIN:
+        if not job.requeue_allowed:
+            return RequeueAction.NOT_REQUEUEABLE
+        return RequeueAction.PLAIN if job.state in _PLAIN else RequeueAction.INCOMPLETE
     return RequeueAction.IMPOSSIBLE
 
 
@@ -62,6 +65,8 @@ def requeue_by_state(fetch: Callable[[], Job], requeue: Callable[[bool], None], 
             return False
         if action is RequeueAction.IMPOSSIBLE:
             raise SlurmError(f"job {job.job_id}: cannot requeue a job in state {job.state.value}")
+        if action is RequeueAction.NOT_REQUEUEABLE:
+            raise SlurmError(f"job {job.job_id}: submitted with --no-requeue, Slurm will not requeue it")
         if action is RequeueAction.WAIT:
             if time.monotonic() > deadline:
                 raise SlurmUnavailable(f"could not decide: job {job.job_id} still COMPLETING after {wait_s:g} s")

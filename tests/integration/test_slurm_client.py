@@ -11,7 +11,7 @@ from typing import Callable, TypeVar
 import pytest
 
 from slurmft.slurm.cli import CliSlurmClient
-from slurmft.slurm.client import InvalidArgument, Job, JobNotFound, JobState
+from slurmft.slurm.client import InvalidArgument, Job, JobNotFound, JobState, SlurmError
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -100,6 +100,7 @@ def test_drain_resume_hold_release(client, tmp_path, slurm_cluster):
     assert len(node.reason) <= 200 and set(client.nodes()) == set(slurm_cluster.node_names)
     client.resume("n2")
     assert not client.nodes(["n2"])["n2"].drained
+    client.resume("n2")  # already in service: nothing to do, no error
 
     job_id = submit(client, tmp_path, "true", "--begin=now+600")
     client.hold(job_id)
@@ -121,6 +122,16 @@ def test_cancel_with_usr2_reaches_the_batch_script(client, tmp_path):
     client.cancel(job_id, signal="USR2", batch_only=True)
     wait_for(lambda: marker.exists(), bool, 15, "USR2 marker file")
     assert marker.read_text().strip() == "usr2"
+
+
+@pytest.mark.timeout(40)
+def test_no_requeue_job_is_refused_and_left_running(client, tmp_path):
+    job_id = submit(client, tmp_path, "sleep 60", "--no-requeue")
+    assert running(client, job_id).requeue_allowed is False
+    with pytest.raises(SlurmError, match="--no-requeue"):
+        client.requeue(job_id)
+    assert client.job(job_id).state is JobState.RUNNING
+    client.cancel(job_id)
 
 
 @pytest.mark.timeout(30)

@@ -193,6 +193,14 @@ def test_requeue_action(state, flags, action):
     assert policy.requeue_action(replace(BASE, state=state, flags=frozenset(flags))) is action
 
 
+@pytest.mark.parametrize("state", [JobState.RUNNING, JobState.FAILED])
+def test_no_requeue_jobs_are_refused_before_asking_slurm(state):
+    job = replace(BASE, state=state, requeue_allowed=False)
+    assert policy.requeue_action(job) is policy.RequeueAction.NOT_REQUEUEABLE
+    with pytest.raises(SlurmError, match="--no-requeue"):
+        policy.requeue_by_state(lambda: job, lambda inc: pytest.fail("requeued"), wait_s=1)
+
+
 def run_policy(states):
     seen, actions = list(states), []
 
