@@ -77,3 +77,23 @@ def test_diag_split_result_and_midword_wrapped_warning():
 def test_bad_argv_is_rejected(argv):
     with pytest.raises(ValueError):
         dcgm.DcgmConfig(health_argv=argv)
+
+
+def test_dcgm_healthy_does_not_hide_an_xid(tmp_path):
+    """DCGM#263: `dcgmi health` said Healthy on a node whose GPU needed a reset. The sweep runs the
+    Xid check beside it, so the node still fails. dcgmi is a stand-in script printing the real
+    JSON; the Xid line is a real one (tests/fixtures/health/xid/kernel_lines.tsv)."""
+    from slurmft.health.registry import HealthConfig, plan, run_plan
+    from slurmft.health.xid import XidConfig
+
+    fake = tmp_path / "dcgmi"
+    fake.write_text(f"#!/bin/sh\ncat {FIX / 'dcgmi-health' / 'healthy_json_but-gpu1-needs-reset_DCGM-issue-263.json'}\n")
+    fake.chmod(0o755)
+    log = tmp_path / "kern.log"
+    log.write_text("[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, "
+                   "GPU has fallen off the bus.\n")
+    hc = HealthConfig(dcgm=dcgm.DcgmConfig(health_argv=(str(fake), "health", "-c", "-j")),
+                      xid=XidConfig(source="file", path=log))
+    results, _ = run_plan(plan(("dcgm_health", "gpu_xid"), hc, "normal"), hc, HealthState(), 10.0)
+    by = {r.check: r.status for r in results}
+    assert by == {"dcgm_health": Status.OK, "gpu_xid": Status.FAIL}
