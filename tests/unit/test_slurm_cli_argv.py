@@ -1,0 +1,120 @@
+"""What CliSlurmClient runs, per release, replayed from captured real output (no controller here:
+the live behaviour is covered by tests/integration/test_slurm_client.py on every release)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmft.slurm.cli import CliSlurmClient
+from slurmft.slurm.client import InvalidArgument, JobNotFound, JobState
+from slurmft.slurm.config import SlurmConfig
+from slurmft.slurm.runner import Result
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+LIST_2411 = "Possible data_parser plugins:\ndata_parser/v0.0.42\ndata_parser/v0.0.40\ndata_parser/v0.0.41\n"
+
+
+class Replay:
+    """Answers each argv with recorded output; records every argv it was asked to run."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.calls: list[tuple[str, ...]] = []
+
+    def run(self, argv, **kwargs):
+        argv = tuple(argv)
+        self.calls.append(argv)
+        answer = self.answers(argv) if callable(self.answers) else self.answers[argv]
+        if isinstance(answer, Exception):
+            raise answer
+        return Result(argv, 0, answer, "")
+
+
+def client(version: str, answers, **config) -> tuple[CliSlurmClient, Replay]:
+    def answer(argv):
+        if argv == ("sinfo", "--version"):
+            return f"slurm-wlm {version}\n"
+        if argv == ("scontrol", "--json=list"):
+            return LIST_2411
+        return answers(argv)
+    replay = Replay(answer)
+    return CliSlurmClient(SlurmConfig(**config), runner=replay), replay
+
+
+def test_2411_picks_newest_parser_and_filters_in_one_call():
+    job_json = (FIX / "published/24.11/v0.0.42/slurmrestd__slurm-job-running.json").read_text()
+    c, replay = client("24.11.5", lambda argv: job_json)
+    assert c.info().data_parser == "v0.0.42"
+    jobs = c.jobs(["6368", "6369"])
+    assert set(jobs) == {"6368"} and jobs["6368"].state is JobState.RUNNING
+    assert replay.calls[-1] == ("squeue", "--json=v0.0.42", "-t", "all", "-j", "6368,6369")
+
+
+def test_2411_unknown_id_in_filter_falls_back_to_unfiltered_query():
+    job_json = (FIX / "published/24.11/v0.0.42/slurmrestd__slurm-job-running.json").read_text()
+
+    def answer(argv):
+        if "-j" in argv:
+            return JobNotFound("squeue: slurm_load_jobs error: Invalid job id specified")
+        return job_json
+    c, replay = client("24.11.5", answer)
+    assert set(c.jobs(["6368", "424242"])) == {"6368"}
+    assert replay.calls[-1] == ("squeue", "--json=v0.0.42", "-t", "all")
+
+
+def test_2205_has_no_pins_and_queries_unfiltered():
+    text = (FIX / "2205/squeue_running_failed_completed.json").read_text()
+    c, replay = client("22.05.8", lambda argv: text)
+    assert c.info().data_parser is None
+    c.jobs(["1"])
+    assert replay.calls[-1] == ("squeue", "--json")
+    assert ("scontrol", "--json=list") not in replay.calls
+
+
+def test_pins_checked_against_the_release():
+    c, _ = client("24.11.5", lambda argv: "", data_parser="v0.0.41")
+    assert c.info().data_parser == "v0.0.41"
+    c, _ = client("24.11.5", lambda argv: "", data_parser="v0.0.44")
+    with pytest.raises(InvalidArgument, match="v0.0.44.*offers v0.0.40, v0.0.41, v0.0.42"):
+        c.info()
+    c, _ = client("22.05.8", lambda argv: "", data_parser="v0.0.42")
+    with pytest.raises(InvalidArgument, match="no data_parser pins"):
+        c.info()
+
+
+def test_nodes_and_history_commands_per_release():
+    nodes_json = (FIX / "published/24.11/v0.0.42/slurmrestd__slurm-node-drain.json").read_text()
+    sacct_json = (FIX / "published/24.11/v0.0.42/slurmrestd__slurmdb-job-failed.json").read_text()
+    c, replay = client("24.11.5", lambda argv: nodes_json if argv[0] == "scontrol" else sacct_json)
+    assert c.nodes(["cn4"])["cn4"].drained
+    assert replay.calls[-1] == ("scontrol", "--json=v0.0.42", "show", "nodes")
+    assert c.job_history("6359")[0].exit_code == 1
+    assert replay.calls[-1] == ("sacct", "--json=v0.0.42", "-D", "-j", "6359")
+
+    sinfo = (FIX / "2205/sinfo_drain_down.json").read_text()
+    sacct_text = (FIX / "2205/sacct_text_history.txt").read_text()
+    c, replay = client("22.05.8", lambda argv: sinfo if argv[0] == "sinfo" else sacct_text)
+    assert c.nodes(["n4"])["n4"].down and replay.calls[-1] == ("sinfo", "--json")
+    assert [j.exit_code for j in c.job_history("2")] == [3]
+    assert replay.calls[-1][:6] == ("sacct", "-P", "--noheader", "-D", "-X", "-j")
+
+
+def test_update_pending_merges_exclusions_and_starts_now():
+    pending = (FIX / "published/24.11/v0.0.42/slurmrestd__slurm-job-pending.json").read_text()
+    c, replay = client("24.11.5", lambda argv: pending if argv[0] == "squeue" else "")
+    c.update_pending("6370", exclude_nodes=["cn2", "cn1"], start_now=True)
+    assert replay.calls[-1] == ("scontrol", "update", "JobId=6370", "ExcNodeList=cn[1-2]", "StartTime=now")
+
+
+def test_submit_options_validated_and_id_parsed(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    c, replay = client("22.05.8", lambda argv: "77;cluster\n")
+    assert c.submit(script, ["--steps", "5"], sbatch_options=["-N2"]) == "77"
+    assert replay.calls[-1] == ("sbatch", "--parsable", "-N2", str(script), "--steps", "5")
+    with pytest.raises(InvalidArgument, match="must start with '-'"):
+        c.submit(script, sbatch_options=["N2"])
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        c.submit(tmp_path / "missing.sh")
