@@ -69,6 +69,11 @@ def sweep(req: SweepRequest, cfg: SweepConfig, hc: HealthConfig, client: SlurmCl
             xid.forget(state)
             notes.append("remembered drain-level Xids forgotten (--forget-xids)")
         results, _ = run_plan(the_plan, hc, state, cfg.fact_timeout_s, nvml)
+        # Decide on the nodes as they are now, not as they were before the checks ran (up to
+        # fact_timeout_s ago): a human may have drained this node in the meantime.
+        nodes, slurm_error = _nodes(client) if nodes is not None else (None, slurm_error)
+        if nodes is not None and req.node not in nodes:
+            nodes, slurm_error = None, f"node {req.node} disappeared from Slurm during the sweep"
         decision = None if nodes is None else decide(nodes[req.node], results, nodes, cfg)
         outcome = Outcome("")
         if decision is not None and not req.dry_run:

@@ -148,3 +148,22 @@ def test_alert_rules_use_only_metrics_the_sweep_exports(tmp_path):
     rules = (Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "slurmft-alerts.yml").read_text()
     used = set(re.findall(r"\bslurmft_[a-z_]+\b", rules))
     assert used and used <= exported, used - exported
+
+
+def test_decision_uses_the_nodes_as_they_are_after_the_checks(tmp_path):
+    """A human drains the node while its (slow) checks run: the sweep must not drain over it."""
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+
+    class DrainedMeanwhile(MemorySlurm):
+        reads = 0
+
+        def nodes(self, names=None):
+            self.reads += 1
+            if self.reads == 2:
+                self.state["n1"] = Node("n1", NodeState.IDLE, frozenset({"DRAIN"}), "hands-on repair")
+            return super().nodes(names)
+
+    slurm = DrainedMeanwhile()
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)
+    assert report.decision.action.value == "none" and "someone else (hands-on repair)" in report.decision.why
+    assert slurm.calls == [] and slurm.state["n1"].reason == "hands-on repair"
