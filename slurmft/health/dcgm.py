@@ -1,5 +1,7 @@
-"""DCGM, when ``dcgmi`` is installed: ``dcgmi health -c -j`` each sweep, ``dcgmi diag -r 1`` in
-deep mode only (it takes tens of seconds and must not run while a job uses the GPUs).
+"""DCGM, when ``dcgmi`` is installed: ``dcgmi health -c -j`` each sweep (``--quick`` included: it
+only reads the host engine's watches), ``dcgmi diag -r 1`` in deep mode only (it takes tens of
+seconds and must not run while a job uses the GPUs). The watches themselves are the site's to set
+(``dcgmi health -s a`` once per boot, e.g. from nv-hostengine's unit).
 
 DCGM health alone is not a drain signal to trust blindly: it can say "Healthy" while a GPU needs
 a reset after Xid 120 (NVIDIA/DCGM#263, fixture ``healthy_json_but-gpu1-needs-reset``), so the

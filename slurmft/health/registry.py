@@ -68,7 +68,7 @@ BUILTIN: dict[str, CheckSpec] = {s.name: s for s in (
     CheckSpec("gpu_pcie", "gpu", gpu_checks.check_gpu_pcie, gpu_checks.GPU_FACT, quick=False),
     CheckSpec("gpu_nvlink", "gpu", gpu_checks.check_gpu_nvlink, gpu_checks.GPU_FACT, quick=False),
     CheckSpec("gpu_xid", "xid", xid.check_gpu_xid, xid.XID_FACT, quick=True),
-    CheckSpec("dcgm_health", "dcgm", dcgm.check_dcgm_health, dcgm.HEALTH_FACT, quick=False),
+    CheckSpec("dcgm_health", "dcgm", dcgm.check_dcgm_health, dcgm.HEALTH_FACT, quick=True),
     CheckSpec("dcgm_diag", "dcgm", dcgm.check_dcgm_diag, dcgm.DIAG_FACT, quick=False, deep_only=True),
     CheckSpec("node_disk", "node", node.check_node_disk, node.DISK_FACT, quick=True),
     CheckSpec("node_mounts", "node", node.check_node_mounts, node.MOUNT_FACT, quick=True),

@@ -125,7 +125,9 @@ class XidConfig:
     """``[health_xid]``: where the kernel log is read from."""
 
     source: Literal["kmsg", "file"] = "kmsg"
-    path: Path | None = None  # for source = "file" (kern.log, a test file)
+    # for source = "file" (kern.log...): the first sweep reads the whole file, so point it at a
+    # log that starts at boot, or expect Xids from before the last reboot to count once
+    path: Path | None = None
 
     def __post_init__(self) -> None:
         if self.source == "file":

@@ -113,7 +113,8 @@ def test_plan_rejects_unknown_checks_and_picks_quick_subset():
         plan(("gpu_ecc", "gpu_temp"), hc, "normal")
     quick = plan((), hc, "quick")
     names = {s.name for s in quick.builtin}
-    assert "gpu_temperature" not in names and "dcgm_health" not in names and "gpu_xid" in names
+    assert "gpu_temperature" not in names and "dcgm_diag" not in names
+    assert {"gpu_xid", "gpu_ecc", "dcgm_health", "node_disk"} <= names
     assert [c.check_name for c in quick.external] == ["external_site"]
     assert "dcgm_diag" not in {s.name for s in plan((), hc, "normal").builtin}
     assert "dcgm_diag" in {s.name for s in plan((), hc, "deep").builtin}
