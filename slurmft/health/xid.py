@@ -125,8 +125,8 @@ class XidConfig:
     """``[health_xid]``: where the kernel log is read from."""
 
     source: Literal["kmsg", "file"] = "kmsg"
-    # for source = "file" (kern.log...): the first sweep reads the whole file, so point it at a
-    # log that starts at boot, or expect Xids from before the last reboot to count once
+    # for source = "file" (kern.log...): the first sweep reads the whole file, so Xids logged
+    # before the last reboot are taken as this boot's (clear them with --forget-xids)
     path: Path | None = None
 
     def __post_init__(self) -> None:
