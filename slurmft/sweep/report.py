@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from slurmft.health.result import CheckResult, Status, worst
 from slurmft.rundir import atomic_write_json
