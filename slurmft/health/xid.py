@@ -43,6 +43,7 @@ REMEMBER_MAX = 32
 # code -> (NVIDIA mnemonic, verdict). Codes 145/149/154 are refined from the line text below.
 XID_TABLE: dict[int, tuple[str, Verdict]] = {
     13: ("GR_EXCEPTION (application fault)", "ignore"),
+    14: ("unused (NVIDIA's documentation example)", "ignore"),
     31: ("GPU memory page fault (application)", "ignore"),
     32: ("corrupted push buffer stream", "ignore"),
     38: ("driver firmware error", "ignore"),

@@ -139,3 +139,43 @@ def test_config_errors_name_the_key(tmp_path):
     cfg.write_text('[health_xid]\nsource = "dmesg"\n')
     with pytest.raises(ConfigError, match=r"\[health_xid\] source must be one of 'kmsg', 'file'"):
         load_section(xid.XidConfig, "health_xid", config_file=cfg, environ={})
+
+
+# Where slurmft's verdict knowingly differs from the catalog's "node action" column, and why.
+DEVIATIONS = {
+    45: "alone it means 'restart Fabric Manager': a warning, not silence",
+    94: "a contained error needs a GPU reset before the remap takes effect: drain (jobs finish, "
+        "no new ones) instead of waiting for an idle point that may never come",
+}
+
+
+def catalog_actions():
+    text = (LINES.parents[1] / "xid-catalog.md").read_text()
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].isdigit():
+            yield int(cells[0]), cells[4]
+
+
+def expected_verdict(action: str) -> str | None:
+    if action.startswith(("depends", "act on", "ignore when", "NETIR_BER_EVENT")):
+        return None  # decided from the line's text: tested above
+    if action.startswith("drain"):
+        return "drain"
+    if action.startswith(("ignore / watch", "ignore now")):
+        return "warn"
+    if action.startswith("ignore"):
+        return "ignore"
+    raise AssertionError(f"unmapped catalog action {action!r}")
+
+
+def test_xid_table_follows_the_catalog_it_cites():
+    rows = dict(catalog_actions())
+    assert len(rows) >= 30
+    for code, action in rows.items():
+        want = expected_verdict(action)
+        if want is None or code in DEVIATIONS:
+            continue
+        assert code in xid.XID_TABLE, f"Xid {code} is in the catalog but not in the table"
+        assert xid.classify(code, "") == want, f"Xid {code}: catalog says {action!r}"
+    assert set(DEVIATIONS) <= set(rows)
