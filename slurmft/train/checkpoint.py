@@ -72,9 +72,11 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class SaveStats:
-    """One save: training blocked for ``blocking_s``; committed ``total_s`` after it started.
+    """One save, timed from the ``save()`` call.
 
-    ``bytes_written`` counts this rank's shard files. ``error`` is set when the save failed.
+    ``blocking_s``: how long ``save()`` held the training loop (agreement, ``waited_s`` spent
+    waiting for the previous save, and staging). ``total_s``: until committed (or failed).
+    ``bytes_written``: this rank's shard files. ``error``: set when the save failed.
     """
 
     step: int
@@ -83,6 +85,7 @@ class SaveStats:
     bytes_written: int
     committed: bool
     error: str | None = None
+    waited_s: float = 0.0
 
 
 OnCommit = Callable[[int, Path, SaveStats], None]
@@ -163,20 +166,26 @@ class CheckpointManager:
         """
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
+        if self._groups.closed:
+            raise RuntimeError("CheckpointManager.save called after close()")
+        entered = time.perf_counter()
         busy, tmp_id = self._groups.agree_busy_and_tmp_id(self._in_flight())
         if busy and self.config.on_busy == "skip" and not block:
             self.skipped += 1
-            log.info("checkpoint step %d skipped: the previous save is still in flight", step)
+            if self._groups.is_coordinator:
+                log.info("checkpoint step %d skipped: the previous save is still in flight", step)
             return False
+        waiting = time.perf_counter()
         self.wait()
+        waited_s = time.perf_counter() - waiting
         if step == self._last_committed:
             return False
-        started = time.perf_counter()
         state.step = step
         staged = {**self._stager.stage(state.heavy_state()), **state.light_state()}
-        blocking_s = time.perf_counter() - started
+        blocking_s = time.perf_counter() - entered
+        timing = (entered, blocking_s, waited_s)
         self._thread = threading.Thread(
-            target=self._persist, args=(step, staged, tmp_id, started, blocking_s),
+            target=self._persist, args=(step, staged, tmp_id, timing),
             name=f"slurmft-ckpt-{step}", daemon=True,
         )
         self._thread.start()
@@ -208,28 +217,29 @@ class CheckpointManager:
     def _in_flight(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def _persist(self, step: int, staged: dict[str, Any], tmp_id: str, started: float,
-                 blocking_s: float) -> None:
+    def _persist(self, step: int, staged: dict[str, Any], tmp_id: str,
+                 timing: tuple[float, float, float]) -> None:
+        entered, blocking_s, waited_s = timing
         final = self.run.checkpoint(step)
         writer = CommitWriter(final, tmp_id, step, self._groups.world_size, job_id=self.job_id,
                               restart_count=self.restart_count, thread_count=self.config.thread_count,
                               faults=self._faults)
+        error = None
         try:
             dcp.save(staged, storage_writer=writer, process_group=self._groups.io,
                      no_dist=not self._groups.distributed)
         except (Exception, CheckpointException) as exc:  # reported in stats and the log; training goes on
             error = describe_failure(exc)
             log.error("checkpoint step %d failed: %s", step, error)
-            with self._lock:
-                self._stats.append(SaveStats(step, blocking_s, time.perf_counter() - started,
-                                             writer.bytes_written, False, error))
-            return
-        stats = SaveStats(step, blocking_s, time.perf_counter() - started, writer.bytes_written, True)
+        stats = SaveStats(step, blocking_s, time.perf_counter() - entered, writer.bytes_written,
+                          error is None, error, waited_s)
         with self._lock:
             self._stats.append(stats)
+        if error is not None:
+            return
         self._last_committed = step
-        log.info("checkpoint step %d committed: blocked %.3fs, total %.3fs", step, blocking_s, stats.total_s)
         if self._groups.is_coordinator:
+            log.info("checkpoint step %d committed: blocked %.3fs, total %.3fs", step, blocking_s, stats.total_s)
             self._after_commit(step, final, stats)
 
     def _after_commit(self, step: int, final: Path, stats: SaveStats) -> None:
@@ -260,20 +270,23 @@ class CheckpointManager:
             report = verify_checkpoint(path, part=(groups.rank, groups.world_size))
             problems = groups.union(list(report.problems))
             if problems:
-                for problem in problems:
-                    log.warning("checkpoint step %d skipped: %s", step, problem)
+                if groups.is_coordinator:
+                    for problem in problems:
+                        log.warning("checkpoint step %d skipped: %s", step, problem)
                 continue
             verified_s = time.perf_counter() - started
             self._load(path, step, state)
             self._last_committed = step
-            log.info("resumed from %s (verified in %.2fs, loaded in %.2fs)", path, verified_s,
-                     time.perf_counter() - started - verified_s)
+            if groups.is_coordinator:
+                log.info("resumed from %s (verified in %.2fs, loaded in %.2fs)", path, verified_s,
+                         time.perf_counter() - started - verified_s)
             return step
-        log.info("no valid checkpoint under %s: fresh start", self.run.checkpoints)
+        if groups.is_coordinator:
+            log.info("no valid checkpoint under %s: fresh start", self.run.checkpoints)
         return None
 
     def _load(self, path: Path, step: int, state: TrainState) -> None:
-        manifest = read_manifest(path)
+        manifest = self._groups.broadcast(read_manifest(path) if self._groups.is_coordinator else None)
         same_world = manifest.world_size == self._groups.world_size
         template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
         try:
@@ -289,4 +302,4 @@ class CheckpointManager:
         if not same_world:
             seed = reseed_for_new_world(step, self._groups.rank)
             log.info("world size changed %d -> %d: RNG reseeded from (step, rank), seed %d",
-                     manifest.world_size, self._groups.world_size, seed)
+                     manifest.world_size, self._groups.world_size, seed)  # per rank: its own seed

@@ -36,6 +36,10 @@ class CheckpointGroups:
         self.world_size = dist.get_world_size(self.control)
 
     @property
+    def closed(self) -> bool:
+        return self.distributed and self.control is None
+
+    @property
     def is_coordinator(self) -> bool:
         return self.rank == 0
 

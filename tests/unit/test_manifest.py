@@ -187,3 +187,19 @@ def test_list_checkpoints(tmp_path):
     assert broken.manifest is None and "not valid JSON" in broken.error
     assert tmp.manifest is None and tmp.error is None and tmp.size_bytes == 5
     assert tmp.name == tmp_dirname(30, "abc")
+
+
+def test_verify_parts_share_the_checksums(tmp_path):
+    ckpt = tmp_path / step_dirname(4)
+    files = {f"__{i}_0.distcp": os.urandom(1000 * (i + 1)) for i in range(5)}
+    manifest = make_checkpoint(ckpt, 4, files)
+    _flip_byte(ckpt / "__3_0.distcp", 10)
+    reports = [verify_checkpoint(ckpt, part=(i, 3)) for i in range(3)]
+    assert sum(r.bytes_checked for r in reports) == manifest.total_bytes
+    flagged = [r for r in reports if any("__3_0.distcp: wrong checksum" in p for p in r.problems)]
+    assert len(flagged) == 1  # exactly one part hashed that file
+    (ckpt / "__0_0.distcp").unlink()  # presence is checked by every part
+    assert all(any("__0_0.distcp: file missing" in p for p in verify_checkpoint(ckpt, part=(i, 3)).problems)
+               for i in range(3))
+    with pytest.raises(ValueError, match="part must be"):
+        verify_checkpoint(ckpt, part=(3, 3))
