@@ -199,10 +199,12 @@ def gather_xids(cfg: XidConfig, state: HealthState) -> XidRead | Unavailable:
     """New Xid events since the position remembered in ``state`` (state itself is not changed)."""
     boot = _boot_id()
     saved = state.get("xid", {})
-    pos = saved.get("position", {}) if saved.get("boot_id") == boot else {}
+    pos = saved.get("position", {})
     if cfg.source == "kmsg":
+        # kmsg sequence numbers restart at every boot; a log file's offset does not
+        last = int(pos.get("kmsg_seq", -1)) if saved.get("boot_id") == boot else -1
         try:
-            lines, seq = read_kmsg(int(pos.get("kmsg_seq", -1)))
+            lines, seq = read_kmsg(last)
         except FileNotFoundError:
             return Unavailable(f"{KMSG} does not exist")
         except PermissionError as exc:
