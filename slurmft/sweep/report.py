@@ -4,10 +4,10 @@ later by ``slurmft watch`` and by people. Versioned; times are UTC ISO-8601.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from slurmft.health.result import CheckResult, Status, worst
 from slurmft.rundir import atomic_write_json
@@ -29,6 +29,7 @@ class SweepReport:
     outcome: Outcome
     slurm_error: str = ""
     notes: tuple[str, ...] = ()
+    fact_seconds: Mapping[str, float] = field(default_factory=dict)  # how long each source took
 
     @property
     def status(self) -> Status:
@@ -55,6 +56,7 @@ class SweepReport:
             "acted": self.outcome.acted,
             "error": self.outcome.error or self.slurm_error,
             "notes": list(self.notes),
+            "fact_seconds": {k: round(v, 4) for k, v in sorted(self.fact_seconds.items())},
         }
 
 

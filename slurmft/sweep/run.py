@@ -68,7 +68,7 @@ def sweep(req: SweepRequest, cfg: SweepConfig, hc: HealthConfig, client: SlurmCl
         if req.forget_xids:
             xid.forget(state)
             notes.append("remembered drain-level Xids forgotten (--forget-xids)")
-        results, _ = run_plan(the_plan, hc, state, cfg.fact_timeout_s, nvml)
+        results, facts = run_plan(the_plan, hc, state, cfg.fact_timeout_s, nvml)
         # Decide on the nodes as they are now, not as they were before the checks ran (up to
         # fact_timeout_s ago): a human may have drained this node in the meantime.
         nodes, slurm_error = _nodes(client) if nodes is not None else (None, slurm_error)
@@ -79,7 +79,8 @@ def sweep(req: SweepRequest, cfg: SweepConfig, hc: HealthConfig, client: SlurmCl
         if decision is not None and not req.dry_run:
             outcome = apply(decision, req.node, client, cfg)
         report = SweepReport(req.node, req.mode, req.dry_run, started, time.monotonic() - t0,
-                             tuple(results), decision, outcome, slurm_error, tuple(notes))
+                             tuple(results), decision, outcome, slurm_error, tuple(notes),
+                             dict(facts.durations))
         if not req.dry_run:
             state.save()
             write_report(report, cfg.report_dir)

@@ -67,6 +67,7 @@ def test_fail_drains_then_pass_resumes_and_reports(tmp_path):
     doc = json.loads((tmp_path / "reports" / "n2.json").read_text())
     assert doc["status"] == "fail" and doc["decision"]["action"] == "drain" and doc["acted"] == "drained"
     assert {"check": "external_site", "status": "fail", "detail": "site check says 1"} in doc["results"]
+    assert set(doc["fact_seconds"]) == {"memory", "external_site"}
     m = metrics(tmp_path / "textfile" / "slurmft_sweep_n2.prom")
     assert m[("slurmft_sweep_node_healthy", (("node", "n2"),))] == 0
     assert m[("slurmft_health_check_status", (("check", "external_site"), ("node", "n2"), ("status", "fail")))] == 1
