@@ -19,6 +19,7 @@ app = typer.Typer(
 
 # Each entry: (module under slurmft.commands, command name). Keep sorted by name.
 _COMMANDS: list[tuple[str, str]] = [
+    ("ckpt", "ckpt"),
     ("devcluster", "devcluster"),
     ("sweep", "sweep"),
 ]

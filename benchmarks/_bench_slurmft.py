@@ -1,0 +1,43 @@
+"""slurmft's own save in the benchmark: ``CheckpointManager.save`` (blocking) then ``wait`` (committed).
+
+Same state as the other methods (model + optimizer, through ``TrainState``), same disk; retention
+keeps the last two checkpoints so a long series does not fill the disk.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from _bench_methods import SaveMethod
+from slurmft.rundir import RunDir
+from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurmft.train.state import TrainState
+
+
+class SlurmftSave(SaveMethod):
+    name = "slurmft CheckpointManager.save"
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_dir: Path) -> None:
+        super().__init__(model, optimizer)
+        self._run_dir = RunDir(run_dir)
+        config = CheckpointConfig(keep_last=2)
+        self._manager = CheckpointManager(run_dir, config)
+        self._state = TrainState(model, optimizer)
+        self._last_step: int | None = None
+
+    def start(self, step: int, path: Path | None) -> None:
+        self._manager.save(step, self._state)
+        self._last_step = step
+
+    def finish(self) -> None:
+        self._manager.wait()
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def last_checkpoint_dir(self) -> Path:
+        if self._last_step is None:
+            raise RuntimeError("no slurmft save was made")
+        return self._run_dir.checkpoint(self._last_step)

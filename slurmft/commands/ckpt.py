@@ -1,0 +1,386 @@
+"""``slurmft ckpt``: list, verify, prune, inspect and export the checkpoints of one run directory.
+
+Works on a login node without torch: ``ls``, ``verify``, ``prune`` and ``inspect`` use only the
+torch-free :mod:`slurmft.train.manifest` and :mod:`slurmft.train.retention`. Only ``export`` and
+``inspect --tensors`` import torch, lazily, through :mod:`slurmft.train.export`.
+
+A checkpoint is named by its step (``1200``) or its directory name (``step_000001200``). An
+in-flight or abandoned ``step_N.tmp-<id>`` directory is never a valid choice: it is not a
+checkpoint until it has been renamed. Exit codes:
+
+  0  done; every checkpoint checked is intact
+  1  a checkpoint failed verification (each problem printed, one line per file)
+  2  bad input: not a run directory, no such checkpoint, a tmp dir, an unreadable/newer manifest
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn, Optional
+
+import typer
+
+from slurmft.rundir import STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
+from slurmft.train.manifest import (MANIFEST_NAME, CheckpointInfo, Manifest, ManifestError, VerifyReport,
+                                    list_checkpoints, parse_tmp_dirname, read_manifest, verify_checkpoint)
+from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
+
+EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2
+PROGRESS_MIN_BYTES = 256 << 20  # show a progress bar when verifying more than this
+
+app = typer.Typer(
+    name="ckpt",
+    help="List, verify, prune, inspect and export a run's checkpoints.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+RunDirArg = typer.Argument(..., help="The run directory (the one holding checkpoints/).", show_default=False)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"slurmft ckpt: {message}", file=sys.stderr)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _human_bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024:
+            break
+    return f"{value:.2f} {unit}"
+
+
+def _human_age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def open_run_dir(path: Path) -> RunDir:
+    """The run directory at ``path``, or a one-line error saying what ``path`` is instead."""
+    if not path.exists():
+        _fail(f"{path}: no such directory")
+    if not path.is_dir():
+        _fail(f"{path}: not a directory")
+    name = path.name
+    if (path / MANIFEST_NAME).exists() or parse_step_dirname(name) is not None \
+            or parse_tmp_dirname(name) is not None:
+        _fail(f"{path} is a checkpoint directory; pass its run directory ({path.parent.parent})")
+    run = RunDir(path)
+    if not run.checkpoints.is_dir():
+        _fail(f"{path} is not a slurmft run directory (no {run.checkpoints.name}/ inside)")
+    return run
+
+
+def resolve_checkpoint(run: RunDir, selector: str) -> Path:
+    """The committed checkpoint named by ``selector`` (a step number or a ``step_N`` dir name)."""
+    name = Path(selector).name
+    tmp_step = parse_tmp_dirname(name)
+    if tmp_step is not None:
+        _fail(f"{name} is an in-flight or abandoned checkpoint (a .tmp- directory), never loaded; "
+              f"name a committed step (see 'slurmft ckpt ls')")
+    if name.isdigit():
+        step = int(name)
+    else:
+        step = parse_step_dirname(name)
+        if step is None:
+            _fail(f"{selector!r} is not a step number or a {STEP_PREFIX}N directory name")
+    path = run.checkpoint(step)
+    if path.is_dir():
+        return path
+    pending = sorted(p.name for p in run.checkpoints.glob(f"{step_dirname(step)}.tmp-*"))
+    if pending:
+        _fail(f"step {step} was never committed (only {', '.join(pending)}: in flight or abandoned)")
+    have = run.committed_steps()
+    _fail(f"no checkpoint for step {step} in {run.checkpoints} "
+          f"(committed steps: {', '.join(map(str, have)) if have else 'none'})")
+
+
+def _read_manifest_or_fail(ckpt_dir: Path) -> Manifest:
+    try:
+        return read_manifest(ckpt_dir)
+    except ManifestError as exc:
+        _fail(str(exc))
+
+
+# ----------------------------------------------------------------------------- ls
+
+
+def _info_json(info: CheckpointInfo, now: float) -> dict:
+    m = info.manifest
+    return {
+        "name": info.name, "path": str(info.path), "step": info.step, "committed": info.committed,
+        "size_bytes": info.size_bytes, "age_s": round(now - info.mtime, 3),
+        "files": len(m.files) if m else None, "world_size": m.world_size if m else None,
+        "created_at": m.created_at if m else None, "manifest_ok": m is not None and info.error is None,
+        "error": info.error,
+    }
+
+
+@app.command("ls")
+def ls(
+    run_dir: Path = RunDirArg,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """List committed and in-flight/abandoned checkpoints (manifests read, checksums not)."""
+    run = open_run_dir(run_dir)
+    infos = list_checkpoints(run.root)
+    now = time.time()
+    if as_json:
+        print(json.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now) for i in infos]},
+                         indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"checkpoints in {run.checkpoints}")
+    for column in ("step", "directory", "state", "size", "files", "age", "manifest"):
+        table.add_column(column, justify="right" if column in ("step", "size", "files", "age") else "left",
+                         no_wrap=column == "directory")
+    for info in infos:
+        if info.committed:
+            state = "committed"
+            manifest = f"[red]{info.error}[/]" if info.error else "ok (not verified)"
+        else:
+            state = "[yellow]tmp: in flight or abandoned[/]"
+            manifest = f"[red]{info.error}[/]" if info.error else ("ok" if info.manifest else "-")
+        files = str(len(info.manifest.files)) if info.manifest else "-"
+        table.add_row(str(info.step), info.name, state, _human_bytes(info.size_bytes), files,
+                      _human_age(now - info.mtime), manifest)
+    console = Console()
+    if infos:
+        console.print(table)
+    else:
+        console.print(f"no checkpoints in {run.checkpoints}")
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+def verify_with_progress(ckpt_dir: Path, *, quiet: bool = False) -> VerifyReport:
+    """Full checksum verification; a progress bar on stderr for checkpoints above PROGRESS_MIN_BYTES."""
+    try:
+        total = read_manifest(ckpt_dir).total_bytes
+    except ManifestError:
+        total = 0  # verify_checkpoint reports the manifest problem itself
+    if quiet or total < PROGRESS_MIN_BYTES:
+        return verify_checkpoint(ckpt_dir)
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    with Progress(TextColumn("verify {task.description}"), BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
+                  transient=True) as bar:
+        task = bar.add_task(ckpt_dir.name, total=total)
+        return verify_checkpoint(ckpt_dir, progress=lambda done, _total: bar.update(task, completed=done))
+
+
+@app.command("verify")
+def verify(
+    run_dir: Path = RunDirArg,
+    step: Optional[str] = typer.Argument(None, help="Step or step_N directory (default: the newest).",
+                                         show_default=False),
+    all_: bool = typer.Option(False, "--all", help="Verify every committed checkpoint."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Recompute every file's checksum against the manifest; exit 1 naming each problem."""
+    run = open_run_dir(run_dir)
+    if all_ and step is not None:
+        _fail("give a STEP or --all, not both")
+    if step is not None:
+        targets = [resolve_checkpoint(run, step)]
+    else:
+        steps = run.committed_steps()
+        if not steps:
+            _fail(f"no committed checkpoint in {run.checkpoints}")
+        targets = [run.checkpoint(s) for s in (steps if all_ else steps[-1:])]
+    results = []
+    for path in targets:
+        started = time.perf_counter()
+        report = verify_with_progress(path, quiet=as_json)
+        results.append((report, time.perf_counter() - started))
+    bad = [r for r, _ in results if not r.ok]
+    if as_json:
+        print(json.dumps({"ok": not bad, "checkpoints": [
+            {"path": str(r.ckpt_dir), "step": r.manifest.step if r.manifest else None, "ok": r.ok,
+             "problems": list(r.problems), "bytes_checked": r.bytes_checked, "seconds": round(s, 3)}
+            for r, s in results]}, indent=2))
+    else:
+        for report, seconds in results:
+            if report.ok:
+                rate = report.bytes_checked / seconds / 1e9 if seconds > 0 else 0.0
+                print(f"{report.ckpt_dir.name}: ok, {len(report.manifest.files)} files, "
+                      f"{_human_bytes(report.bytes_checked)} checked in {seconds:.2f} s ({rate:.2f} GB/s)")
+            else:
+                print(f"{report.ckpt_dir.name}: CORRUPT, {len(report.problems)} problem(s):")
+                for problem in report.problems:
+                    print(f"  {problem}")
+    if bad:
+        raise typer.Exit(EXIT_CORRUPT)
+
+
+# ----------------------------------------------------------------------------- prune
+
+
+def newest_valid_step(run: RunDir, steps: list[int], *, say=print) -> int | None:
+    """Verify committed checkpoints newest first; the first that passes, or None."""
+    for step in reversed(steps):
+        report = verify_with_progress(run.checkpoint(step))
+        if report.ok:
+            return step
+        say(f"{step_dirname(step)} fails verification ({report.problems[0]}); trying the one before")
+    return None
+
+
+@app.command("prune")
+def prune(
+    run_dir: Path = RunDirArg,
+    keep_last: int = typer.Option(..., "--keep-last", min=1, help="Keep the newest K checkpoints."),
+    keep_every: Optional[int] = typer.Option(None, "--keep-every", min=1,
+                                             help="Also keep every step divisible by M."),
+    milestones: Optional[list[int]] = typer.Option(None, "--milestone", min=0,
+                                                   help="Also keep this step (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; delete nothing."),
+) -> None:
+    """Delete checkpoints outside the retention policy, never the newest valid one, and stale tmp dirs.
+
+    The newest valid checkpoint is found by full verification, newest first.
+    """
+    run = open_run_dir(run_dir)
+    policy = RetentionPolicy(keep_last, keep_every, frozenset(milestones or ()))
+    committed, tmp_dirs = scan_checkpoint_dirs(run.root)
+    valid = newest_valid_step(run, committed)
+    if committed and valid is None:
+        print("no committed checkpoint verifies: keeping every committed checkpoint")
+    plan = plan_prune(committed, valid, tmp_dirs, policy)
+    for step in plan.keep_steps:
+        note = " (newest valid)" if step == valid else ""
+        print(f"keep   {step_dirname(step)}{note}")
+    for step in plan.delete_steps:
+        print(f"delete {step_dirname(step)}")
+    for name in plan.delete_tmp_dirs:
+        print(f"delete {name} (abandoned)")
+    if plan.empty:
+        print("nothing to delete")
+    elif dry_run:
+        print("dry run: nothing deleted")
+    else:
+        removed = apply_prune(run.root, plan)
+        print(f"deleted {len(removed)} director{'y' if len(removed) == 1 else 'ies'}")
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+@app.command("inspect")
+def inspect(
+    run_dir: Path = RunDirArg,
+    step: str = typer.Argument(..., help="Step or step_N directory.", show_default=False),
+    tensors: bool = typer.Option(False, "--tensors",
+                                 help="Also list the saved tensors from DCP's .metadata (imports torch)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Print a checkpoint's manifest and files; with --tensors, every tensor's dtype and shape."""
+    run = open_run_dir(run_dir)
+    path = resolve_checkpoint(run, step)
+    manifest = _read_manifest_or_fail(path)
+    described = _describe_tensors(path, manifest) if tensors else None
+    if as_json:
+        out = {"path": str(path), "manifest": manifest.to_json()}
+        if described is not None:
+            out["tensors"] = [t.to_json() for t in described]
+        print(json.dumps(out, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    created = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(manifest.created_at))
+    for key, value in (("checkpoint", path), ("step", manifest.step), ("world size", manifest.world_size),
+                       ("created", created), ("torch", manifest.torch_version),
+                       ("job id", manifest.job_id or "-"),
+                       ("restart count", "-" if manifest.restart_count is None else manifest.restart_count),
+                       ("format", manifest.format_version), ("checksum", manifest.hash_algo),
+                       ("size", _human_bytes(manifest.total_bytes))):
+        console.print(f"{key:>14}: {value}", highlight=False)
+    if manifest.extra:
+        console.print(f"{'extra':>14}: {json.dumps(manifest.extra, sort_keys=True)}", highlight=False)
+    files = Table(title="files")
+    for column in ("path", "size", manifest.hash_algo):
+        files.add_column(column, justify="right" if column == "size" else "left")
+    for f in manifest.files:
+        files.add_row(f.path, _human_bytes(f.size), f.hash)
+    console.print(files)
+    if described is not None:
+        table = Table(title="tensors (from DCP .metadata)")
+        for column in ("key", "dtype", "shape", "size", "chunks"):
+            table.add_column(column, justify="right" if column in ("size", "chunks") else "left")
+        for t in described:
+            table.add_row(t.key, t.dtype, "x".join(map(str, t.shape)) or "scalar",
+                          _human_bytes(t.nbytes) if t.nbytes is not None else "-",
+                          str(t.chunks) if t.chunks is not None else "-")
+        console.print(table)
+
+
+def _describe_tensors(path: Path, manifest: Manifest):  # -> list[TensorInfo]
+    from slurmft.train.export import ExportError, describe_checkpoint
+
+    try:
+        return describe_checkpoint(path, manifest)
+    except ExportError as exc:
+        _fail(str(exc))
+
+
+# ----------------------------------------------------------------------------- export
+
+
+@app.command("export")
+def export(
+    run_dir: Path = RunDirArg,
+    step: str = typer.Argument(..., help="Step or step_N directory.", show_default=False),
+    out: Path = typer.Argument(..., help="Output file, ending in .safetensors.", show_default=False),
+    force: bool = typer.Option(False, "--force", help="Overwrite OUT if it exists."),
+) -> None:
+    """Write the model weights of a checkpoint, consolidated from any world size, as safetensors.
+
+    The checkpoint is fully verified first; the output appears atomically (temp file + rename).
+    """
+    run = open_run_dir(run_dir)
+    path = resolve_checkpoint(run, step)
+    manifest = _read_manifest_or_fail(path)
+    if out.suffix != ".safetensors":
+        _fail(f"{out}: the output file name must end in .safetensors")
+    if out.exists() and not force:
+        _fail(f"{out} exists; pass --force to overwrite it")
+    if out.exists() and not out.is_file():
+        _fail(f"{out} exists and is not a regular file")
+    if not out.parent.is_dir():
+        _fail(f"{out.parent}: no such directory for the output")
+    report = verify_with_progress(path)
+    if not report.ok:
+        print(f"{path.name}: CORRUPT, not exported:", file=sys.stderr)
+        for problem in report.problems:
+            print(f"  {problem}", file=sys.stderr)
+        raise typer.Exit(EXIT_CORRUPT)
+    from slurmft.train.export import ExportError, export_model_safetensors
+
+    try:
+        summary = export_model_safetensors(path, manifest, out)
+    except ExportError as exc:
+        _fail(str(exc))
+    print(f"wrote {out}: {summary.tensors} tensors, {_human_bytes(summary.nbytes)} "
+          f"(model weights of step {manifest.step}, saved by {manifest.world_size} rank(s))")

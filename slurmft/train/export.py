@@ -1,0 +1,129 @@
+"""Read a committed checkpoint outside training: list its tensors, export its model as safetensors.
+
+Used lazily by ``slurmft ckpt inspect --tensors`` and ``slurmft ckpt export`` (the only parts of
+the CLI that import torch). Both work in one process with no process group, from a checkpoint
+written by any number of ranks: DCP's ``.metadata`` records every tensor's global shape and the
+chunks each rank wrote, and ``dcp.load`` assembles full tensors from them.
+
+DCP's ``.metadata`` is a pickle. It is unpickled only after its checksum matched the manifest, so
+it is exactly the file the training job wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from slurmft.rundir import fsync_dir
+from slurmft.train.manifest import DCP_METADATA_NAME, Manifest, hash_file
+from slurmft.train.state import MODEL
+
+
+class ExportError(Exception):
+    """The checkpoint cannot be described or exported; the message names the file and the reason."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of DCP's metadata: a tensor (dtype, global shape, chunks) or pickled bytes."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int | None
+    chunks: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "dtype": self.dtype, "shape": list(self.shape), "nbytes": self.nbytes,
+                "chunks": self.chunks}
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    tensors: int
+    nbytes: int
+
+
+def read_dcp_metadata(ckpt_dir: Path, manifest: Manifest) -> Metadata:
+    """DCP's metadata of a checkpoint, after checking ``.metadata`` against the manifest."""
+    entry = next((f for f in manifest.files if f.path == DCP_METADATA_NAME), None)
+    path = ckpt_dir / DCP_METADATA_NAME
+    if entry is None:
+        raise ExportError(f"{path}: not listed in the manifest")
+    try:
+        size, digest = path.stat().st_size, hash_file(path)
+    except OSError as exc:
+        raise ExportError(f"{path}: unreadable ({exc.strerror})") from None
+    if size != entry.size or digest != entry.hash:
+        raise ExportError(f"{path}: does not match the manifest (size {size}, checksum {digest}); "
+                          f"run 'slurmft ckpt verify'")
+    return FileSystemReader(str(ckpt_dir)).read_metadata()
+
+
+def describe_checkpoint(ckpt_dir: Path, manifest: Manifest) -> list[TensorInfo]:
+    """Every entry of the checkpoint's DCP metadata, sorted by key."""
+    metadata = read_dcp_metadata(ckpt_dir, manifest)
+    out = []
+    for key, meta in sorted(metadata.state_dict_metadata.items()):
+        if isinstance(meta, TensorStorageMetadata):
+            dtype = meta.properties.dtype
+            shape = tuple(meta.size)
+            numel = 1
+            for dim in shape:
+                numel *= dim
+            out.append(TensorInfo(key, str(dtype).removeprefix("torch."), shape,
+                                  numel * dtype.itemsize, len(meta.chunks)))
+        else:
+            out.append(TensorInfo(key, "bytes", (), None, None))
+    return out
+
+
+def load_model_weights(ckpt_dir: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
+    """Full (unsharded) model tensors of a checkpoint, keyed by parameter/buffer name."""
+    metadata = read_dcp_metadata(ckpt_dir, manifest)
+    template: dict[str, torch.Tensor] = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        nested = (metadata.planner_data or {}).get(key)
+        if not nested or nested[0] != MODEL or not isinstance(meta, TensorStorageMetadata):
+            continue
+        name = ".".join(str(part) for part in nested[1:])
+        template[name] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    if not template:
+        raise ExportError(f"{ckpt_dir}: no '{MODEL}' tensors in this checkpoint")
+    try:
+        with warnings.catch_warnings():  # "no process group: loading in a single process" is the point
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({MODEL: template}, storage_reader=FileSystemReader(str(ckpt_dir)), no_dist=True)
+    except Exception as exc:  # DCP wraps reader failures in CheckpointException (an Exception)
+        raise ExportError(f"{ckpt_dir}: loading the model tensors failed: {exc}") from None
+    return template
+
+
+def export_model_safetensors(ckpt_dir: Path, manifest: Manifest, out: Path) -> ExportSummary:
+    """Write the model weights to ``out`` (safetensors) atomically: temp file, fsync, rename."""
+    from safetensors.torch import save_file
+
+    weights = load_model_weights(ckpt_dir, manifest)
+    header = {"format": "pt", "slurmft_step": str(manifest.step),
+              "slurmft_world_size": str(manifest.world_size), "torch_version": manifest.torch_version}
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        save_file(weights, tmp, metadata=header)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(out.parent)
+    return ExportSummary(len(weights), sum(t.numel() * t.element_size() for t in weights.values()))

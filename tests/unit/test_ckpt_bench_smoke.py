@@ -1,0 +1,48 @@
+"""benchmarks/ckpt_bench.py at a tiny size: every method and limit runs, ``--json`` has its keys.
+
+This checks the benchmark works (2 real gloo ranks, real saves), not its numbers: the real run
+is ``python benchmarks/ckpt_bench.py`` (minutes), reported in the README.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks" / "ckpt_bench.py"
+RATIOS = ("blocking_vs_dcp_best", "blocking_vs_memcpy", "total_vs_disk", "verify_vs_disk_read", "rss_growth")
+
+
+@pytest.mark.timeout(150)
+def test_tiny_benchmark_prints_one_json_object(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--size-gb", "0.002", "--saves", "1", "--rss-saves", "2",
+         "--dir", str(tmp_path), "--evict", "fadvise", "--json", "--timeout", "120", "--collective-timeout", "60"],
+        capture_output=True, text=True, timeout=140, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    for key in (*RATIOS, "dcp_best_mode", "state_bytes"):
+        assert key in summary, key
+    assert all(isinstance(summary[k], float) for k in RATIOS)
+    assert summary["state_bytes"] > 0.9 * 0.002 * (1 << 30)
+    methods = summary["methods"]
+    assert summary["dcp_best_mode"] in methods
+    assert methods[summary["dcp_best_mode"]]["kind"] == "dcp_async"
+    kinds = sorted(m["kind"] for m in methods.values())
+    assert kinds.count("slurmft") == 1 and kinds.count("sync") == 2 and kinds.count("dcp_default") == 1
+    for name, m in methods.items():
+        assert 0 < m["blocking_s"] <= m["total_s"], name
+    assert summary["limits"]["page_cache_eviction"] == "fadvise"  # asked for: don't drop others' caches
+    assert list(tmp_path.iterdir()) == []  # the benchmark cleaned up after itself
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH), "--size-gb", "0", "--dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=30, cwd=REPO)
+    assert proc.returncode == 2 and "--size-gb must be > 0" in proc.stderr

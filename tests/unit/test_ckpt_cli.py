@@ -1,0 +1,344 @@
+"""``slurmft ckpt``: ls / verify / prune / inspect / export on real checkpoints written by CheckpointManager.
+
+The checkpoints are made by slurmft's own manager (single process, real DCP); export is also
+checked against a 2-rank FSDP2 checkpoint (real gloo processes). The torch-free claim is checked
+in a subprocess where importing torch raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from slurmft.cli import app
+from slurmft.rundir import RunDir, step_dirname
+from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurmft.train.manifest import MANIFEST_NAME
+from slurmft.train.state import TrainState
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def _train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    model(torch.randn(8, 16)).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.fixture(scope="module")
+def pristine_run(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A run dir with committed steps 1, 2, 3 and an abandoned tmp dir; the step-3 model weights."""
+    root = tmp_path_factory.mktemp("run")
+    model = _model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    manager = CheckpointManager(root, CheckpointConfig(keep_last=10), job_id="4242", restart_count=1)
+    state = TrainState(model, optimizer)
+    for step in (1, 2, 3):
+        _train_step(model, optimizer)
+        manager.save(step, state, block=True)
+    manager.close()
+    abandoned = RunDir(root).checkpoints / f"{step_dirname(2)}.tmp-deadbeef"
+    abandoned.mkdir()
+    (abandoned / "__0_0.distcp").write_bytes(b"half written")
+    return root, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture
+def run(pristine_run, tmp_path) -> Path:
+    """A private copy of the run dir that a test may damage."""
+    copy = tmp_path / "run"
+    shutil.copytree(pristine_run[0], copy)
+    return copy
+
+
+def ckpt(*args: str):
+    return CliRunner(env={"COLUMNS": "240"}).invoke(app, ["ckpt", *map(str, args)])
+
+
+def shard(run: Path, step: int) -> Path:
+    return next(p for p in (RunDir(run).checkpoint(step)).iterdir() if p.suffix == ".distcp")
+
+
+# ----------------------------------------------------------------------------- ls
+
+
+def test_ls_json_lists_committed_and_tmp(run):
+    result = ckpt("ls", run, "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)["checkpoints"]
+    assert [(r["step"], r["committed"]) for r in rows] == [(1, True), (2, True), (2, False), (3, True)]
+    committed = [r for r in rows if r["committed"]]
+    assert all(r["manifest_ok"] and r["files"] >= 2 and r["world_size"] == 1 for r in committed)
+    assert all(r["size_bytes"] > 0 and r["age_s"] >= 0 for r in rows)
+
+
+def test_ls_table_names_each_directory(run):
+    result = ckpt("ls", run)
+    assert result.exit_code == 0, result.output
+    for name in (step_dirname(1), step_dirname(3), "tmp-deadbeef", "in flight or abandoned"):
+        assert name in result.output
+
+
+# ----------------------------------------------------------------------------- verify
+
+
+def test_verify_newest_by_default_and_all(run):
+    newest = ckpt("verify", run)
+    assert newest.exit_code == 0, newest.output
+    assert newest.output.startswith(f"{step_dirname(3)}: ok")
+    every = ckpt("verify", run, "--all", "--json")
+    assert every.exit_code == 0, every.output
+    data = json.loads(every.output)
+    assert data["ok"] and [c["step"] for c in data["checkpoints"]] == [1, 2, 3]
+
+
+def test_verify_names_each_corrupt_file(run):
+    data_file = shard(run, 2)
+    raw = bytearray(data_file.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data_file.write_bytes(raw)
+    (RunDir(run).checkpoint(2) / "stray.bin").write_bytes(b"x")
+    result = ckpt("verify", run, "2")
+    assert result.exit_code == 1
+    assert f"{data_file}: wrong checksum" in result.output
+    assert "stray.bin: extra file" in result.output
+    truncated = shard(run, 3)
+    truncated.write_bytes(truncated.read_bytes()[:-1])
+    every = ckpt("verify", run, "--all")
+    assert every.exit_code == 1
+    assert f"{step_dirname(1)}: ok" in every.output
+    assert f"{truncated}: wrong size" in every.output
+
+
+# ----------------------------------------------------------------------------- prune
+
+
+def test_prune_dry_run_deletes_nothing(run):
+    before = sorted(os.listdir(RunDir(run).checkpoints))
+    result = ckpt("prune", run, "--keep-last", "1", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert f"delete {step_dirname(1)}" in result.output and "dry run" in result.output
+    assert sorted(os.listdir(RunDir(run).checkpoints)) == before
+
+
+def test_prune_keeps_newest_valid_when_newest_is_corrupt(run):
+    shard(run, 3).write_bytes(b"garbage")
+    result = ckpt("prune", run, "--keep-last", "1")
+    assert result.exit_code == 0, result.output
+    # keep-last 1 keeps step 3; step 2 survives as the newest valid; step 1 and the tmp dir go
+    assert RunDir(run).committed_steps() == [2, 3]
+    assert not list(RunDir(run).checkpoints.glob("*.tmp-*"))
+    assert f"keep   {step_dirname(2)} (newest valid)" in result.output
+
+
+def test_prune_keep_every_and_milestones(run):
+    result = ckpt("prune", run, "--keep-last", "1", "--keep-every", "2", "--milestone", "1")
+    assert result.exit_code == 0, result.output
+    assert RunDir(run).committed_steps() == [1, 2, 3]
+
+
+def test_prune_rejects_bad_policy(run):
+    result = ckpt("prune", run, "--keep-last", "0")
+    assert result.exit_code == 2
+    assert "--keep-last" in result.output
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+def test_inspect_prints_manifest(run):
+    result = ckpt("inspect", run, step_dirname(2), "--json")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads(result.output)["manifest"]
+    assert (manifest["step"], manifest["job_id"], manifest["restart_count"]) == (2, "4242", 1)
+    assert ".metadata" in {f["path"] for f in manifest["files"]}
+    table = ckpt("inspect", run, "2")
+    assert table.exit_code == 0 and "4242" in table.output and "xxh3_128" in table.output
+
+
+def test_inspect_tensors_lists_model_and_optimizer(run):
+    result = ckpt("inspect", run, "3", "--tensors", "--json")
+    assert result.exit_code == 0, result.output
+    tensors = {t["key"]: t for t in json.loads(result.output)["tensors"]}
+    assert tensors["model.0.weight"]["shape"] == [32, 16]
+    assert tensors["model.0.weight"]["dtype"] == "float32"
+    assert any(k.startswith("optim.state.") and k.endswith("exp_avg") for k in tensors)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def test_export_writes_the_model_weights(pristine_run, run, tmp_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "model.safetensors"
+    result = ckpt("export", run, "3", out)
+    assert result.exit_code == 0, result.output
+    exported = load_file(out)
+    expected = pristine_run[1]
+    assert exported.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(exported[name], tensor), name
+    again = ckpt("export", run, "3", out)
+    assert again.exit_code == 2 and "--force" in again.output
+    assert ckpt("export", run, "3", out, "--force").exit_code == 0
+
+
+def test_export_refuses_a_corrupt_checkpoint(run, tmp_path):
+    shard(run, 3).write_bytes(b"garbage")
+    out = tmp_path / "model.safetensors"
+    result = ckpt("export", run, "3", out)
+    assert result.exit_code == 1
+    assert "wrong size" in result.output and not out.exists()
+    assert not list(tmp_path.glob(".model.safetensors.*"))
+
+
+FSDP_WRITER = textwrap.dedent("""
+    import sys
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from slurmft.train.checkpoint import CheckpointManager
+    from slurmft.train.state import TrainState
+
+    rank, store, run_dir, reference = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Linear(10, 3))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(4, 6)).sum().backward()
+    optimizer.step()
+    manager = CheckpointManager(run_dir)
+    manager.save(7, TrainState(model, optimizer), block=True)
+    manager.close()
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save(full, reference)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_export_consolidates_an_fsdp2_checkpoint_from_two_ranks(tmp_path):
+    from safetensors.torch import load_file
+
+    script = tmp_path / "writer.py"
+    script.write_text(FSDP_WRITER)
+    run_dir, reference = tmp_path / "run", tmp_path / "reference.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(run_dir),
+                               str(reference)], env=env) for r in range(2)]
+    try:
+        assert [p.wait(timeout=100) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    out = tmp_path / "w.safetensors"
+    result = ckpt("export", run_dir, "7", out)
+    assert result.exit_code == 0, result.output
+    assert "saved by 2 rank(s)" in result.output
+    exported, expected = load_file(out), torch.load(reference, weights_only=True)
+    assert exported.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(exported[name], tensor), name
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_run_dirs(run, tmp_path):
+    missing = ckpt("ls", tmp_path / "nope")
+    assert missing.exit_code == 2 and "no such directory" in missing.output
+    (tmp_path / "plain").mkdir()
+    plain = ckpt("verify", tmp_path / "plain")
+    assert plain.exit_code == 2 and "not a slurmft run directory" in plain.output
+    inner = ckpt("ls", RunDir(run).checkpoint(1))
+    assert inner.exit_code == 2 and "is a checkpoint directory; pass its run directory" in inner.output
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect", "export"])
+def test_a_tmp_dir_named_explicitly_is_refused(run, tmp_path, command):
+    extra = [str(tmp_path / "o.safetensors")] if command == "export" else []
+    result = ckpt(command, run, f"{step_dirname(2)}.tmp-deadbeef", *extra)
+    assert result.exit_code == 2
+    assert "in-flight or abandoned" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_unknown_step_and_garbage_selector(run):
+    unknown = ckpt("inspect", run, "99")
+    assert unknown.exit_code == 2 and "committed steps: 1, 2, 3" in unknown.output
+    garbage = ckpt("verify", run, "latest")
+    assert garbage.exit_code == 2 and "not a step number" in garbage.output
+
+
+def test_a_newer_manifest_format_is_refused(run, tmp_path):
+    path = RunDir(run).checkpoint(3) / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["format_version"] = 99
+    path.write_text(json.dumps(data))
+    for args in (("inspect", run, "3"), ("export", run, "3", tmp_path / "o.safetensors")):
+        result = ckpt(*args)
+        assert result.exit_code == 2
+        assert "manifest format 99 is newer than this slurmft understands" in result.output
+    verify = ckpt("verify", run, "3")
+    assert verify.exit_code == 1 and "newer than this slurmft understands" in verify.output
+
+
+def test_export_output_name_must_be_safetensors(run, tmp_path):
+    result = ckpt("export", run, "3", tmp_path / "model.bin")
+    assert result.exit_code == 2 and "must end in .safetensors" in result.output
+
+
+# ----------------------------------------------------------------------------- no torch
+
+
+NO_TORCH = textwrap.dedent("""
+    import sys
+
+    class NoTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ImportError("torch must not be imported by this command")
+            return None
+
+    sys.meta_path.insert(0, NoTorch())
+    from slurmft.cli import app
+    from typer.testing import CliRunner
+    for args in sys.argv[1:]:
+        result = CliRunner().invoke(app, args.split("|"))
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        print(result.exit_code)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_ls_verify_prune_inspect_work_without_torch(run):
+    commands = [f"ckpt|ls|{run}", f"ckpt|verify|{run}|--all", f"ckpt|inspect|{run}|3",
+                f"ckpt|prune|{run}|--keep-last|2|--dry-run", f"ckpt|ls|{run}|--json"]
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH, *commands], capture_output=True, text=True,
+                          timeout=50, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0"] * len(commands)
