@@ -263,8 +263,9 @@ def parse_sacct_text(output: str, command: str = "sacct -P") -> list[Job]:
 
 def _fill_restarts(jobs: list[Job]) -> list[Job]:
     """Sort oldest first; give records without a restart counter their index within the job."""
+    # 24.11 keeps the submit time across a requeue: order by start, the never-started run last.
     epoch = datetime.min.replace(tzinfo=timezone.utc)
-    ordered = sorted(jobs, key=lambda j: (j.submit_time or epoch, j.start_time or epoch))
+    ordered = sorted(jobs, key=lambda j: (j.submit_time or epoch, j.start_time is None, j.start_time or epoch))
     seen: dict[str, int] = {}
     out = []
     for job in ordered:

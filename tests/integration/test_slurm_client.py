@@ -169,7 +169,13 @@ def test_node_death_makes_node_down_and_job_leaves_running(client, tmp_path, slu
     node = wait_for(lambda: client.nodes([victim])[victim], lambda n: n.down, 45, f"{victim} DOWN", poll=1)
     took = time.monotonic() - killed
     assert not node.responding and 15 <= took <= 45, took
-    job = wait_for(lambda: client.job(job_id), lambda j: j.state in (JobState.PENDING, JobState.NODE_FAIL), 15,
-                   "job requeued or NODE_FAIL")
-    assert job.state is JobState.NODE_FAIL or job.restart_count == 1
+    job = wait_for(lambda: client.job(job_id), lambda j: j.state is not JobState.RUNNING, 15, "job no longer RUNNING")
+    if job.state is JobState.PENDING:  # 22.05 here: requeued by Slurm when the node went DOWN
+        assert job.restart_count == 1
+    elif job.state is JobState.FAILED:
+        # 24.11 here: the batch step reported its task's SIGKILL before its own slurmstepd died
+        # (kill_node kills the tree one process at a time), so Slurm saw a failed job, not a node.
+        assert job.reason == "RaisedSignal" and job.exit_signal == 9
+    else:
+        assert job.state is JobState.NODE_FAIL
     client.cancel(job_id)

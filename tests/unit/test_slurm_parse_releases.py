@@ -63,6 +63,14 @@ def test_2205_sacct_history_orders_runs_and_counts_restarts():
     assert runs[0].nodes == ("n1", "n2") and runs[1].nodes == () and runs[1].start_time is None
 
 
+def test_history_with_unchanged_submit_time_puts_the_pending_run_last():
+    # 24.11 keeps SubmitTime across a requeue; the run that has not started yet is the newest.
+    text = ("7|t|PENDING|BeginTime|0:0|1795386884|1795387009|Unknown|Unknown|None assigned|2|debug|root|/w|\n"
+            "7|t|REQUEUED|None|0:0|1795386884|1795386884|1795386886|1795386888|n[1-2]|2|debug|root|/w|\n")
+    runs = parse_sacct_text(text)
+    assert [(r.state, r.restart_count) for r in runs] == [(JobState.REQUEUED, 0), (JobState.PENDING, 1)]
+
+
 def test_2205_nodes_drained_and_down():
     nodes = parse_nodes(read(CAP / "sinfo_drain_down.json"), "sinfo --json")
     assert nodes["n3"].drained and nodes["n3"].reason.startswith("slurmft: gpu:")
