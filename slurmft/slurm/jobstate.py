@@ -45,6 +45,9 @@ def job_state(names: list[str], where: Where, *, accounting: bool = False) -> tu
     bases = _CONTROLLER_BASES | ({JobState.REQUEUED.value} if accounting else set())
     # sacct text says "CANCELLED by 0"; only the first word is the state.
     names = [n.split(" ", 1)[0] for n in names if n]
+    if accounting and JobState.REQUEUED.value in names:
+        # 24.11 sacct: ["PENDING", "REQUEUED"] for a run that ended by going back to the queue
+        return JobState.REQUEUED, frozenset(n for n in names if n != JobState.REQUEUED.value)
     found = [n for n in names if n in bases]
     flags = frozenset(n for n in names if n not in bases)
     if found:
