@@ -35,7 +35,7 @@ from slurmft.train.manifest import read_manifest, verify_checkpoint
 from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
 from slurmft.train.staging import Stager
-from slurmft.train.state import TrainState
+from slurmft.train.state import RNG, TrainState
 from slurmft.train.writer import CommitWriter, FaultPlan
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,16 @@ def describe_failure(exc: BaseException) -> str:
 
 
 class _PlainDataLoadPlanner(DefaultLoadPlanner):
-    """DCP's load planner, but non-tensor values are unpickled with ``weights_only=True``."""
+    """DCP's load planner, but non-tensor values are unpickled with ``weights_only=True``, and
+    generator states the checkpoint does not have (CUDA's, after a CPU-only save) are not asked for."""
+
+    def set_up_planner(self, state_dict: Any, metadata: Any = None, is_coordinator: bool = False) -> None:
+        if metadata is not None:
+            for rank_name, generators in state_dict.get(RNG, {}).items():
+                for name in [n for n in generators
+                             if f"{RNG}.{rank_name}.{n}" not in metadata.state_dict_metadata]:
+                    del generators[name]
+        super().set_up_planner(state_dict, metadata, is_coordinator)
 
     def load_bytes(self, read_item: Any, value: Any) -> None:
         obj = torch.load(value, weights_only=True)
@@ -114,6 +123,12 @@ class _PlainDataLoadPlanner(DefaultLoadPlanner):
 
 
 class CheckpointManager:
+    """Saves and restores a :class:`TrainState` under ``<run_dir>/checkpoints``.
+
+    Construct it on every rank (it creates its process groups collectively); call ``save`` /
+    ``emergency_save`` / ``load_latest`` on every rank at the same step boundary.
+    """
+
     def __init__(
         self,
         run_dir: str | Path,

@@ -53,7 +53,7 @@ def restore_rng_state(state: dict[str, torch.Tensor]) -> None:
          float(state["numpy_gauss"][0]))
     )
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and torch.cuda.is_available():  # absent when the saving job had no CUDA
         torch.cuda.set_rng_state(state["cuda"])
 
 

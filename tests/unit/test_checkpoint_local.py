@@ -255,3 +255,16 @@ def test_config_from_toml_and_errors(tmp_path):
         CheckpointConfig.load(toml, on_busy="drop")
     with pytest.raises(ConfigError, match=r"\[checkpoint\] unknown key 'intervall'"):
         CheckpointConfig.load(toml, intervall=3)
+
+
+def test_generator_state_missing_from_checkpoint_is_not_requested(tmp_path, monkeypatch):
+    import slurmft.train.state as state_module
+
+    state = make_state()
+    manager = CheckpointManager(tmp_path)
+    manager.save(1, state, block=True)
+    real_capture = state_module.capture_rng_state
+    # The loading job has a generator the saving job had not (CUDA initialised only now).
+    monkeypatch.setattr(state_module, "capture_rng_state",
+                        lambda: {**real_capture(), "cuda": torch.zeros(16, dtype=torch.uint8)})
+    assert manager.load_latest(make_state(seed=3)) == 1
