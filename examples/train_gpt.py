@@ -1,0 +1,306 @@
+"""A small GPT trained with FSDP2 that survives preemption, time limits, NaNs and hangs.
+
+Byte-level language model (vocabulary 256) on the Shakespeare text in ``examples/data/``: token
+and position embeddings, pre-norm transformer blocks with causal self-attention, an LM head tied
+to the token embedding; every block and the root are sharded with ``fully_shard``. It runs on
+CPU/gloo as it is and on GPUs/NCCL unchanged (device and backend follow ``torch.cuda``).
+
+It uses every in-job piece of slurmft: ``CheckpointManager`` + ``TrainState`` (async saves,
+resume from the newest valid checkpoint, any world size), ``ResumableSampler`` (same global batch
+and sample order on any world size), ``PreemptionHandler`` (USR2/TERM -> one emergency save ->
+exit REQUEUE), ``Heartbeat``, ``StepGuard`` (NaN / spike -> skip or roll back; repeated -> exit
+NO_REQUEUE), ``StepWatchdog`` (hung step -> stacks + exit HANG) and the journal, where rank 0
+writes every step's loss with a digest of the step's samples so runs can be compared.
+
+Launch with torchrun (see ``sbatch_templates/train.sbatch``) or plainly as one process.
+The ``--inject-*`` and ``--step-sleep`` flags exist for the fault tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from slurmft import exitcodes, journal
+from slurmft.rundir import RunDir, atomic_write_bytes
+from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
+from slurmft.train.guards import GuardConfig, StepGuard, Verdict
+from slurmft.train.heartbeat import Heartbeat
+from slurmft.train.preemption import PreemptionHandler
+from slurmft.train.runtime import JobEnv, RunDirError, Segment, check_run_dir_writable
+from slurmft.train.sampler import ResumableSampler, SamplerError
+from slurmft.train.state import TrainState
+from slurmft.train.watchdog import StepWatchdog
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 256
+    seq_len: int = 128
+    d_model: int = 256
+    n_heads: int = 8
+    n_layers: int = 6
+
+
+TINY = ModelConfig(seq_len=32, d_model=32, n_heads=4, n_layers=2)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(),
+                                 nn.Linear(4 * cfg.d_model, cfg.d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+class ByteWindows:
+    """Non-overlapping windows of ``seq_len + 1`` bytes: sample i -> (input, next-byte target)."""
+
+    def __init__(self, paths: list[Path], seq_len: int) -> None:
+        text = b"".join(p.read_bytes() for p in paths)
+        self.data = torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.seq_len
+
+    def batch(self, indices: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.stack([self.data[i * self.seq_len:i * self.seq_len + self.seq_len + 1]
+                            for i in indices])
+        return rows[:, :-1].to(device), rows[:, 1:].to(device)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", default=os.environ.get("SLURMFT_RUN_DIR"),
+                   help="run directory (default: $SLURMFT_RUN_DIR)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--tiny", action="store_true", help="a very small model, for tests")
+    p.add_argument("--d-model", type=int, help="override the model width")
+    p.add_argument("--global-batch", type=int, default=24)
+    p.add_argument("--micro-batch", type=int, help="per-rank micro-batch (default: no accumulation)")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--heartbeat-every", type=int, default=10)
+    p.add_argument("--watchdog-timeout", type=float, help="seconds; default: adaptive")
+    p.add_argument("--guard-action", choices=("skip", "rollback"), default="rollback")
+    p.add_argument("--guard-max-trips", type=int, default=3)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (tests)")
+    p.add_argument("--inject-nan-at", type=int, help="make the loss NaN at this step")
+    p.add_argument("--inject-nan-times", type=int, default=1,
+                   help="how many times the injected step may produce NaN in this process")
+    p.add_argument("--inject-hang-at", type=int, help="one rank sleeps forever in this step")
+    p.add_argument("--inject-hang-rank", type=int, default=0)
+    args = p.parse_args(argv)
+    if not args.run_dir:
+        p.error("no run directory: pass --run-dir or set $SLURMFT_RUN_DIR")
+    for name in ("steps", "ckpt_every", "global_batch", "heartbeat_every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def init_distributed(env: JobEnv) -> torch.device:
+    use_cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{env.local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group("nccl" if use_cuda else "gloo",
+                                timeout=datetime.timedelta(seconds=env.pg_timeout_s))
+    else:  # one process started by hand
+        store = dist.HashStore()
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=store, rank=0, world_size=1)
+    return device
+
+
+def global_grad_norm(model: nn.Module, max_norm: float) -> float:
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    env = JobEnv.from_environ()
+    run_dir = RunDir(Path(args.run_dir))
+    try:
+        check_run_dir_writable(run_dir)
+    except RunDirError as exc:
+        print(f"slurmft: {exc} -> {exitcodes.describe(exitcodes.NO_REQUEUE)}", file=sys.stderr)
+        raise SystemExit(exitcodes.NO_REQUEUE)
+    segment = Segment(env, run_dir)
+    device = init_distributed(env)
+    barrier = dist.barrier
+
+    torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True)
+    cfg = TINY if args.tiny else ModelConfig()
+    if args.d_model:
+        cfg = ModelConfig(**{**cfg.__dict__, "d_model": args.d_model})
+    data = ByteWindows(sorted(DATA_DIR.glob("*.md")), cfg.seq_len)
+    model = GPT(cfg).to(device)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    try:
+        sampler = ResumableSampler(len(data), args.global_batch, rank=env.rank,
+                                   world_size=env.world_size, micro_batch_size=args.micro_batch,
+                                   seed=args.seed)
+    except SamplerError as exc:
+        segment.end(exitcodes.NO_REQUEUE, f"bad batch geometry: {exc}", barrier=barrier)
+    state = TrainState(model, optimizer, sampler=sampler)
+
+    def on_commit(step: int, path: Path, stats: object) -> None:
+        segment.record(journal.CHECKPOINT_COMMITTED, step=step, path=str(path),
+                       blocking_s=getattr(stats, "blocking_s", None),
+                       total_s=getattr(stats, "total_s", None),
+                       bytes_written=getattr(stats, "bytes_written", None))
+
+    ckpt = CheckpointManager(run_dir.root, CheckpointConfig.load(interval=args.ckpt_every),
+                             job_id=env.job_id, restart_count=env.restart_count,
+                             on_commit=on_commit)
+    try:
+        restored = ckpt.load_latest(state)
+    except CheckpointError as exc:  # verified but does not fit this model: requeueing cannot help
+        segment.end(exitcodes.NO_REQUEUE, f"cannot resume: {exc}", barrier=barrier)
+    step = restored or 0
+    segment.started(restored_step=restored, global_batch=args.global_batch,
+                    accumulation=sampler.plan.accumulation_steps)
+
+    guard = StepGuard(GuardConfig(action=args.guard_action, max_trips=args.guard_max_trips))
+    heartbeat = Heartbeat(run_dir, env.node, job_id=env.job_id, restart_count=env.restart_count,
+                          every=args.heartbeat_every, enabled=env.is_node_leader)
+
+    def on_hang(message: str) -> None:
+        segment.journal.append(journal.HANG, rank=env.rank, message=message)
+        segment.journal.append(journal.SEGMENT_END, exit_code=exitcodes.HANG,
+                               outcome=exitcodes.describe(exitcodes.HANG), reason=message)
+
+    watchdog = StepWatchdog(timeout_s=args.watchdog_timeout, on_fire=on_hang).start()
+    preemption = PreemptionHandler(device=device).install()
+    nan_budget = args.inject_nan_times
+
+    while step < args.steps:
+        if preemption.should_stop():
+            ckpt.emergency_save(step, state)
+            segment.record(journal.PREEMPTION, step=step,
+                           signal=preemption.received.name if preemption.received else "peer")
+            segment.end(exitcodes.REQUEUE, f"preempted: emergency checkpoint at step {step}",
+                        step=step, barrier=barrier)
+        watchdog.step_started(step + 1)
+        micro_batches = sampler.next_step()
+        total = torch.zeros((), device=device)
+        for indices in micro_batches:
+            x, y = data.batch(indices, device)
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten()) / len(micro_batches)
+            loss.backward()
+            total += loss.detach()
+        if step + 1 == args.inject_nan_at and nan_budget > 0:
+            nan_budget -= 1
+            total = total * float("nan")
+            for p in model.parameters():
+                p.grad.mul_(float("nan"))
+        if step + 1 == args.inject_hang_at and env.rank == args.inject_hang_rank:
+            while True:
+                time.sleep(3600)
+        dist.all_reduce(total)  # SUM: gloo has no AVG
+        loss_value = float(total) / env.world_size
+        verdict = guard.check(loss_value, global_grad_norm(model, 1.0))
+        if verdict.verdict is Verdict.OK:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        watchdog.step_finished()
+        if verdict.verdict is Verdict.GIVE_UP:
+            segment.record(journal.GUARD_TRIP, step=step + 1, verdict="give_up", reason=verdict.reason)
+            segment.end(exitcodes.NO_REQUEUE, f"guard: {verdict.reason}", step=step + 1, barrier=barrier)
+        if not verdict.ok:
+            segment.record(journal.GUARD_TRIP, step=step + 1, verdict=verdict.verdict.value,
+                           reason=verdict.reason, trips=verdict.trips_in_window)
+            if verdict.verdict is Verdict.ROLLBACK:
+                ckpt.wait()
+                back = ckpt.load_latest(state)
+                if back is not None:
+                    segment.record(journal.ROLLBACK, from_step=step + 1, to_step=back)
+                    step = back
+                    continue
+                segment.record(journal.ROLLBACK, from_step=step + 1, to_step=None,
+                               reason="no checkpoint yet: step skipped instead")
+        step += 1
+        segment.record(journal.LOSS, step=step, loss=loss_value if math.isfinite(loss_value) else None,
+                       samples=zlib.crc32(repr(sampler.global_batch(step - 1)).encode()),
+                       world_size=env.world_size)
+        heartbeat.beat(step)
+        if ckpt.due(step) and step < args.steps:
+            ckpt.save(step, state)
+
+    ckpt.emergency_save(step, state)  # the final state, synchronously
+    ckpt.close()
+    watchdog.stop()
+    if env.is_rank0:
+        atomic_write_bytes(run_dir.done, f"{step}\n".encode())
+    segment.end(exitcodes.OK, f"finished at step {step}", step=step, barrier=barrier)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

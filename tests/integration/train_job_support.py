@@ -1,0 +1,122 @@
+"""Support for the training-job integration tests: submit the real sbatch template running the
+real example on the devcluster, drive requeues, and read the run's journal back.
+
+Slurm is reached through ``slurmft.slurm.CliSlurmClient``; the test plays the watcher's one part
+the template cannot do itself: ``StartTime=now`` once a requeued job is PENDING (else Slurm waits
+~120 s).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurmft.journal import Event, read_events
+from slurmft.rundir import RunDir
+from slurmft.slurm.cli import CliSlurmClient
+from slurmft.slurm.client import Job, JobState
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
+EXAMPLE = REPO / "examples" / "train_gpt.py"
+# Tiny and deterministic: 2 cores run every rank, so one thread per rank.
+TINY_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "2"]
+RELEASE_AFTER_S = 1.5
+JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable}
+
+
+@dataclass
+class TrainJob:
+    client: CliSlurmClient
+    run_dir: Path
+    job_id: str
+    log: Path
+    _pending_since: float | None = None
+
+    def state(self) -> Job:
+        return self.client.job(self.job_id)
+
+    def events(self, kinds: list[str] | None = None) -> list[Event]:
+        return read_events(RunDir(self.run_dir).events, kinds)
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else "(no job log)"
+
+    def _observe(self) -> Job:
+        """The job now; a requeued job is released from Slurm's BeginTime delay once it has
+        finished completing and RELEASE_AFTER_S have passed: a launch within the second of the
+        requeue is refused by slurmd ("Job credential revoked", 22.05) and the job FAILS."""
+        job = self.state()
+        if job.state is JobState.PENDING and job.reason == "BeginTime" and not job.completing:
+            if self._pending_since is None:
+                self._pending_since = time.monotonic()
+            elif time.monotonic() - self._pending_since >= RELEASE_AFTER_S:
+                self.client.update_pending(self.job_id, start_now=True)
+                self._pending_since = None
+        else:
+            self._pending_since = None
+        return job
+
+    def wait_for(self, predicate, timeout: float, what: str) -> Job:
+        """Poll until ``predicate(job)``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self._observe()
+            if predicate(job):
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {self.job_id}: no {what} within {timeout:.0f} s; last "
+                                     f"state {job.state.value} ({job.reason})\n{self.log_text()[-4000:]}")
+            time.sleep(0.5)
+
+    def wait_finished(self, timeout: float) -> Job:
+        return self.wait_for(lambda j: j.state.finished, timeout, "end")
+
+    def wait_step(self, step: int, timeout: float) -> None:
+        """Until rank 0 journaled the loss of ``step`` (in the current segment)."""
+        deadline = time.monotonic() + timeout
+        while not any(e.get("step", -1) >= step for e in self.events(["loss"])):
+            job = self._observe()
+            if job.state.finished or time.monotonic() > deadline:
+                raise AssertionError(f"job {self.job_id} never reached step {step} (state "
+                                     f"{job.state.value})\n{self.log_text()[-4000:]}")
+            time.sleep(0.3)
+
+
+def submit(cluster, run_dir: Path, train_args: list[str], *, nodes: int | str,
+           sbatch_options: list[str] = (), env: dict[str, str] | None = None) -> TrainJob:
+    client = CliSlurmClient(env=cluster.env)
+    log = run_dir.parent / f"{run_dir.name}-job.out"
+    job_env = {**os.environ, **cluster.env, **JOB_ENV, "SLURMFT_RUN_DIR": str(run_dir), **(env or {})}
+    job_id = client.submit(TEMPLATE, [str(EXAMPLE), *train_args], env=job_env,
+                           sbatch_options=[f"--nodes={nodes}", f"--output={log}",
+                                           f"--chdir={run_dir.parent}", *sbatch_options])
+    return TrainJob(client, run_dir, job_id, log)
+
+
+def losses(events: list[Event]) -> dict[int, tuple[float, int]]:
+    """step -> (loss, sample digest), asserting that no step was journaled twice."""
+    found: dict[int, tuple[float, int]] = {}
+    for event in events:
+        if event.kind != "loss":
+            continue
+        step = event.get("step")
+        assert step not in found, f"step {step} journaled twice (repeated work)"
+        found[step] = (event.get("loss"), event.get("samples"))
+    return found
+
+
+def reference_losses(run_dir: Path, train_args: list[str], world_size: int) -> dict[int, tuple[float, int]]:
+    """An uninterrupted run on ``world_size`` local ranks (torchrun --standalone, no Slurm)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update(JOB_ENV)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc-per-node={world_size}", str(EXAMPLE), "--run-dir", str(run_dir), *train_args],
+        env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return losses(read_events(RunDir(run_dir).events))
