@@ -79,23 +79,25 @@ def test_2205_nodes_drained_and_down():
     assert nodes["n1"].state is NodeState.IDLE and not nodes["n1"].flags
 
 
-# -- 24.11: captured in the test matrix's Debian trixie rootfs --------------------------------------
+# -- 24.11 (v0.0.42) and 26.05 (v0.0.45): captured in the test matrix's trixie and sid rootfs ------
 
-CAP2411 = FIXTURES / "2411"
+MATRIX_CAPTURES = pytest.mark.parametrize("cap", [FIXTURES / "2411", FIXTURES / "2605"], ids=["24.11", "26.05"])
 
 
-def test_2411_running_failed_and_requeued():
-    jobs = by_state(parse_squeue(read(CAP2411 / "squeue_running_failed.json")))
+@MATRIX_CAPTURES
+def test_matrix_running_failed_and_requeued(cap):
+    jobs = by_state(parse_squeue(read(cap / "squeue_running_failed.json")))
     running, failed = jobs[JobState.RUNNING], jobs[JobState.FAILED]
     assert running.nodes == ("n1", "n2") and running.run_dir == Path("/shared/runs/demo")
     assert failed.exit_code == 3 and failed.exit_signal is None
-    (pending,) = parse_squeue(read(CAP2411 / "squeue_requeued_pending.json"))
+    (pending,) = parse_squeue(read(cap / "squeue_requeued_pending.json"))
     assert pending.state is JobState.PENDING and pending.reason == "BeginTime" and pending.restart_count == 1
     assert 100 <= (pending.eligible_time - pending.submit_time).total_seconds() <= 130
 
 
-def test_2411_sacct_requeued_run_is_pending_plus_requeued():
-    records = parse_sacct(read(CAP2411 / "sacct_history.json"))
+@MATRIX_CAPTURES
+def test_matrix_sacct_requeued_run_is_pending_plus_requeued(cap):
+    records = parse_sacct(read(cap / "sacct_history.json"))
     by_id: dict[str, list] = {}
     for record in records:
         by_id.setdefault(record.job_id, []).append(record)
@@ -103,11 +105,12 @@ def test_2411_sacct_requeued_run_is_pending_plus_requeued():
     assert first.state is JobState.REQUEUED and first.nodes == ("n1", "n2") and first.restart_count == 0
     assert second.state is JobState.PENDING and second.restart_count == 1 and second.start_time is None
     failed = next(r for r in records if r.state is JobState.FAILED)
-    assert failed.exit_code == 3  # right in 24.11's sacct JSON (22.05's says 0)
+    assert failed.exit_code == 3  # right from 23.02 on (22.05 says 0)
 
 
-def test_2411_scontrol_nodes_drain():
-    nodes = parse_nodes(read(CAP2411 / "scontrol_nodes_drain.json"), "scontrol --json show nodes")
+@MATRIX_CAPTURES
+def test_matrix_scontrol_nodes_drain(cap):
+    nodes = parse_nodes(read(cap / "scontrol_nodes_drain.json"), "scontrol --json show nodes")
     assert nodes["n3"].drained and nodes["n3"].reason == "slurmft: gpu: xid 79"
     assert not nodes["n1"].flags and nodes["n1"].state is NodeState.IDLE
 
