@@ -114,7 +114,9 @@ def _job_id(rec: Mapping[str, Any], where: Where) -> str:
     return str(job_id)
 
 
-def finished_fields(state: JobState, start, end, exit_value, where: Where):
+def finished_fields(state: JobState, start: datetime | None, end: datetime | None, exit_value: Any,
+                    where: Where) -> tuple[datetime | None, datetime | None, int | None, int | None]:
+    """(start, end, exit code, signal) after the normalisation rules in this module's docstring."""
     if not state.finished:
         return (None if state is JobState.PENDING else start), None, None, None
     code, sig = exit_status(exit_value, where)
