@@ -19,7 +19,8 @@ _JOB_ID_RE = re.compile(r"^[1-9][0-9]{0,9}(_[0-9]{1,10})?$")
 # Slurm node names: letters, digits, '-', '_', '.'; no hostlist brackets, no spaces.
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
-# Reasons are stored as free text; keep them to one readable sinfo/scontrol line.
+# Slurm 22.05 stored a 5000-character (and a UTF-8) reason unchanged (measured): the limit is
+# ours, to keep a reason one readable sinfo/scontrol line.
 MAX_REASON = 200
 _ELLIPSIS = "..."
 
