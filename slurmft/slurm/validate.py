@@ -1,7 +1,7 @@
 """Checks on every value that reaches a Slurm command line, run BEFORE any command runs.
 
 Job ids, node names and signals must match Slurm's own forms; a drain reason is cleaned of
-control characters and cut to a length Slurm stores and prints without trouble. Anything else
+control characters and cut to one readable line. Anything else
 raises :class:`InvalidArgument` naming the value, and nothing is run.
 """
 
