@@ -170,11 +170,19 @@ def test_kill_9_at_any_moment_leaves_newest_committed_loadable(tmp_path):
         else:
             assert newest is not None and newest >= (expected_loaded or 0) + 2
         expected_loaded = newest
-    # One last start only loads (and is then stopped): it must pick up the newest commit.
+    # Last start: rank 1's shard of the newest checkpoint is corrupted. Whichever rank hashes it,
+    # both must skip it together and load the one before; saving that step again replaces it.
+    steps = RunDir(run_dir).committed_steps()
+    assert steps[-1] == expected_loaded and len(steps) >= 2
+    shard = RunDir(run_dir).checkpoint(steps[-1]) / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    shard.write_bytes(bytes(data))
     procs = start(2, ["crash", "--run-dir", str(run_dir), "--out", str(out), "--ready", str(tmp_path / "end")])
     try:
         _wait_for(tmp_path / "end", procs, timeout=90)
     finally:
         kill(procs)
     final = records(out)[len(trials)]
-    assert final["loaded"] == expected_loaded and final["params_ok"]
+    assert final["loaded"] == steps[-2] and final["params_ok"], final
+    assert _committed_state(run_dir) >= steps[-2] + 2  # and every committed checkpoint verifies
