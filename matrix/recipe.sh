@@ -37,7 +37,9 @@ in_root() {  # run a command chrooted in $dest, in a throwaway mount+pid namespa
       DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 "$@"' in_root "$dest" "$@"
 }
 
-debootstrap --variant=minbase --include=ca-certificates "$suite" "$dest" "$MIRROR" >/dev/null
+# In its own mount namespace: the /proc debootstrap mounts in DEST never shows on the host.
+unshare --mount --propagation private -- \
+  debootstrap --variant=minbase --include=ca-certificates "$suite" "$dest" "$MIRROR" >/dev/null
 
 # policy-rc.d 101: package scripts must not start munge/mariadb/slurm daemons.
 printf '#!/bin/sh\nexit 101\n' >"$dest/usr/sbin/policy-rc.d"

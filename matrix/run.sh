@@ -50,6 +50,12 @@ for t in $tests; do [[ -e $repo/$t ]] || die "test path '$t' does not exist in $
 
 results=${SLURMFT_MATRIX_RESULTS:-$(mktemp -d /tmp/slurmft-matrix-results.XXXXXX)}
 mkdir -p "$results" "$cache"
+# One matrix run per cache at a time: two would rebuild, install into and run in the same rootfs.
+exec 9>>"$cache/.lock"
+if ! flock -n 9; then
+  log "another matrix run holds $cache/.lock; waiting for it (up to 1 h)"
+  flock -w 3600 9 || die "$cache is still locked by another matrix run after 1 h"
+fi
 
 # rm -rf of a tree with something mounted below it would delete the host's files through the
 # mount: refuse instead. (Our own mounts live in private namespaces and never show up here.)
@@ -84,7 +90,9 @@ ensure_rootfs() {
   log "$suite: building rootfs (recipe ${want:0:12}) in $root"
   start=$SECONDS
   tmp=$cache/.$suite.tmp-$$
-  remove_tree "$tmp"
+  for stale in "$cache/.$suite.tmp-"*; do  # left by an interrupted build (we hold the lock)
+    if [[ -e $stale ]]; then remove_tree "$stale"; fi
+  done
   if ! "$here/recipe.sh" "$suite" "$tmp"; then remove_tree "$tmp"; return 1; fi
   echo "$want" >"$tmp/$stamp_dir/recipe.sha256" || return 1
   remove_tree "$root" || return 1
@@ -106,8 +114,10 @@ ensure_venv() {
   # pip inside the rootfs trusts what the host trusts (a site's TLS proxy CA included).
   cp /etc/ssl/certs/ca-certificates.crt "$root/$stamp_dir/host-ca.crt" || return 1
   in_root "$root" python3 -m venv "$venv" || return 1
-  in_root "$root" "$venv/bin/pip" install -q --disable-pip-version-check \
-    --cert "/$stamp_dir/host-ca.crt" setuptools wheel "${deps[@]}" || return 1
+  # Build tools first, so that sdists among the deps build as wheels even with an old pip.
+  local pip=("$venv/bin/pip" install -q --disable-pip-version-check --cert "/$stamp_dir/host-ca.crt")
+  in_root "$root" "${pip[@]}" --upgrade pip setuptools wheel || return 1
+  in_root "$root" "${pip[@]}" "${deps[@]}" || return 1
   echo "$want" >"$root/$stamp_dir/venv.sha256"
   log "$suite: venv built in $((SECONDS - start)) s"
 }
@@ -121,8 +131,12 @@ run_tests() {
   unshare --mount --pid --net --fork --kill-child -- bash -euc '
     root=$1 repo=$2 results=$3 suite=$4 venv=$5 tests=$6 pytest_args=$7
     ip link set lo up
+    # getaddrinfo(AI_ADDRCONFIG), which slurmdbd uses to listen, finds nothing when loopback is
+    # the only address of a family: give lo one non-loopback address of each (test ranges).
+    ip addr add 198.51.100.1/32 dev lo
+    ip -6 addr add fd5f:7f::1/128 dev lo
     mount -t proc proc "$root/proc"
-    mount -t sysfs -o ro sysfs "$root/sys"
+    mount --rbind /sys "$root/sys"   # with /sys/fs/cgroup: slurmd 24.11+ stops without it
     mount --rbind /dev "$root/dev"
     mount -t tmpfs -o size=4g tmpfs "$root/tmp"
     mkdir -p "$root/src" "$root/results"
@@ -141,8 +155,14 @@ run_tests() {
     in_chroot "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-index \
       --no-build-isolation -e /src >/dev/null
     # shellcheck disable=SC2086  # tests and pytest_args are space-separated lists
+    rc=0
     in_chroot bash -c "cd /src && exec python -m pytest -p no:cacheprovider -q -m integration \
-      --junitxml=/results/$suite.xml $pytest_args $tests"
+      --junitxml=/results/$suite.xml $pytest_args $tests" || rc=$?
+    if [[ $rc != 0 ]]; then  # the tmpfs dies with us: keep the daemon logs for a post-mortem
+      (cd "$root/tmp" && find . -type d -name log -path "*cluster*" -print0 \
+        | xargs -0r tar -cf - | tar -xf - -C "$results" --transform "s|^\.|$suite-logs|") || true
+    fi
+    exit "$rc"
   ' run_tests "$root" "$repo" "$results" "$suite" "$venv" "$tests" "$pytest_args" || rc=$?
   return "$rc"
 }
