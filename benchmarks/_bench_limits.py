@@ -42,35 +42,45 @@ def _byte_views(tensors: list[torch.Tensor]) -> list[memoryview]:
     return [memoryview(t.contiguous().view(torch.uint8).numpy()) for t in tensors]
 
 
-def measure_copy(tensors: list[torch.Tensor]) -> float:
-    """Seconds to copy this rank's state once into buffers allocated (and touched) beforehand."""
-    buffers = [torch.empty_like(t) for t in tensors]
-    for b in buffers:
-        b.zero_()
+class DiskAndCopyProbe:
+    """The copy and write limits, measurable again and again next to each save.
 
-    def copy() -> None:
-        for b, t in zip(buffers, tensors):
-            b.copy_(t)
+    The disk and CPUs of a shared machine change speed from minute to minute, so every save is
+    paired with a probe taken just before it; ratios are then per-save, not across minutes.
+    """
 
-    return _timed_on_all_ranks(copy)
+    def __init__(self, tensors: list[torch.Tensor], path: Path) -> None:
+        self.tensors = tensors
+        self.path = path
+        self._views = _byte_views(tensors)
+        self._buffers = [torch.empty_like(t) for t in tensors]
+        for b in self._buffers:
+            b.zero_()  # touch every page now, so the copy measures copying, not page faults
 
+    def copy(self) -> float:
+        """Seconds to copy this rank's state once into the preallocated buffers (both ranks)."""
 
-def measure_write(tensors: list[torch.Tensor], path: Path) -> float:
-    """Seconds to write this rank's state bytes to ``path`` and fsync it."""
-    views = _byte_views(tensors)
+        def copy() -> None:
+            for b, t in zip(self._buffers, self.tensors):
+                b.copy_(t)
 
-    def write() -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for view in views:
-                done = 0
-                while done < len(view):
-                    done += os.write(fd, view[done:])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        return _timed_on_all_ranks(copy)
 
-    return _timed_on_all_ranks(write)
+    def write(self) -> float:
+        """Seconds to write this rank's state bytes to ``path`` and fsync it (both ranks)."""
+
+        def write() -> None:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                for view in self._views:
+                    done = 0
+                    while done < len(view):
+                        done += os.write(fd, view[done:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        return _timed_on_all_ranks(write)
 
 
 def _drop_caches() -> bool:

@@ -5,8 +5,9 @@
 Starts its own 2 ranks (gloo, CPU), builds one FSDP2 model + Adam state of ``--size-gb`` across
 them, and saves that same state to the same disk with every method, a warm-up save and then
 ``--saves`` measured saves each. It also measures, in the same run, the physical limits the
-methods are judged against: a copy into preallocated buffers, a write + fsync of the same bytes,
-a cold read back, and the manifest's hash. Prints markdown tables; ``--json`` prints one JSON
+methods are judged against: a copy into preallocated buffers and a write + fsync of the same
+bytes (both taken again just before every save, since a shared machine's disk speed changes from
+minute to minute), a cold read back, and the manifest's hash. Prints markdown tables; ``--json`` prints one JSON
 object instead. This is a benchmark, not a test: it takes minutes at the default size.
 """
 
@@ -31,9 +32,13 @@ WARMUP_SAVES = 1
 # ----------------------------------------------------------------------------- worker (one rank)
 
 
-def _run_method(method, model, base: Path | None, saves: int, *,
+def _run_method(method, model, probe, base: Path | None, saves: int, *,
                 on_saved: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Warm-up + measured saves of one method; per save, the slowest rank's times."""
+    """Warm-up + measured saves of one method; per save, the slowest rank's times.
+
+    Each save is preceded (outside its timing) by a copy probe and a write probe, so it can be
+    compared with the machine as it was at that moment.
+    """
     import torch.distributed as dist
 
     from _bench_limits import max_across_ranks, sum_across_ranks
@@ -44,6 +49,7 @@ def _run_method(method, model, base: Path | None, saves: int, *,
         for i in range(WARMUP_SAVES + saves):
             path = base / f"save-{i}" if base is not None else None
             touch_parameters(model)
+            copy_s, write_s = probe.copy(), probe.write()
             dist.barrier()
             t0 = time.perf_counter()
             method.start(i + 1, path)
@@ -54,7 +60,8 @@ def _run_method(method, model, base: Path | None, saves: int, *,
             if on_saved is not None:
                 on_saved(i + 1)
             if i >= WARMUP_SAVES:
-                measured.append({"blocking_s": blocking, "total_s": total})
+                measured.append({"blocking_s": blocking, "total_s": total, "copy_s": copy_s,
+                                 "write_s": write_s})
             dist.barrier()
             if path is not None and dist.get_rank() == 0:
                 shutil.rmtree(path, ignore_errors=True)
@@ -62,42 +69,35 @@ def _run_method(method, model, base: Path | None, saves: int, *,
     return {"saves": measured, "extra_mem_bytes": sum_across_ranks(memory.extra)}
 
 
-def _measure_limits(tensors, base: Path, drop_all: bool) -> dict[str, Any]:
+def _measure_verify(ckpt_dir: Path, probe, drop_all: bool, rounds: int = 2) -> dict[str, Any]:
+    """Cold read of the probe files (both ranks) then cold verify of the last slurmft checkpoint
+    (rank 0, one process, as ``slurmft ckpt verify`` runs), ``rounds`` times; then a warm verify."""
     import torch.distributed as dist
 
-    from _bench_limits import measure_cold_read, measure_copy, measure_hash, measure_write
-    from slurmft.train.manifest import HASH_ALGO, StreamHasher
-
-    path = base / f"limits-rank{dist.get_rank()}.bin"
-    copy_s = measure_copy(tensors)
-    write_s = measure_write(tensors, path)
-    read_s, eviction = measure_cold_read(path, drop_all=drop_all)
-    hash_s = measure_hash(tensors, StreamHasher)
-    path.unlink()
-    return {"copy_s": copy_s, "write_s": write_s, "read_s": read_s, "read_eviction": eviction,
-            "hash_s": hash_s, "hash_algo": HASH_ALGO}
-
-
-def _measure_verify(ckpt_dir: Path, drop_all: bool) -> dict[str, Any]:
-    """Rank 0 verifies the last slurmft checkpoint cold, then warm; the others wait."""
-    import torch.distributed as dist
-
-    from _bench_limits import evict_from_page_cache
+    from _bench_limits import evict_from_page_cache, measure_cold_read
     from slurmft.train.manifest import verify_checkpoint
 
     files = [p for p in ckpt_dir.rglob("*") if p.is_file()]
-    eviction = evict_from_page_cache(files, drop_all=drop_all)
-    out: list[Any] = [None]
-    if dist.get_rank() == 0:
-        timings = []
-        for _ in range(2):
+    pairs = []
+    report = None
+    for _ in range(rounds):
+        read_s, eviction = measure_cold_read(probe.path, drop_all=drop_all)
+        evict_from_page_cache(files, drop_all=drop_all)
+        verify_s = [0.0]
+        if dist.get_rank() == 0:
             t0 = time.perf_counter()
             report = verify_checkpoint(ckpt_dir)
-            timings.append(time.perf_counter() - t0)
+            verify_s[0] = time.perf_counter() - t0
             if not report.ok:
                 raise RuntimeError(f"slurmft checkpoint failed verification: {report.problems}")
-        out[0] = {"verify_s": timings[0], "verify_warm_s": timings[1],
-                  "verify_bytes": report.bytes_checked, "verify_eviction": eviction}
+        dist.broadcast_object_list(verify_s, src=0)
+        pairs.append({"read_s": read_s, "verify_s": verify_s[0]})
+    out: list[Any] = [None]
+    if dist.get_rank() == 0:
+        t0 = time.perf_counter()
+        verify_checkpoint(ckpt_dir)
+        out[0] = {"pairs": pairs, "verify_warm_s": time.perf_counter() - t0,
+                  "verify_bytes": report.bytes_checked, "eviction": eviction}
     dist.broadcast_object_list(out, src=0)
     return out[0]
 
@@ -106,11 +106,12 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from _bench_limits import sum_across_ranks
+    from _bench_limits import DiskAndCopyProbe, measure_hash, sum_across_ranks
     from _bench_methods import (DCP_ASYNC_CANDIDATES, DCP_ASYNC_DEFAULT, DcpSave, TorchSaveRank0,
                                 dcp_async_method)
     from _bench_slurmft import SlurmftSave
     from _bench_state import build_state, local_tensors, nbytes, rss_bytes
+    from slurmft.train.manifest import HASH_ALGO, StreamHasher
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=args.rank,
@@ -118,34 +119,35 @@ def _worker(args: argparse.Namespace) -> None:
     base = Path(args.dir)
     model, optimizer = build_state(int(args.size_gb * (1 << 30)))
     tensors = local_tensors(model, optimizer)
+    probe = DiskAndCopyProbe(tensors, base / f"probe-rank{args.rank}.bin")
     raw: dict[str, Any] = {"state_bytes": sum_across_ranks(nbytes(tensors)), "world_size": WORLD_SIZE,
-                           "methods": {}}
+                           "methods": {}, "hash_s": measure_hash(tensors, StreamHasher),
+                           "hash_algo": HASH_ALGO}
     drop_all = args.evict == "drop_caches"
-    raw["limits"] = _measure_limits(tensors, base, drop_all)
-    del tensors
 
     # slurmft first: it also runs the RSS-growth series and leaves a checkpoint to verify.
     slurmft = SlurmftSave(model, optimizer, base / "slurmft-run")
     rss: dict[int, int] = {}
     n_slurmft = max(args.saves, args.rss_saves - WARMUP_SAVES)
-    result = _run_method(slurmft, model, None, n_slurmft,
+    result = _run_method(slurmft, model, probe, None, n_slurmft,
                          on_saved=lambda step: rss.__setitem__(step, rss_bytes()))
     raw["methods"][slurmft.name] = {**result, "kind": "slurmft"}
-    ckpt_dir = slurmft.last_checkpoint_dir()
     raw["slurmft"] = {"rss_first": _max_int(rss[1]), "rss_last": _max_int(rss[max(rss)]),
-                      "rss_saves": max(rss), **_measure_verify(ckpt_dir, drop_all)}
+                      "rss_saves": max(rss)}
+    raw["verify"] = _measure_verify(slurmft.last_checkpoint_dir(), probe, drop_all)
     dist.barrier()
     if args.rank == 0:
         shutil.rmtree(base / "slurmft-run", ignore_errors=True)
 
-    plain = [(TorchSaveRank0(model, optimizer), "sync"), (DcpSave(model, optimizer), "sync"),
-             (dcp_async_method(model, optimizer, DCP_ASYNC_DEFAULT), "dcp_default")]
-    for method, kind in plain:
-        raw["methods"][method.name] = {**_run_method(method, model, base / "m", args.saves), "kind": kind}
-    for spec in DCP_ASYNC_CANDIDATES:  # process-based ones last: their daemon outlives the method
+    for method in (TorchSaveRank0(model, optimizer), DcpSave(model, optimizer)):
+        raw["methods"][method.name] = {**_run_method(method, model, probe, base / "m", args.saves),
+                                       "kind": "sync"}
+    # process-based ones last: their checkpoint daemon outlives the method
+    for spec in (DCP_ASYNC_DEFAULT, *DCP_ASYNC_CANDIDATES):
         method = dcp_async_method(model, optimizer, spec)
-        raw["methods"][method.name] = {**_run_method(method, model, base / "m", args.saves),
+        raw["methods"][method.name] = {**_run_method(method, model, probe, base / "m", args.saves),
                                        "kind": "dcp_async"}
+    probe.path.unlink()
     if args.rank == 0:
         Path(args.result).write_text(json.dumps(raw))
     dist.barrier()

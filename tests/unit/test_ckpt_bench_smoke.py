@@ -35,7 +35,7 @@ def test_tiny_benchmark_prints_one_json_object(tmp_path):
     assert summary["dcp_best_mode"] in methods
     assert methods[summary["dcp_best_mode"]]["kind"] == "dcp_async"
     kinds = sorted(m["kind"] for m in methods.values())
-    assert kinds.count("slurmft") == 1 and kinds.count("sync") == 2 and kinds.count("dcp_default") == 1
+    assert kinds.count("slurmft") == 1 and kinds.count("sync") == 2 and kinds.count("dcp_async") == 6
     for name, m in methods.items():
         assert 0 < m["blocking_s"] <= m["total_s"], name
     assert summary["limits"]["page_cache_eviction"] == "fadvise"  # asked for: don't drop others' caches
