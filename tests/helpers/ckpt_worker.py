@@ -8,6 +8,8 @@ Scenarios (argv[1]):
                2 steps, appending each step's loss; --kill-at K sends SIGKILL to itself at step K.
   crash        FSDP2 model whose parameters equal the step: load the latest checkpoint, check the
                parameters, then save every step until the test kills it.
+  skip         on_busy = "skip" with a save requested every step while saves are slow: every rank
+               must skip the same steps (or the ranks would deadlock in mismatched collectives).
 Rank 0 writes results as JSON lines to --out.
 """
 
@@ -160,9 +162,29 @@ def crash(args) -> None:
         time.sleep(0.01)
 
 
+def skip(args) -> None:
+    model = fsdp_model(64)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    # on_commit runs on rank 0 only: a slow one keeps rank 0 busy after rank 1 is done, so
+    # ranks deciding alone would disagree about skipping.
+    manager = CheckpointManager(args.run_dir, CheckpointConfig(on_busy="skip", keep_last=100),
+                                on_commit=lambda *_: time.sleep(0.05))
+    saved = []
+    for step in range(1, args.steps + 1):
+        time.sleep(0.02)  # the "training step": shorter than a save, so some requests find one in flight
+        if manager.save(step, state):
+            saved.append(step)
+    manager.wait()
+    views: list = [None] * dist.get_world_size()
+    dist.all_gather_object(views, {"saved": saved, "skipped": manager.skipped,
+                                   "committed": [s.step for s in manager.stats if s.committed]})
+    manager.close()
+    emit(args.out, views=views)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["reshard", "determinism", "crash"])
+    parser.add_argument("scenario", choices=["reshard", "determinism", "crash", "skip"])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=8)
@@ -172,7 +194,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=90))
     try:
-        {"reshard": reshard, "determinism": determinism, "crash": crash}[args.scenario](args)
+        {"reshard": reshard, "determinism": determinism, "crash": crash, "skip": skip}[args.scenario](args)
     finally:
         dist.destroy_process_group()
 

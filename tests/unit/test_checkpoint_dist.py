@@ -64,8 +64,9 @@ def kill(procs: list[subprocess.Popen]) -> None:
         proc.wait(timeout=30)
 
 
-def run(world: int, args: list[str], timeout: float = 120, expect_rc: int = 0) -> None:
-    procs = start(world, args)
+def run(world: int, args: list[str], timeout: float = 120, expect_rc: int = 0,
+        extra_env: dict[str, str] | None = None) -> None:
+    procs = start(world, args, extra_env)
     deadline = time.monotonic() + timeout
     try:
         for proc in procs:
@@ -114,6 +115,18 @@ def test_killed_and_resumed_run_has_identical_losses(tmp_path):
     assert [r["step"] for r in second] == list(range(second[0]["step"], steps + 1))
     for r in second:
         assert r == reference[r["step"]], (r, reference[r["step"]])
+
+
+@pytest.mark.timeout(120)
+def test_busy_skip_is_agreed_by_all_ranks(tmp_path):
+    out = tmp_path / "out.jsonl"
+    run(2, ["skip", "--run-dir", str(tmp_path), "--out", str(out), "--steps", "40"], timeout=90,
+        extra_env={FAULT_DELAY_ENV: "0.01"})  # slow saves: most requests find one in flight
+    rank0, rank1 = records(out)[0]["views"]
+    assert rank0 == rank1
+    assert rank0["skipped"] > 0 and rank0["saved"] == rank0["committed"]
+    assert rank0["saved"][0] == 1 and len(rank0["saved"]) >= 3 and len(rank0["saved"]) + rank0["skipped"] == 40
+    assert RunDir(tmp_path).committed_steps() == rank0["saved"]
 
 
 def _committed_state(run_dir: Path) -> int | None:
