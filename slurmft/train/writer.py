@@ -183,7 +183,8 @@ class CommitWriter(FileSystemWriter):
         self.faults.at("shards_synced", self.step)
         entries = tuple(self.fs.entries.values())
         self.bytes_written = sum(e.size for e in entries)
-        carrier = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0, storage_data=entries)
+        carrier = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0,
+                              storage_data=(str(self.path), entries))
         done: Future[list[WriteResult]] = Future()
         done.set_result([*results, carrier])
         return done
@@ -191,11 +192,15 @@ class CommitWriter(FileSystemWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         files: list[FileEntry] = []
         plain: list[list[WriteResult]] = []
-        for rank_results in results:
+        for rank, rank_results in enumerate(results):
             plain.append([r for r in rank_results if r.index.fqn != _FILES_FQN])
             for r in rank_results:
                 if r.index.fqn == _FILES_FQN:
-                    files.extend(r.storage_data)
+                    rank_dir, entries = r.storage_data
+                    if rank_dir != str(self.path):
+                        # DCP would happily pair up saves of different steps; never commit that.
+                        raise RuntimeError(f"rank {rank} wrote {rank_dir}, coordinator wrote {self.path}")
+                    files.extend(entries)
         super().finish(metadata, plain)
         self.faults.at("metadata_written", self.step)
         files.extend(e for e in self.fs.entries.values() if e.path == ".metadata")
