@@ -51,7 +51,9 @@ class DiskAndCopyProbe:
 
     def __init__(self, tensors: list[torch.Tensor], path: Path) -> None:
         self.tensors = tensors
-        self.path = path
+        self._base = path
+        self._writes = 0
+        self.path: Path | None = None  # the file the last write() made (read back cold later)
         self._views = _byte_views(tensors)
         self._buffers = [torch.empty_like(t) for t in tensors]
         for b in self._buffers:
@@ -67,10 +69,16 @@ class DiskAndCopyProbe:
         return _timed_on_all_ranks(copy)
 
     def write(self) -> float:
-        """Seconds to write this rank's state bytes to ``path`` and fsync it (both ranks)."""
+        """Seconds to write this rank's state bytes to a new file and fsync it (both ranks).
+
+        A new file each time (the previous one is then deleted), like a checkpoint: rewriting one
+        file in place could reuse its blocks, which a new checkpoint cannot.
+        """
+        self._writes += 1
+        previous, self.path = self.path, self._base.with_name(f"{self._base.name}.{self._writes}")
 
         def write() -> None:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 for view in self._views:
                     done = 0
@@ -80,7 +88,15 @@ class DiskAndCopyProbe:
             finally:
                 os.close(fd)
 
-        return _timed_on_all_ranks(write)
+        seconds = _timed_on_all_ranks(write)
+        if previous is not None:
+            previous.unlink()
+        return seconds
+
+    def remove(self) -> None:
+        if self.path is not None:
+            self.path.unlink()
+            self.path = None
 
 
 def _drop_caches() -> bool:

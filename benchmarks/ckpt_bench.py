@@ -147,7 +147,7 @@ def _worker(args: argparse.Namespace) -> None:
         method = dcp_async_method(model, optimizer, spec)
         raw["methods"][method.name] = {**_run_method(method, model, probe, base / "m", args.saves),
                                        "kind": "dcp_async"}
-    probe.path.unlink()
+    probe.remove()
     if args.rank == 0:
         Path(args.result).write_text(json.dumps(raw))
     dist.barrier()

@@ -146,17 +146,17 @@ def ls(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"checkpoints in {run.checkpoints}")
+    table = Table(title=f"checkpoints in {run.checkpoints}",
+                  caption="tmp: in flight or abandoned. Manifests read, checksums not: see 'verify'.")
     for column in ("step", "directory", "state", "size", "files", "age", "manifest"):
         table.add_column(column, justify="right" if column in ("step", "size", "files", "age") else "left",
-                         no_wrap=column == "directory")
+                         no_wrap=column != "manifest")
     for info in infos:
-        if info.committed:
-            state = "committed"
-            manifest = f"[red]{info.error}[/]" if info.error else "ok (not verified)"
+        state = "committed" if info.committed else "[yellow]tmp[/]"
+        if info.error:
+            manifest = f"[red]{info.error}[/]"
         else:
-            state = "[yellow]tmp: in flight or abandoned[/]"
-            manifest = f"[red]{info.error}[/]" if info.error else ("ok" if info.manifest else "-")
+            manifest = "ok" if info.manifest else "-"
         files = str(len(info.manifest.files)) if info.manifest else "-"
         table.add_row(str(info.step), info.name, state, _human_bytes(info.size_bytes), files,
                       _human_age(now - info.mtime), manifest)
@@ -330,7 +330,8 @@ def inspect(
         for column in ("key", "dtype", "shape", "size", "chunks"):
             table.add_column(column, justify="right" if column in ("size", "chunks") else "left")
         for t in described:
-            table.add_row(t.key, t.dtype, "x".join(map(str, t.shape)) or "scalar",
+            shape = "-" if t.dtype == "bytes" else ("x".join(map(str, t.shape)) or "scalar")
+            table.add_row(t.key, t.dtype, shape,
                           _human_bytes(t.nbytes) if t.nbytes is not None else "-",
                           str(t.chunks) if t.chunks is not None else "-")
         console.print(table)
