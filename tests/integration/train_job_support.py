@@ -9,6 +9,7 @@ the template cannot do itself: ``StartTime=now`` once a requeued job is PENDING 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -85,6 +86,28 @@ class TrainJob:
                 raise AssertionError(f"job {self.job_id} never reached step {step} (state "
                                      f"{job.state.value})\n{self.log_text()[-4000:]}")
             time.sleep(0.3)
+
+
+def kill_ranks(job_id: str) -> int:
+    """kill -9 every training rank of ``job_id`` (a crash: no handler runs); returns how many."""
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        argv = cmdline.split(b"\0")
+        # A rank is `python -u train_gpt.py ...` (torchrun and the bash wrapper name it later).
+        if f"SLURM_JOB_ID={job_id}".encode() in environ and str(EXAMPLE).encode() in argv[1:3]:
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
 
 
 def submit(cluster, run_dir: Path, train_args: list[str], *, nodes: int | str,

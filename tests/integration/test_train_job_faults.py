@@ -1,0 +1,148 @@
+"""Faults inside a training job on the devcluster: resume on fewer nodes, NaNs, a hung rank,
+bad input. Each ends with the documented exit code and its reason in the journal and job log."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmft import exitcodes
+from slurmft.slurm.client import JobState
+
+from train_job_support import TINY_ARGS, kill_ranks, losses, reference_losses, submit
+
+pytestmark = pytest.mark.integration
+
+
+def _exit_code(job) -> int | None:
+    return job.wait_finished(timeout=120).exit_code
+
+
+@pytest.mark.timeout(200)
+def test_crashed_three_node_run_resumes_on_two_nodes(slurm_cluster, tmp_path):
+    args = [*TINY_ARGS, "--steps", "30", "--ckpt-every", "5", "--step-sleep", "0.1"]
+    run = tmp_path / "run"
+    first = submit(slurm_cluster, run, args, nodes=3)
+    first.wait_for(lambda j: any(e.get("step") == 10 for e in first.events(["checkpoint_committed"])),
+                   90, "checkpoint of step 10")
+    first.wait_step(12, timeout=30)
+    assert kill_ranks(first.job_id) >= 3  # a crash: no handler, no emergency save
+    crashed = first.wait_finished(timeout=60)
+    assert crashed.state is JobState.FAILED and crashed.restart_count == 0
+    committed = max(e.get("step") for e in first.events(["checkpoint_committed"]))
+    ran = max(e.get("step") for e in first.events(["loss"]))
+    assert ran > committed
+
+    second = submit(slurm_cluster, run, args, nodes=2)
+    final = second.wait_finished(timeout=120)
+    assert final.state is JobState.COMPLETED, second.log_text()[-4000:]
+    starts = second.events(["segment_start"])
+    assert [(e.get("world_size"), e.get("restored_step")) for e in starts] == \
+        [(3, None), (2, committed)]
+    assert all(e.get("global_batch") == 12 for e in starts)
+
+    # The 2-node segment replays the steps after the checkpoint on the same samples.
+    events = second.events(["loss"])
+    on_three = losses([e for e in events if e.get("world_size") == 3])
+    on_two = losses([e for e in events if e.get("world_size") == 2])
+    assert sorted(on_two) == list(range(committed + 1, 31))
+    for step in range(committed + 1, ran + 1):
+        assert on_two[step][1] == on_three[step][1]  # same samples
+        assert on_two[step][0] == pytest.approx(on_three[step][0], rel=1e-4)  # other reduction order
+    # ... which are the samples an uninterrupted 2-rank run sees at every step.
+    ref = reference_losses(tmp_path / "reference", args, world_size=2)
+    seen = {**on_three, **on_two}
+    assert {s: d for s, (_, d) in seen.items()} == {s: d for s, (_, d) in ref.items()}
+
+
+@pytest.mark.timeout(90)
+def test_scancel_saves_but_the_job_stays_cancelled(slurm_cluster, tmp_path):
+    args = [*TINY_ARGS, "--steps", "200", "--ckpt-every", "50", "--step-sleep", "0.1"]
+    job = submit(slurm_cluster, tmp_path / "run", args, nodes=2)
+    job.wait_step(5, timeout=60)
+    job.client.cancel(job.job_id)
+    final = job.wait_finished(timeout=30)
+    assert final.state is JobState.CANCELLED and final.restart_count == 0
+    job.wait_for(lambda j: any(e.get("action") == "not_requeued" for e in job.events(["template"])),
+                 15, "the template's decision")
+    saved = job.events(["preemption"])[0].get("step")
+    assert saved >= 5 and [e.get("step") for e in job.events(["checkpoint_committed"])] == [saved]
+    assert job.state().state is JobState.CANCELLED  # not requeued behind our back
+
+
+@pytest.mark.timeout(120)
+def test_one_nan_rolls_back_and_training_continues(slurm_cluster, tmp_path):
+    args = [*TINY_ARGS, "--steps", "16", "--ckpt-every", "5", "--inject-nan-at", "8"]
+    job = submit(slurm_cluster, tmp_path / "run", args, nodes=2)
+    final = job.wait_finished(timeout=100)
+    assert final.state is JobState.COMPLETED, job.log_text()[-4000:]
+    trips = job.events(["guard_trip"])
+    assert [(e.get("step"), e.get("verdict")) for e in trips] == [(8, "rollback")]
+    assert "non-finite loss" in trips[0].get("reason")
+    assert [(e.get("from_step"), e.get("to_step")) for e in job.events(["rollback"])] == [(8, 5)]
+    steps = [e.get("step") for e in job.events(["loss"])]
+    assert steps == [*range(1, 8), *range(6, 17)]  # 6 and 7 redone after the rollback to 5
+
+
+@pytest.mark.timeout(120)
+def test_repeated_nans_end_the_job_with_do_not_requeue(slurm_cluster, tmp_path):
+    args = [*TINY_ARGS, "--steps", "16", "--ckpt-every", "5", "--inject-nan-at", "8",
+            "--inject-nan-times", "99", "--guard-max-trips", "3"]
+    job = submit(slurm_cluster, tmp_path / "run", args, nodes=2)
+    final = job.wait_finished(timeout=100)
+    assert final.state is JobState.FAILED and final.exit_code == exitcodes.NO_REQUEUE
+    assert final.restart_count == 0
+    verdicts = [e.get("verdict") for e in job.events(["guard_trip"])]
+    assert verdicts == ["rollback", "rollback", "give_up"]
+    end = job.events(["segment_end"])[-1]
+    assert end.get("exit_code") == exitcodes.NO_REQUEUE and "3 troubles" in end.get("reason")
+    assert "NO_REQUEUE (86)" in job.log_text() and "asked not to be requeued" in job.log_text()
+
+
+@pytest.mark.timeout(120)
+def test_hung_rank_is_ended_by_the_watchdog_with_stacks_in_the_log(slurm_cluster, tmp_path):
+    args = [*TINY_ARGS, "--steps", "50", "--ckpt-every", "5", "--watchdog-timeout", "6",
+            "--inject-hang-at", "4", "--inject-hang-rank", "1"]
+    job = submit(slurm_cluster, tmp_path / "run", args, nodes=2)
+    final = job.wait_finished(timeout=100)
+    assert final.state is JobState.FAILED and final.exit_code == exitcodes.HANG, job.log_text()[-4000:]
+    log = job.log_text()
+    assert "slurmft watchdog: step 4 has run" in log
+    assert "Thread" in log and "in main" in log  # faulthandler's all-thread dump
+    hang = job.events(["hang"])
+    assert hang and all(e.get("rank") in (0, 1) for e in hang)
+    elapsed = hang[0].time - max(e.time for e in job.events(["loss"]))
+    assert elapsed < 6 + 5
+
+
+@pytest.mark.timeout(60)
+def test_run_dir_that_is_not_a_directory_gives_up(slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    run.write_text("not a directory\n")
+    job = submit(slurm_cluster, run, [*TINY_ARGS, "--steps", "4"], nodes=2)
+    final = job.wait_finished(timeout=50)
+    assert final.state is JobState.FAILED and final.exit_code == exitcodes.NO_REQUEUE
+    assert "the run directory fails on every node" in job.log_text()
+    assert "it is not a directory" in job.log_text()
+
+
+@pytest.mark.timeout(60)
+def test_missing_run_dir_variable_gives_up(slurm_cluster, tmp_path):
+    job = submit(slurm_cluster, tmp_path / "run", [*TINY_ARGS, "--steps", "4"], nodes=1,
+                 env={"SLURMFT_RUN_DIR": ""})
+    final = job.wait_finished(timeout=50)
+    assert final.state is JobState.FAILED and final.exit_code == exitcodes.NO_REQUEUE
+    assert "SLURMFT_RUN_DIR is not set" in job.log_text()
+
+
+@pytest.mark.timeout(150)
+def test_checkpoint_of_another_model_gives_up(slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    first = submit(slurm_cluster, run, [*TINY_ARGS, "--steps", "3", "--ckpt-every", "3"], nodes=2)
+    assert first.wait_finished(timeout=90).state is JobState.COMPLETED, first.log_text()[-4000:]
+    (run / "DONE").unlink()
+    second = submit(slurm_cluster, run, [*TINY_ARGS, "--steps", "6", "--d-model", "48"], nodes=2)
+    final = second.wait_finished(timeout=90)
+    assert final.state is JobState.FAILED and final.exit_code == exitcodes.NO_REQUEUE
+    end = second.events(["segment_end"])[-1]
+    assert end.get("exit_code") == exitcodes.NO_REQUEUE and "cannot resume" in end.get("reason")
+    assert "cannot resume" in second.log_text()
