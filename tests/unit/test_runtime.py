@@ -1,0 +1,64 @@
+"""JobEnv reads the job's environment once; Segment journals start/end and exits with the code."""
+
+import pytest
+
+from slurmft import exitcodes
+from slurmft.journal import read_events
+from slurmft.rundir import RunDir
+from slurmft.train.runtime import (JobEnv, JobEnvError, RunDirError, Segment,
+                                   check_run_dir_writable, preflight)
+
+
+def test_torchrun_variables_win_over_srun_ones():
+    env = JobEnv.from_environ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                               "LOCAL_WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+                               "SLURMD_NODENAME": "n2", "SLURM_JOB_ID": "77",
+                               "SLURM_RESTART_COUNT": "2", "SLURM_JOB_NUM_NODES": "2"})
+    assert (env.rank, env.world_size, env.local_rank, env.node) == (3, 4, 1, "n2")
+    assert (env.job_id, env.restart_count, env.num_nodes) == ("77", 2, 2)
+    assert not env.is_rank0 and not env.is_node_leader
+
+
+def test_defaults_outside_slurm():
+    env = JobEnv.from_environ({})
+    assert (env.rank, env.world_size, env.job_id, env.restart_count) == (0, 1, None, 0)
+
+
+@pytest.mark.parametrize("environ, needle", [
+    ({"RANK": "x"}, "$RANK='x' is not an integer"),
+    ({"WORLD_SIZE": "0"}, "$WORLD_SIZE=0 must be >= 1"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is not below the world size 2"),
+])
+def test_bad_values_name_the_variable(environ, needle):
+    with pytest.raises(JobEnvError, match=needle.replace("$", r"\$")):
+        JobEnv.from_environ(environ)
+
+
+def test_segment_journals_start_and_end_then_exits(tmp_path):
+    env = JobEnv.from_environ({"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "1"})
+    segment = Segment(env, RunDir(tmp_path))
+    segment.started(restored_step=40)
+    barrier_calls = []
+    with pytest.raises(SystemExit) as exit_info:
+        segment.end(exitcodes.REQUEUE, "preempted", step=41, barrier=lambda: barrier_calls.append(1))
+    assert exit_info.value.code == exitcodes.REQUEUE and barrier_calls == [1]
+    start, end = read_events(RunDir(tmp_path).events)
+    assert (start.kind, start.get("restored_step"), start.get("job_id")) == ("segment_start", 40, "5")
+    assert (end.kind, end.get("exit_code"), end.get("restart_count")) == ("segment_end", 85, 1)
+
+
+def test_only_rank0_journals(tmp_path):
+    env = JobEnv.from_environ({"RANK": "1", "WORLD_SIZE": "2"})
+    Segment(env, RunDir(tmp_path)).started(restored_step=None)
+    assert not RunDir(tmp_path).events.exists()
+
+
+def test_run_dir_checks(tmp_path):
+    check_run_dir_writable(RunDir(tmp_path / "new"))
+    assert (tmp_path / "new").is_dir() and list((tmp_path / "new").iterdir()) == []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunDirError, match="not a directory"):
+        check_run_dir_writable(RunDir(tmp_path / "file"))
+    assert preflight(RunDir(tmp_path / "new"), min_free_gb=0) == []
+    problems = preflight(RunDir(tmp_path / "new"), min_free_gb=1e9)
+    assert len(problems) == 1 and problems[0].startswith("disk:")
