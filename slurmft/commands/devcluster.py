@@ -74,13 +74,15 @@ def down(dir: Path = DirOption) -> None:
     """Stop every process of the cluster and remove its files (log/ is kept)."""
     started = time.monotonic()
 
-    def stop() -> str:
-        cluster = DevCluster.attach(dir)
+    def stop() -> tuple[str, bool]:
+        cluster = DevCluster.attach(dir, running=False)
+        was_running = cluster.is_running()
         cluster.down()
-        return cluster.cluster_name
+        return cluster.cluster_name, was_running
 
-    name = _guard(stop)
-    typer.echo(f"devcluster {name} down in {time.monotonic() - started:.1f} s", err=True)
+    name, was_running = _guard(stop)
+    what = "down" if was_running else "was not running; cleaned up"
+    typer.echo(f"devcluster {name} {what} in {time.monotonic() - started:.1f} s", err=True)
 
 
 @app.command()

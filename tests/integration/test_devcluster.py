@@ -4,6 +4,7 @@ so two clusters coexist), real accounting, and a real node death through ``kill_
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,8 @@ from slurmft.slurm.devcluster import DevCluster, DevClusterError
 from slurmft.slurm.devcluster.daemons import NODE_MARK_ENV
 from slurmft.slurm.devcluster.hosts import HOSTS_FILE, parse_blocks
 from slurmft.slurm.devcluster.nodeprocs import node_processes
-from slurmft.slurm.devcluster.procs import ProcId, is_alive, read_environ, snapshot
+from slurmft.slurm.devcluster import daemons
+from slurmft.slurm.devcluster.procs import ProcId, is_alive, read_environ, snapshot, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -153,13 +155,20 @@ def test_kill_node_is_a_real_node_death(slurm_cluster: DevCluster, tmp_path: Pat
 
 
 @pytest.mark.timeout(60)
-def test_reset_cleans_jobs_and_drains(slurm_cluster: DevCluster, tmp_path: Path) -> None:
+def test_reset_cleans_jobs_drains_and_dead_daemons(slurm_cluster: DevCluster, tmp_path: Path) -> None:
     env = slurm_cluster.env
     slurm(env, "sbatch", "--parsable", "-N", "1", f"--output={tmp_path}/o", "--wrap", "sleep 300")
     slurm(env, "scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=test")
     assert "DRAIN" in slurm_cluster.nodes()["n3"].flags
+    slurm_cluster.kill_node("n4")
     started = time.monotonic()
     slurm_cluster.reset()
+    assert slurm_cluster.node_alive("n4")
+    ctld = slurm_cluster.processes()["slurmctld"]
+    os.kill(ctld.pid, signal.SIGKILL)
+    assert wait_gone([ctld], 5) == []
+    slurm_cluster.reset()  # restarts the controller from its saved state
+    assert is_alive(slurm_cluster.processes()["slurmctld"])
     assert slurm_cluster.jobs() == []
     assert all(n.idle for n in slurm_cluster.nodes().values())
     clean = time.monotonic()
@@ -172,3 +181,61 @@ def test_reset_cleans_jobs_and_drains(slurm_cluster: DevCluster, tmp_path: Path)
 def test_kill_unknown_node_is_refused(devcluster: DevCluster) -> None:
     with pytest.raises(DevClusterError, match="unknown node 'n9'; this cluster has n1, n2, n3, n4"):
         devcluster.kill_node("n9")
+
+
+@pytest.mark.timeout(120)
+def test_failed_up_stops_what_it_started(devcluster: DevCluster, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    real_services = daemons.services
+    bad_conf = tmp_path / "bad.conf"  # exists (a missing file makes slurmctld retry for 60 s)
+    bad_conf.write_text("NoSuchOption=1\n")
+
+    def broken_controller(*args, **kwargs):
+        found = real_services(*args, **kwargs)
+        ctld = found[-1]
+        assert ctld.name == "slurmctld"
+        bad = daemons.Service(ctld.name, [ctld.argv[0], "-D", "-f", str(bad_conf)],
+                              ctld.ready, ctld.what, ctld.logs)
+        return [*found[:-1], bad]
+
+    monkeypatch.setattr(daemons, "services", broken_controller)
+    cdir = tmp_path / "dc"
+    with pytest.raises(daemons.DaemonFailed) as failure:
+        DevCluster.up(cdir, nodes=1)
+    lines = str(failure.value).splitlines()
+    assert lines[0] == "slurmctld exited before listening on port " + lines[0].rsplit(" ", 1)[-1]
+    assert any("NoSuchOption" in line for line in lines[1:]), lines  # the log tail says why
+    assert not (cdir / "devcluster.json").exists()
+    assert processes_mentioning(cdir, "sft-none") == []
+    _, blocks = parse_blocks(HOSTS_FILE.read_text())
+    directories = {b.directory for b in blocks}
+    assert str(cdir) not in directories and str(devcluster.dir) in directories
+
+
+@pytest.mark.timeout(120)
+def test_up_over_a_crashed_cluster_and_down_of_a_dead_one(devcluster: DevCluster,
+                                                          tmp_path: Path) -> None:
+    cdir = tmp_path / "dc"
+    first = DevCluster.up(cdir, nodes=1)
+    try:
+        for proc in first.processes().values():  # a crash: every daemon killed, no `down`
+            os.kill(proc.pid, signal.SIGKILL)
+        assert wait_gone(first.processes().values(), 10) == []
+        second = DevCluster.up(cdir, nodes=1)
+        assert second.cluster_name != first.cluster_name
+        _, blocks = parse_blocks(HOSTS_FILE.read_text())
+        assert first.cluster_name not in {b.cluster for b in blocks}
+        for proc in second.processes().values():
+            os.kill(proc.pid, signal.SIGKILL)
+        assert wait_gone(second.processes().values(), 10) == []
+        with pytest.raises(DevClusterError, match="is not running"):
+            DevCluster.attach(cdir)
+        stopped = cli("down", "--dir", str(cdir))
+        assert stopped.returncode == 0, stopped.stderr
+        assert "was not running; cleaned up" in stopped.stderr
+        assert not (cdir / "devcluster.json").exists()
+        _, blocks = parse_blocks(HOSTS_FILE.read_text())
+        assert second.cluster_name not in {b.cluster for b in blocks}
+    finally:
+        if (cdir / "devcluster.json").exists():
+            DevCluster.attach(cdir, running=False).down()

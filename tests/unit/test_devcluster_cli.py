@@ -54,3 +54,14 @@ def test_env_and_down_without_a_cluster(tmp_path: Path) -> None:
         assert result.exit_code == 1
         assert result.output == (f"slurmft devcluster: no devcluster in {tmp_path} "
                                  "(devcluster.json not found)\n")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("with space", "must not contain spaces, quotes, '#' or '='"),
+    ("x" * 90, "too long, socket paths under it would exceed 107 bytes"),
+])
+def test_unusable_dir(tmp_path: Path, name: str, message: str) -> None:
+    result = run("up", "--dir", str(tmp_path / name))
+    assert result.exit_code == 1
+    assert result.output.startswith(f"slurmft devcluster: --dir {tmp_path / name}: {message}")
+    assert not (tmp_path / name).exists()

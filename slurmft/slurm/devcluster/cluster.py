@@ -16,14 +16,15 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
+from slurmft.rundir import atomic_write_bytes
 from slurmft.slurm.devcluster import daemons, hosts, query
 from slurmft.slurm.devcluster.errors import DevClusterError
 from slurmft.slurm.devcluster.layout import ClusterState, Layout, load_state
 from slurmft.slurm.devcluster.nodeprocs import kill_node_tree
 from slurmft.slurm.devcluster.ports import choose_ports
-from slurmft.slurm.devcluster.procs import ProcId, is_alive, terminate
+from slurmft.slurm.devcluster.procs import ProcId, is_alive, reap_if_child, terminate
 from slurmft.slurm.devcluster.release import Binaries, mariadb_version, slurm_version
 from slurmft.slurm.devcluster.render import ConfSpec, render_slurm_conf, render_slurmdbd_conf
 
@@ -37,8 +38,10 @@ IDLE_TIMEOUT_S = 60.0
 STOP_GRACE_S = 15.0
 CPUS_PER_NODE = min(2, os.cpu_count() or 1)
 MEMORY_MB_PER_NODE = 1000
-# Order matters for ``down``: nodes first (they talk to slurmctld), the database last.
-SERVICE_ORDER = ("slurmctld", "slurmdbd", "mariadbd", "munged")
+# sun_path is 108 bytes; munged and mariadbd put their sockets under the cluster dir.
+SOCKET_PATH_MAX = 107
+# ``down`` stops nodes first (they talk to slurmctld), then these, the database last.
+SERVICE_STOP_ORDER = ("slurmctld", "slurmdbd", "mariadbd", "munged")
 
 
 def slurmd_key(node: str) -> str:
@@ -56,9 +59,22 @@ def check_node_count(nodes: int) -> None:
         raise DevClusterError(f"--nodes {nodes}: must be between 1 and {MAX_NODES}")
 
 
+def check_dir(layout: Layout) -> None:
+    """The directory ends up in slurm.conf (space-separated) and in unix socket paths."""
+    text = str(layout.root)
+    if any(c.isspace() or c in "#=\"'" for c in text):
+        raise DevClusterError(f"--dir {text}: must not contain spaces, quotes, '#' or '='")
+    longest = max(len(str(p).encode()) for p in (layout.munge_socket, layout.mysql_socket))
+    if longest > SOCKET_PATH_MAX:
+        raise DevClusterError(f"--dir {text}: too long, socket paths under it would exceed "
+                              f"{SOCKET_PATH_MAX} bytes; use a shorter directory")
+    if layout.root.exists() and not layout.root.is_dir():
+        raise DevClusterError(f"--dir {text}: exists and is not a directory")
+
+
 @contextmanager
 def dir_lock(layout: Layout) -> Iterator[None]:
-    """Serialise up/down/reset on one directory (two ``up`` racing on D must not both start)."""
+    """Serialise up/down on one directory (two ``up`` racing on D must not both start)."""
     layout.root.mkdir(parents=True, exist_ok=True)
     with open(layout.lock_file, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -70,7 +86,7 @@ def live_processes(state: ClusterState) -> dict[str, ProcId]:
 
 
 def _remove_owned_files(layout: Layout) -> None:
-    """Remove everything ``up`` created except logs (and the lock, still held)."""
+    """Remove everything ``up`` created except logs (and the lock file)."""
     for path in (layout.munge_dir, layout.run_dir, layout.state_dir, layout.spool_root,
                  layout.mysql_datadir.parent):
         shutil.rmtree(path, ignore_errors=True)
@@ -79,7 +95,7 @@ def _remove_owned_files(layout: Layout) -> None:
 
 
 class DevCluster:
-    """A running devcluster. Get one with :meth:`up` or :meth:`attach`."""
+    """A devcluster recorded in a directory. Get one with :meth:`up` or :meth:`attach`."""
 
     def __init__(self, layout: Layout, state: ClusterState, binaries: Binaries) -> None:
         self._layout = layout
@@ -108,6 +124,10 @@ class DevCluster:
         return self._layout.slurm_conf
 
     @property
+    def log_dir(self) -> Path:
+        return self._layout.log_dir
+
+    @property
     def env(self) -> dict[str, str]:
         """Environment overlay for Slurm commands (sbatch, squeue, ...) against this cluster."""
         return {"SLURM_CONF": str(self._layout.slurm_conf)}
@@ -119,8 +139,8 @@ class DevCluster:
         """The daemons this cluster started, by name (``slurmctld``, ``slurmd-n1``, ...)."""
         return dict(self._state.processes)
 
-    def _client_env(self) -> dict[str, str]:
-        return {**os.environ, **self.env}
+    def is_running(self) -> bool:
+        return bool(live_processes(self._state))
 
     # -- life cycle ----------------------------------------------------------------------
     @classmethod
@@ -129,9 +149,13 @@ class DevCluster:
            timeout: float = UP_TIMEOUT_S) -> "DevCluster":
         """Start a cluster of ``nodes`` nodes (n1..nN) in ``dir``; return once all are IDLE."""
         check_node_count(nodes)
+        layout = Layout(Path(dir).absolute())
+        check_dir(layout)
         require_root()
         bins = Binaries.find()
-        layout = Layout(Path(dir).absolute())
+        versions = (slurm_version(bins), mariadb_version(bins))
+        node_names = [f"n{i}" for i in range(1, nodes + 1)]
+        ports = choose_ports(node_names, port_base)
         with dir_lock(layout):
             if layout.state_file.exists():
                 old = load_state(layout)
@@ -141,32 +165,29 @@ class DevCluster:
                                           f"--dir {layout.root}` first")
                 hosts.remove_cluster(old.cluster_name)
             _remove_owned_files(layout)
-            node_names = [f"n{i}" for i in range(1, nodes + 1)]
-            state = ClusterState(
-                cluster_name=f"sft{secrets.token_hex(4)}", node_names=node_names,
-                ports=choose_ports(node_names, port_base), slurm_version=slurm_version(bins),
-                daemon_env=dict(daemon_env or {}))
+            shutil.rmtree(layout.log_dir, ignore_errors=True)  # a new cluster, new logs
+            state = ClusterState(cluster_name=f"sft{secrets.token_hex(4)}",
+                                 node_names=node_names, ports=ports, slurm_version=versions[0],
+                                 daemon_env=dict(daemon_env or {}))
             cluster = cls(layout, state, bins)
             try:
-                cluster._start(mariadb_version(bins), timeout)
+                cluster._start(versions[1], timeout)
             except BaseException:
                 cluster._stop_all()
                 raise
             return cluster
 
     @classmethod
-    def attach(cls, dir: str | os.PathLike[str]) -> "DevCluster":
-        """The cluster recorded in ``dir`` (error if none, or if none of its daemons runs)."""
+    def attach(cls, dir: str | os.PathLike[str], *, running: bool = True) -> "DevCluster":
+        """The cluster recorded in ``dir``. With ``running`` (the default) it is an error when
+        none of its daemons is alive; ``running=False`` is for cleaning up after a crash."""
         layout = Layout(Path(dir).absolute())
         state = load_state(layout)
         cluster = cls(layout, state, Binaries.find())
-        if not live_processes(state):
-            raise DevClusterError(f"the devcluster in {layout.root} is not running "
-                                  "(no recorded daemon is alive); run `up` again")
+        if running and not cluster.is_running():
+            raise DevClusterError(f"the devcluster in {layout.root} is not running (no recorded "
+                                  "daemon is alive); `down` cleans it up, `up` starts a new one")
         return cluster
-
-    def is_running(self) -> bool:
-        return bool(live_processes(self._state))
 
     def down(self) -> None:
         """Stop every process of this cluster, remove its /etc/hosts block and its files
@@ -175,14 +196,26 @@ class DevCluster:
             self._stop_all()
 
     def _daemon_env(self, node: str | None = None) -> dict[str, str]:
-        env = {**os.environ, **self._state.daemon_env, **self.env}
+        env = {**daemons.base_env(os.environ), **self._state.daemon_env, **self.env}
         if node is not None:
             env[daemons.NODE_MARK_ENV] = f"{self.cluster_name}:{node}"
         return env
 
+    def _client_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
     def _record(self, name: str, proc: ProcId) -> None:
         self._state.processes[name] = proc
         self._state.save(self._layout)
+
+    def _services(self, mariadb_ver: tuple[int, int, int]) -> dict[str, daemons.Service]:
+        found = daemons.services(self._bins, self._layout, self._state.ports, mariadb_ver)
+        return {service.name: service for service in found}
+
+    def _spawn(self, service: daemons.Service) -> ProcId:
+        proc = daemons.spawn(self._layout, service.name, service.argv, self._daemon_env())
+        self._record(service.name, proc)
+        return proc
 
     def _start(self, mariadb_ver: tuple[int, int, int], timeout: float) -> None:
         lay, st, bins = self._layout, self._state, self._bins
@@ -200,51 +233,33 @@ class DevCluster:
         spec = ConfSpec(layout=lay, cluster_name=st.cluster_name, node_names=st.node_names,
                         ports=st.ports, cpus_per_node=CPUS_PER_NODE,
                         memory_mb_per_node=MEMORY_MB_PER_NODE, db_password=password)
-        from slurmft.rundir import atomic_write_bytes
-
         atomic_write_bytes(lay.slurm_conf, render_slurm_conf(spec).encode())
         atomic_write_bytes(lay.slurmdbd_conf, render_slurmdbd_conf(spec).encode(), mode=0o600)
         daemons.write_munge_key(lay)
+        services = self._services(mariadb_ver)
         env = self._daemon_env()
 
-        munged = daemons.spawn(lay, "munged", daemons.munged_argv(bins, lay), env)
-        self._record("munged", munged)
-        daemons.install_mariadb(bins, lay, env)
-        daemons.wait_ready("munged", munged, lambda: daemons.unix_socket_accepts(lay.munge_socket),
-                           left(), [lay.log("munged"), daemons.out_file(lay, "munged")],
-                           "its socket accepts connections")
-
-        argv = daemons.mariadbd_argv(bins, lay, st.ports.mysql, mariadb_ver)
-        mariadbd = daemons.spawn(lay, "mariadbd", argv, env)
-        self._record("mariadbd", mariadbd)
-        daemons.wait_ready("mariadbd", mariadbd,
-                           lambda: daemons.unix_socket_accepts(lay.mysql_socket), left(),
-                           [lay.log("mariadbd"), daemons.out_file(lay, "mariadbd")],
-                           "its socket accepts connections")
+        munged = self._spawn(services["munged"])
+        daemons.install_mariadb(bins, lay, env)  # meanwhile munged comes up
+        self._wait_service(services["munged"], munged, left())
+        self._wait_service(services["mariadbd"], self._spawn(services["mariadbd"]), left())
         daemons.bootstrap_database(bins, lay, password, env)
-
-        slurmdbd = daemons.spawn(lay, "slurmdbd", daemons.slurmdbd_argv(bins), env)
-        self._record("slurmdbd", slurmdbd)
-        daemons.wait_ready("slurmdbd", slurmdbd, lambda: daemons.tcp_accepts(st.ports.slurmdbd),
-                           left(), [lay.log("slurmdbd"), daemons.out_file(lay, "slurmdbd")],
-                           f"listening on port {st.ports.slurmdbd}")
-
-        slurmctld = daemons.spawn(lay, "slurmctld", daemons.slurmctld_argv(bins, lay), env)
-        self._record("slurmctld", slurmctld)
-        daemons.wait_ready("slurmctld", slurmctld,
-                           lambda: daemons.tcp_accepts(st.ports.slurmctld), left(),
-                           [lay.log("slurmctld"), daemons.out_file(lay, "slurmctld")],
-                           f"listening on port {st.ports.slurmctld}")
+        for name in ("slurmdbd", "slurmctld"):
+            self._wait_service(services[name], self._spawn(services[name]), left())
         for node in st.node_names:
             self._spawn_slurmd(node)
-        self.wait_nodes_idle(left())
+        self._wait_nodes(lambda n: n.idle, left(), "every node IDLE", watch_slurmds=True)
         st.ready = True
         st.save(lay)
 
+    @staticmethod
+    def _wait_service(service: daemons.Service, proc: ProcId, timeout: float) -> None:
+        daemons.wait_until(service.name, proc, service.ready, timeout, service.logs, service.what)
+
     def _spawn_slurmd(self, node: str) -> ProcId:
         key = slurmd_key(node)
-        proc = daemons.spawn(self._layout, key, daemons.slurmd_argv(self._bins, self._layout, node),
-                             self._daemon_env(node))
+        argv = daemons.slurmd_argv(self._bins, self._layout, node)
+        proc = daemons.spawn(self._layout, key, argv, self._daemon_env(node))
         self._record(key, proc)
         return proc
 
@@ -255,7 +270,7 @@ class DevCluster:
         for node in st.node_names:
             stubborn += kill_node_tree(st.cluster_name, node, st.processes.get(slurmd_key(node)),
                                        daemons.NODE_MARK_ENV)
-        for name in SERVICE_ORDER:
+        for name in SERVICE_STOP_ORDER:
             if name in st.processes:
                 stubborn += terminate([st.processes[name]], STOP_GRACE_S)
         hosts.remove_cluster(st.cluster_name)
@@ -281,8 +296,11 @@ class DevCluster:
                                   + ", ".join(str(p.pid) for p in left))
 
     def node_alive(self, name: str) -> bool:
+        """Whether the node's slurmd process runs (not what the controller thinks)."""
         self._check_node(name)
         proc = self._state.processes.get(slurmd_key(name))
+        if proc is not None:
+            reap_if_child(proc.pid)
         return proc is not None and is_alive(proc)
 
     def start_node(self, name: str, wait_timeout: float | None = 30.0) -> None:
@@ -303,16 +321,24 @@ class DevCluster:
     def wait_nodes_idle(self, timeout: float = IDLE_TIMEOUT_S) -> None:
         self._wait_nodes(lambda n: n.idle, timeout, "every node IDLE")
 
-    def _wait_nodes(self, ok, timeout: float, what: str) -> None:
+    def _wait_nodes(self, ok: Callable[[query.NodeStatus], bool], timeout: float, what: str,
+                    watch_slurmds: bool = False) -> None:
         deadline = time.monotonic() + timeout
         last: dict[str, query.NodeStatus] = {}
         while True:
             try:
                 last = self.nodes()
             except DevClusterError:
-                last = {}  # the controller may still be starting: keep polling until deadline
+                last = {}  # the controller may be (re)starting: keep polling until the deadline
             if len(last) == len(self._state.node_names) and all(ok(n) for n in last.values()):
                 return
+            if watch_slurmds:
+                for node in self._state.node_names:
+                    if not self.node_alive(node):
+                        logs = [daemons.node_log(self._layout, node),
+                                daemons.out_file(self._layout, slurmd_key(node))]
+                        raise daemons.DaemonFailed(f"slurmd of {node} exited before {what}\n"
+                                                   + daemons.log_tail(logs))
             if time.monotonic() >= deadline:
                 seen = ", ".join(f"{n.name}={n.describe()}" for n in last.values()) or "no answer"
                 raise DevClusterError(f"timed out after {timeout:.0f} s waiting for {what} "
@@ -320,22 +346,33 @@ class DevCluster:
             time.sleep(0.2)
 
     def reset(self, timeout: float = IDLE_TIMEOUT_S) -> None:
-        """Back to a clean cluster: cancel every job, restart dead slurmds, resume nodes that
+        """Back to a clean cluster: restart dead daemons, cancel every job, resume nodes that
         are drained or down, wait until every node is IDLE. Cheap when already clean."""
-        env = self._client_env()
+        self._restart_dead_services(timeout)
         queued = self.jobs()
         nodes = self.nodes()
-        if not queued and all(n.idle for n in nodes.values()) and len(nodes) == len(self.node_names):
+        if (not queued and len(nodes) == len(self.node_names)
+                and all(n.idle for n in nodes.values())
+                and all(self.node_alive(n) for n in self.node_names)):
             return
+        env = self._client_env()
         query.cancel(self._bins.scancel, [j.job_id for j in queued], env)
         for name in self.node_names:
             if not self.node_alive(name):
                 self.start_node(name, wait_timeout=None)
-        for name in self.node_names:
-            status = nodes.get(name)
-            if status is not None and (status.state == "DOWN" or "DRAIN" in status.flags):
+        for name, status in nodes.items():
+            if status.state == "DOWN" or "DRAIN" in status.flags:
                 query.resume_node(self._bins.scontrol, name, env)
         self.wait_nodes_idle(timeout)
+
+    def _restart_dead_services(self, timeout: float) -> None:
+        procs = self._state.processes
+        dead = [n for n in reversed(SERVICE_STOP_ORDER) if n not in procs or not is_alive(procs[n])]
+        if not dead:
+            return
+        services = self._services(mariadb_version(self._bins))
+        for name in dead:
+            self._wait_service(services[name], self._spawn(services[name]), timeout)
 
 
 def _block_is_stale(block: hosts.Block) -> bool:

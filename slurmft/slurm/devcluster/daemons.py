@@ -14,11 +14,12 @@ import secrets
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 from slurmft.slurm.devcluster.errors import DevClusterError
-from slurmft.slurm.devcluster.layout import Layout
+from slurmft.slurm.devcluster.layout import Layout, Ports
 from slurmft.slurm.devcluster.procs import ProcId, identify, is_alive, reap_if_child
 from slurmft.slurm.devcluster.release import Binaries, mariadbd_release_args
 from slurmft.slurm.devcluster.render import render_db_bootstrap_sql
@@ -73,14 +74,11 @@ def spawn(layout: Layout, name: str, argv: list[str], env: Mapping[str, str]) ->
     return ident
 
 
-def wait_ready(name: str, proc: ProcId, ready: Callable[[], bool], timeout: float,
-               logs: list[Path], what: str) -> float:
-    """Poll ``ready()`` until true; fail early when ``proc`` dies. Returns seconds waited."""
-    start = time.monotonic()
-    deadline = start + timeout
-    while True:
-        if ready():
-            return time.monotonic() - start
+def wait_until(name: str, proc: ProcId, ready: Callable[[], bool], timeout: float,
+               logs: list[Path], what: str) -> None:
+    """Poll ``ready()`` until true; fail early, with the log tail, when ``proc`` dies."""
+    deadline = time.monotonic() + timeout
+    while not ready():
         reap_if_child(proc.pid)
         if not is_alive(proc):
             raise DaemonFailed(f"{name} exited before {what}\n{log_tail(logs)}")
@@ -88,6 +86,13 @@ def wait_ready(name: str, proc: ProcId, ready: Callable[[], bool], timeout: floa
             raise DaemonFailed(f"{name} did not reach '{what}' within {timeout:.0f} s\n"
                                f"{log_tail(logs)}")
         time.sleep(POLL_S)
+
+
+def base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment minus anything Slurm- or devcluster-specific: a daemon started
+    from inside a job of another cluster must not carry that job's identity (or node mark)."""
+    return {k: v for k, v in environ.items()
+            if not k.startswith(("SLURM_", "SLURMD_")) and k != NODE_MARK_ENV}
 
 
 def unix_socket_accepts(path: Path) -> bool:
@@ -169,16 +174,41 @@ def bootstrap_database(bins: Binaries, layout: Layout, password: str,
         raise DaemonFailed(f"creating the slurm database user failed: {done.stderr.strip()}")
 
 
-def slurmdbd_argv(bins: Binaries) -> list[str]:
-    return [bins.slurmdbd, "-D"]
-
-
-def slurmctld_argv(bins: Binaries, layout: Layout) -> list[str]:
-    return [bins.slurmctld, "-D", "-f", str(layout.slurm_conf)]
-
-
 def slurmd_argv(bins: Binaries, layout: Layout, node: str) -> list[str]:
     return [bins.slurmd, "-D", "-N", node, "-f", str(layout.slurm_conf)]
+
+
+@dataclass(frozen=True)
+class Service:
+    """One of the cluster-wide daemons: how to start it and how to tell it serves."""
+
+    name: str
+    argv: list[str]
+    ready: Callable[[], bool]
+    what: str  # the readiness condition, for error messages
+    logs: list[Path]
+
+
+def services(bins: Binaries, layout: Layout, ports: Ports,
+             mariadb_version: tuple[int, int, int]) -> list[Service]:
+    """munged, mariadbd, slurmdbd, slurmctld, in start order (each needs the ones before)."""
+
+    def logs(name: str) -> list[Path]:
+        return [layout.log(name), out_file(layout, name)]
+
+    return [
+        Service("munged", munged_argv(bins, layout),
+                lambda: unix_socket_accepts(layout.munge_socket),
+                "its socket accepts connections", logs("munged")),
+        Service("mariadbd", mariadbd_argv(bins, layout, ports.mysql, mariadb_version),
+                lambda: unix_socket_accepts(layout.mysql_socket),
+                "its socket accepts connections", logs("mariadbd")),
+        Service("slurmdbd", [bins.slurmdbd, "-D"], lambda: tcp_accepts(ports.slurmdbd),
+                f"listening on port {ports.slurmdbd}", logs("slurmdbd")),
+        Service("slurmctld", [bins.slurmctld, "-D", "-f", str(layout.slurm_conf)],
+                lambda: tcp_accepts(ports.slurmctld),
+                f"listening on port {ports.slurmctld}", logs("slurmctld")),
+    ]
 
 
 def node_log(layout: Layout, node: str) -> Path:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from slurmft.slurm.devcluster.errors import DevClusterError
+
 HOSTS_FILE = Path("/etc/hosts")
 MARK = "slurmft-devcluster"
 ADDRESS = "127.0.0.1"
@@ -112,16 +114,19 @@ def without_block(text: str, cluster: str) -> str:
 
 def _rewrite(path: Path, edit: Callable[[str], str]) -> None:
     """Apply ``edit`` to the file's text in place, holding an exclusive lock on it."""
-    with open(path, "r+", encoding="utf-8") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        old = fh.read()
-        new = edit(old)
-        if new != old:
-            fh.seek(0)
-            fh.write(new)
-            fh.truncate()
-            fh.flush()
-            os.fsync(fh.fileno())
+    try:
+        with open(path, "r+", encoding="utf-8") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            old = fh.read()
+            new = edit(old)
+            if new != old:
+                fh.seek(0)
+                fh.write(new)
+                fh.truncate()
+                fh.flush()
+                os.fsync(fh.fileno())
+    except OSError as exc:
+        raise DevClusterError(f"cannot edit {path}: {exc.strerror}") from None
 
 
 def hostname_resolves(name: str) -> bool:
