@@ -41,6 +41,11 @@ class SaveMethod:
     def finish(self) -> None:
         """Block until the last started save is durable (synchronous methods are already)."""
 
+    def committed_after_s(self) -> float | None:
+        """Seconds from ``start`` to durable as the method itself timed it, if it keeps such stats
+        (so work it does after committing, e.g. retention, is not counted); None: use the wall clock."""
+        return None
+
     def close(self) -> None:
         """Release buffers, threads and processes this method holds."""
 

@@ -40,6 +40,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "kind": m["kind"], "measured_saves": len(saves), "extra_mem_bytes": m["extra_mem_bytes"],
             "blocking_s": _median(x["blocking_s"] for x in saves),
             "total_s": _median(x["total_s"] for x in saves),
+            "until_finish_returned_s": _median(x["until_finish_returned_s"] for x in saves),
             "blocking_vs_copy": _median(x["blocking_s"] / x["copy_s"] for x in saves),
             "total_vs_write": _median(x["total_s"] / x["write_s"] for x in saves),
         }

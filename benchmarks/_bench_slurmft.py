@@ -34,6 +34,12 @@ class SlurmftSave(SaveMethod):
     def finish(self) -> None:
         self._manager.wait()
 
+    def committed_after_s(self) -> float | None:
+        last = self._manager.stats[-1]
+        if last.step != self._last_step or not last.committed:
+            raise RuntimeError(f"slurmft save of step {self._last_step} did not commit: {last.error}")
+        return last.total_s
+
     def close(self) -> None:
         self._manager.close()
 

@@ -56,12 +56,15 @@ def _run_method(method, model, probe, base: Path | None, saves: int, *,
             t_block = time.perf_counter()
             method.finish()
             t_done = time.perf_counter()
-            blocking, total = max_across_ranks(t_block - t0), max_across_ranks(t_done - t0)
+            committed = method.committed_after_s()
+            blocking = max_across_ranks(t_block - t0)
+            total = max_across_ranks(committed if committed is not None else t_done - t0)
+            wall = max_across_ranks(t_done - t0)
             if on_saved is not None:
                 on_saved(i + 1)
             if i >= WARMUP_SAVES:
-                measured.append({"blocking_s": blocking, "total_s": total, "copy_s": copy_s,
-                                 "write_s": write_s})
+                measured.append({"blocking_s": blocking, "total_s": total, "until_finish_returned_s": wall,
+                                 "copy_s": copy_s, "write_s": write_s})
             dist.barrier()
             if path is not None and dist.get_rank() == 0:
                 shutil.rmtree(path, ignore_errors=True)
