@@ -39,6 +39,7 @@ def test_usr2_twice_requeues_and_resumes_bit_for_bit(slurm_cluster, tmp_path, re
     final = job.wait_finished(timeout=90)
     assert final.state is JobState.COMPLETED, job.log_text()[-4000:]
     assert final.restart_count == 2
+    assert final.run_dir == tmp_path / "run"  # the template put it in the job comment for the watcher
     assert (tmp_path / "run" / "DONE").exists()
     got = losses(job.events())
     assert sorted(got) == list(range(1, STEPS + 1))
