@@ -17,10 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from slurmft.slurm.devcluster import DEFAULT_NODES, MAX_NODES, DevCluster, DevClusterError
-from slurmft.slurm.devcluster.release import daemon_env_from_pairs, version_string
+from slurmft.slurm.devcluster.release import (
+    DAEMON_ENV_VAR, daemon_env_from_pairs, version_string,
+)
 
 DEFAULT_DIR = Path(".devcluster")
-DAEMON_ENV_VAR = "SLURMFT_DEVCLUSTER_DAEMON_ENV"
 
 app = typer.Typer(help="A throwaway real Slurm cluster (munge, slurmdbd, slurmctld, N slurmd) "
                        "on 127.0.0.1, for tests and demos. Needs root.",
@@ -48,8 +49,8 @@ def up(
         None, "--port-base", help="First of the N+4 consecutive ports to use (default: a free "
                                   "block chosen at random)."),
     daemon_env: List[str] = typer.Option(
-        [], "--daemon-env", envvar=DAEMON_ENV_VAR,
-        help="KEY=VALUE added to every daemon's environment (repeatable; from "
+        [], "--daemon-env",
+        help="KEY=VALUE added to every daemon's environment (repeatable; default: "
              f"${DAEMON_ENV_VAR}, whitespace-separated), e.g. LD_LIBRARY_PATH for slurmdbd."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for the cluster."),
 ) -> None:
@@ -57,7 +58,7 @@ def up(
     started = time.monotonic()
 
     def start() -> DevCluster:
-        env = daemon_env_from_pairs(daemon_env)
+        env = daemon_env_from_pairs(daemon_env) if daemon_env else None
         return DevCluster.up(dir, nodes=nodes, port_base=port_base, daemon_env=env,
                              timeout=timeout)
 

@@ -216,8 +216,9 @@ def test_failed_up_stops_what_it_started(devcluster: DevCluster, tmp_path: Path,
 def test_up_over_a_crashed_cluster_and_down_of_a_dead_one(devcluster: DevCluster,
                                                           tmp_path: Path) -> None:
     cdir = tmp_path / "dc"
-    first = DevCluster.up(cdir, nodes=1)
+    first = DevCluster.up(cdir, nodes=1, daemon_env={"SLURMFT_TEST_EXTRA": "yes"})
     try:
+        assert read_environ(first.processes()["slurmdbd"].pid)["SLURMFT_TEST_EXTRA"] == "yes"
         for proc in first.processes().values():  # a crash: every daemon killed, no `down`
             os.kill(proc.pid, signal.SIGKILL)
         assert wait_gone(first.processes().values(), 10) == []

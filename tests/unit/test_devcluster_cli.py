@@ -65,3 +65,11 @@ def test_unusable_dir(tmp_path: Path, name: str, message: str) -> None:
     assert result.exit_code == 1
     assert result.output.startswith(f"slurmft devcluster: --dir {tmp_path / name}: {message}")
     assert not (tmp_path / name).exists()
+
+
+def test_bad_daemon_env_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMFT_DEVCLUSTER_DAEMON_ENV", "LD_LIBRARY_PATH=/x =y")
+    result = run("up", "--dir", str(tmp_path / "d"))
+    assert result.exit_code == 1
+    assert result.output == "slurmft devcluster: daemon environment entry '=y' is not KEY=VALUE\n"
+    assert not (tmp_path / "d").exists()

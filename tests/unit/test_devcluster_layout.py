@@ -57,3 +57,17 @@ def test_daemon_env_pairs() -> None:
     assert daemon_env_from_pairs(["LD_LIBRARY_PATH=/a:/b", "X="]) == {"LD_LIBRARY_PATH": "/a:/b", "X": ""}
     with pytest.raises(DevClusterError, match="'1X=2' is not KEY=VALUE"):
         daemon_env_from_pairs(["1X=2"])
+
+
+def test_daemon_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurmft.slurm.devcluster.cluster import DevCluster
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")  # `up` run from inside another cluster's job
+    monkeypatch.setenv("SLURMFT_DEVCLUSTER_NODE", "other:n1")
+    state = ClusterState("sfta", ["n1"], ports_from_base(21000, ["n1"]), (22, 5, 8),
+                         daemon_env={"LD_LIBRARY_PATH": "/opt/lib"})
+    cluster = DevCluster(Layout(tmp_path), state, binaries=None)  # type: ignore[arg-type]
+    env = cluster._daemon_env()
+    assert env["LD_LIBRARY_PATH"] == "/opt/lib" and env["SLURM_CONF"] == str(tmp_path / "slurm.conf")
+    assert "SLURM_JOB_ID" not in env and "SLURMFT_DEVCLUSTER_NODE" not in env
+    assert cluster._daemon_env("n1")["SLURMFT_DEVCLUSTER_NODE"] == "sfta:n1"

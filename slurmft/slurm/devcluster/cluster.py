@@ -25,7 +25,9 @@ from slurmft.slurm.devcluster.layout import ClusterState, Layout, load_state
 from slurmft.slurm.devcluster.nodeprocs import kill_node_tree
 from slurmft.slurm.devcluster.ports import choose_ports
 from slurmft.slurm.devcluster.procs import ProcId, is_alive, reap_if_child, terminate
-from slurmft.slurm.devcluster.release import Binaries, mariadb_version, slurm_version
+from slurmft.slurm.devcluster.release import (
+    Binaries, daemon_env_from_environ, mariadb_version, slurm_version,
+)
 from slurmft.slurm.devcluster.render import ConfSpec, render_slurm_conf, render_slurmdbd_conf
 
 DEFAULT_NODES = 3
@@ -147,8 +149,12 @@ class DevCluster:
     def up(cls, dir: str | os.PathLike[str], nodes: int = DEFAULT_NODES, *,
            port_base: int | None = None, daemon_env: Mapping[str, str] | None = None,
            timeout: float = UP_TIMEOUT_S) -> "DevCluster":
-        """Start a cluster of ``nodes`` nodes (n1..nN) in ``dir``; return once all are IDLE."""
+        """Start a cluster of ``nodes`` nodes (n1..nN) in ``dir``; return once all are IDLE.
+        ``daemon_env`` is added to every daemon's environment (default: from
+        ``$SLURMFT_DEVCLUSTER_DAEMON_ENV``)."""
         check_node_count(nodes)
+        if daemon_env is None:
+            daemon_env = daemon_env_from_environ(os.environ)
         layout = Layout(Path(dir).absolute())
         check_dir(layout)
         require_root()

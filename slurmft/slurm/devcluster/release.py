@@ -12,9 +12,11 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from typing import Mapping
 
 from slurmft.slurm.devcluster.errors import DevClusterError
 
+DAEMON_ENV_VAR = "SLURMFT_DEVCLUSTER_DAEMON_ENV"
 INSTALL_HINT = "apt-get install slurm-wlm slurmdbd munge mariadb-server (or: make install)"
 VERSION_TIMEOUT_S = 15.0
 
@@ -118,6 +120,13 @@ def daemon_env_from_pairs(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
             raise DevClusterError(f"daemon environment entry {pair!r} is not KEY=VALUE")
         env[key] = value
     return env
+
+
+def daemon_env_from_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """Extra daemon environment from ``$SLURMFT_DEVCLUSTER_DAEMON_ENV`` (whitespace-separated
+    KEY=VALUE pairs), used when the caller passes none: e.g. the test matrix's sid chroot sets
+    ``LD_LIBRARY_PATH`` for slurmdbd this way."""
+    return daemon_env_from_pairs(environ.get(DAEMON_ENV_VAR, "").split())
 
 
 def version_string(version: tuple[int, int, int]) -> str:
