@@ -47,14 +47,23 @@ def node_processes(cluster: str, node: str, slurmd: ProcId | None, mark_env: str
 
 
 def kill_node_tree(cluster: str, node: str, slurmd: ProcId | None, mark_env: str) -> list[ProcId]:
-    """SIGKILL the node's whole tree, repeating while new members appear (a task may fork while
-    we look); returns what could not be killed (empty on success)."""
+    """SIGKILL the node's whole tree as one event; returns what could not be killed.
+
+    The tree is frozen (SIGSTOP) before anything dies: killed one process at a time, a
+    slurmstepd could see its task die and report a failed job to slurmctld before it died
+    itself, which is not what a node death looks like. Frozen processes cannot fork either, so
+    a second look after the freeze finds every member."""
     left: list[ProcId] = []
     for _ in range(KILL_PASSES):
         procs = node_processes(cluster, node, slurmd, mark_env)
         if not procs:
             return []
         for proc in procs:
+            send(proc, signal.SIGSTOP)
+        frozen = node_processes(cluster, node, slurmd, mark_env)
+        for proc in frozen:
+            send(proc, signal.SIGSTOP)
+        for proc in frozen:
             send(proc, signal.SIGKILL)
-        left = wait_gone(procs, 5.0)
+        left = wait_gone(frozen, 5.0)
     return left
