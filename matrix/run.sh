@@ -54,7 +54,7 @@ mkdir -p "$results" "$cache"
 exec 9>>"$cache/.lock"
 if ! flock -n 9; then
   log "another matrix run holds $cache/.lock; waiting for it (up to 1 h)"
-  flock -w 3600 9 || die "$cache is still locked by another matrix run after 1 h"
+  flock -w 3600 9 || die "could not lock $cache/.lock (another matrix run still holds it?)"
 fi
 
 # rm -rf of a tree with something mounted below it would delete the host's files through the
