@@ -205,7 +205,9 @@ def services(bins: Binaries, layout: Layout, ports: Ports,
                 "its socket accepts connections", logs("mariadbd")),
         Service("slurmdbd", [bins.slurmdbd, "-D"], lambda: tcp_accepts(ports.slurmdbd),
                 f"listening on port {ports.slurmdbd}", logs("slurmdbd")),
-        Service("slurmctld", [bins.slurmctld, "-D", "-f", str(layout.slurm_conf)],
+        # -i: a controller restarted after a crash (reset() after kill -9) must come up from
+        # whatever state it had saved; 26.05 is fatal on a missing assoc_usage file without it.
+        Service("slurmctld", [bins.slurmctld, "-D", "-i", "-f", str(layout.slurm_conf)],
                 lambda: tcp_accepts(ports.slurmctld),
                 f"listening on port {ports.slurmctld}", logs("slurmctld")),
     ]

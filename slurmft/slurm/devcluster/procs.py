@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable
 
 PROC = "/proc"
 
@@ -146,18 +146,3 @@ def terminate(procs: Iterable[ProcId], grace: float) -> list[ProcId]:
     for proc in left:
         send(proc, signal.SIGKILL)
     return wait_gone(left, 5.0)
-
-
-def kill_now(procs: Iterable[ProcId]) -> list[ProcId]:
-    """SIGKILL at once (a simulated crash); return what is still alive after 5 s."""
-    procs = list(procs)
-    for proc in procs:
-        send(proc, signal.SIGKILL)
-    return wait_gone(procs, 5.0)
-
-
-def iter_identities(pids: Iterable[int]) -> Iterator[ProcId]:
-    for pid in pids:
-        ident = identify(pid)
-        if ident is not None:
-            yield ident
