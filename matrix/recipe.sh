@@ -21,13 +21,6 @@ suite=$1 dest=$2
 [[ ! -e $dest ]] || die "DEST '$dest' already exists"
 [[ $(id -u) == 0 ]] || die "needs root (debootstrap, chroot)"
 
-# sid's libmariadb3 (1:11.8.x) makes slurmdbd 26.05 fail at start (error 5027); trixie's works.
-# The library is unpacked beside the system one and named in /etc/slurmft-matrix/env, which
-# matrix/run.sh exports inside the rootfs (slurmdbd is the only user of libmariadb there).
-extra_libmariadb_from() {
-  case $1 in sid|unstable) echo trixie ;; *) echo "" ;; esac
-}
-
 in_root() {  # run a command chrooted in $dest, in a throwaway mount+pid namespace
   unshare --mount --pid --fork --kill-child -- bash -euc '
     root=$1; shift
@@ -52,20 +45,8 @@ echo 'Acquire::Check-Valid-Until "false";' >"$dest/etc/apt/apt.conf.d/99slurmft-
 in_root apt-get update -qq
 in_root apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
 
+# Where matrix/run.sh keeps its stamps (recipe and venv hashes) in the rootfs.
 mkdir -p "$dest/etc/slurmft-matrix"
-: >"$dest/etc/slurmft-matrix/env"
-donor=$(extra_libmariadb_from "$suite")
-if [[ -n $donor ]]; then
-  echo "deb $MIRROR $donor main" >"$dest/etc/apt/sources.list.d/slurmft-$donor.list"
-  in_root apt-get update -qq
-  in_root bash -euc "mkdir -p /opt/slurmft && cd /tmp && apt-get download -qq libmariadb3/$donor && \
-    dpkg-deb -x libmariadb3_*.deb /opt/slurmft/$donor-libmariadb && rm libmariadb3_*.deb"
-  rm "$dest/etc/apt/sources.list.d/slurmft-$donor.list"
-  in_root apt-get update -qq
-  libdir=$(cd "$dest" && dirname "$(find "opt/slurmft/$donor-libmariadb" -name libmariadb.so.3 | head -n1)")
-  [[ -n $libdir && $libdir != . ]] || die "no libmariadb.so.3 in $donor's libmariadb3"
-  echo "LD_LIBRARY_PATH=/$libdir" >>"$dest/etc/slurmft-matrix/env"
-fi
 
 in_root apt-get clean
 rm -rf "$dest/var/lib/apt/lists/"*

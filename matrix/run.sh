@@ -146,11 +146,9 @@ run_tests() {
     git ls-files -z --cached --others --exclude-standard \
       | while IFS= read -r -d "" f; do [[ -e $f ]] && printf "%s\0" "$f"; done \
       | tar --null -T - -cf - | tar -xf - -C "$root/src"
-    env_file=$root/etc/slurmft-matrix/env
-    mapfile -t extra_env < <(grep -v "^#" "$env_file" | grep . || true)
     in_chroot() {
       chroot "$root" /usr/bin/env -i PATH="$venv/bin:/usr/sbin:/usr/bin:/sbin:/bin" HOME=/root \
-        LANG=C.UTF-8 "${extra_env[@]}" SLURMFT_MATRIX_REPORT="/results/$suite.jsonl" "$@"
+        LANG=C.UTF-8 SLURMFT_MATRIX_REPORT="/results/$suite.jsonl" "$@"
     }
     in_chroot "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-index \
       --no-build-isolation -e /src >/dev/null
