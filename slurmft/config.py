@@ -187,5 +187,6 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
-        return from_mapping(hint, value, where.strip("[]").replace("] ", "."))
+        # "[sweep] checks[0]" -> section "sweep.checks[0]", so nested errors read "[sweep.checks[0]] key".
+        return from_mapping(hint, value, where.lstrip("[").replace("] ", ".", 1))
     return value

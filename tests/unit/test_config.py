@@ -57,3 +57,20 @@ def test_env_list_and_path(tmp_path):
     got = load_section(Demo, "demo", config_file=write(tmp_path, ""),
                        environ={"SLURMFT_DEMO_PATHS": "/a, /b", "SLURMFT_DEMO_WHERE": "/x"})
     assert got.paths == ("/a", "/b") and got.where == Path("/x")
+
+
+@dataclass(frozen=True)
+class Inner:
+    argv: tuple[str, ...] = ()
+    timeout: float = 1.0
+
+
+@dataclass(frozen=True)
+class Outer:
+    inner: Inner = Inner()
+
+
+def test_nested_error_label_is_balanced(tmp_path):
+    cfg = write(tmp_path, '[outer.inner]\ntimeout = "soon"\n')
+    with pytest.raises(ConfigError, match=r"^\[outer\.inner\] timeout must be a number"):
+        load_section(Outer, "outer", config_file=cfg, environ={})
