@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps venv test test-unit test-integration test-matrix bench clean
+.PHONY: install system-deps venv demo test test-unit test-integration test-matrix bench clean
 
 install: system-deps venv
 
@@ -28,6 +28,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q -e ".[train,dev]"
 	touch $@
+
+# The main job: a real training job on a throwaway devcluster, preempted, requeued, resumed.
+demo: venv
+	bash examples/demo.sh
 
 # pytest exits 5 when it collected nothing: that is a failure for us, not a pass.
 test: venv

@@ -50,6 +50,9 @@ class RunDir:
 
     root: Path
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
     @classmethod
     def from_env(cls) -> "RunDir":
         value = os.environ.get(RUN_DIR_ENV)

@@ -40,3 +40,7 @@ def test_atomic_write_failure_keeps_old(tmp_path):
         atomic_write_json(target, {"x": object()})
     assert read_json(target) == {"x": 1}
     assert os.listdir(tmp_path) == ["state.json"]
+
+
+def test_rundir_accepts_a_string(tmp_path):
+    assert RunDir(str(tmp_path)).checkpoints == tmp_path / "checkpoints"
