@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -28,46 +28,17 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from slurmft.config import load_section
 from slurmft.rundir import RunDir
+from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.groups import CheckpointGroups
 from slurmft.train.manifest import read_manifest, verify_checkpoint
-from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
+from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
 from slurmft.train.staging import Stager
 from slurmft.train.state import RNG, TrainState
 from slurmft.train.writer import CommitWriter, FaultPlan
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """``[checkpoint]`` settings (slurmft.toml, ``SLURMFT_CHECKPOINT_<FIELD>``, or overrides)."""
-
-    interval: int = 500  # steps between periodic saves (see CheckpointManager.due)
-    keep_last: int = 3
-    keep_every: int | None = None
-    milestones: tuple[int, ...] = ()
-    on_busy: Literal["wait", "skip"] = "wait"
-    thread_count: int = 1  # writer threads per rank (files per rank)
-    timeout_s: float = 1800.0  # collectives of the checkpoint groups
-
-    def __post_init__(self) -> None:
-        if self.interval < 1:
-            raise ValueError(f"interval must be >= 1, got {self.interval}")
-        if self.thread_count < 1:
-            raise ValueError(f"thread_count must be >= 1, got {self.thread_count}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        self.retention()  # validates keep_last / keep_every / milestones
-
-    def retention(self) -> RetentionPolicy:
-        return RetentionPolicy(self.keep_last, self.keep_every, frozenset(self.milestones))
-
-    @classmethod
-    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> "CheckpointConfig":
-        return load_section(cls, "checkpoint", config_file=config_file, overrides=overrides)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,49 @@
+"""``[checkpoint]`` settings: the one dataclass the training job and ``slurmft ckpt prune`` share.
+
+Torch-free on purpose: the cluster side (``slurmft ckpt prune`` on a login node) reads the same
+section the job reads, so an admin prunes with exactly the job's retention policy. Values come
+from the usual layers (:mod:`slurmft.config`): defaults < slurmft.toml < ``SLURMFT_CHECKPOINT_*``
+< overrides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from slurmft.config import load_section
+from slurmft.train.retention import RetentionPolicy
+
+SECTION = "checkpoint"
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """``[checkpoint]`` settings (slurmft.toml, ``SLURMFT_CHECKPOINT_<FIELD>``, or overrides)."""
+
+    interval: int = 500  # steps between periodic saves (see CheckpointManager.due)
+    keep_last: int = 3
+    keep_every: int | None = None
+    milestones: tuple[int, ...] = ()
+    on_busy: Literal["wait", "skip"] = "wait"
+    thread_count: int = 1  # writer threads per rank (files per rank)
+    timeout_s: float = 1800.0  # collectives of the checkpoint groups
+
+    def __post_init__(self) -> None:
+        if self.interval < 1:
+            raise ValueError(f"interval must be >= 1, got {self.interval}")
+        if self.thread_count < 1:
+            raise ValueError(f"thread_count must be >= 1, got {self.thread_count}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        self.retention()  # validates keep_last / keep_every / milestones
+
+    def retention(self) -> RetentionPolicy:
+        return RetentionPolicy(self.keep_last, self.keep_every, frozenset(self.milestones))
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
+             **overrides: Any) -> "CheckpointConfig":
+        """Defaults < ``[checkpoint]`` of the config file < environment < ``overrides`` (None = not given)."""
+        return load_section(cls, SECTION, config_file=config_file, environ=environ, overrides=overrides)
