@@ -9,7 +9,9 @@ Layering:
   * defaults are the dataclass defaults;
   * ``slurmft.toml``: the file named by ``--config`` or ``$SLURMFT_CONFIG``, else ``./slurmft.toml``
     when present; one TOML table per component (``[sweep]``, ``[checkpoint]``...);
-  * environment: ``SLURMFT_<SECTION>_<FIELD>`` (upper case), parsed as the field's type;
+  * environment: ``SLURMFT_<SECTION>_<FIELD>`` (upper case), parsed as the field's type; only
+    these strings are split on commas for list fields (a TOML list stays a list, and a TOML string
+    given for a list field is an error);
   * CLI flags: passed by the command as ``overrides`` (``None`` means "not given").
 """
 
@@ -85,19 +87,26 @@ def load_section(
     env = os.environ if environ is None else environ
     prefix = f"SLURMFT_{section.upper()}_"
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    from_env = set()
     for key, raw in env.items():
         if key.startswith(prefix):
             field = key[len(prefix):].lower()
             if field in names:
                 values[field] = raw
+                from_env.add(field)
     for key, value in (overrides or {}).items():
         if value is not None:
             values[key] = value
-    return from_mapping(cls, values, section)
+            from_env.discard(key)
+    return from_mapping(cls, values, section, env_keys=frozenset(from_env))
 
 
-def from_mapping(cls: type[T], data: Mapping[str, Any], section: str) -> T:
-    """Validate ``data`` against dataclass ``cls``; every error names ``[section] key``."""
+def from_mapping(cls: type[T], data: Mapping[str, Any], section: str, *,
+                 env_keys: frozenset[str] = frozenset()) -> T:
+    """Validate ``data`` against dataclass ``cls``; every error names ``[section] key``.
+
+    ``env_keys``: the keys whose values are environment strings (lists are comma-separated there).
+    """
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -105,7 +114,8 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], section: str) -> T:
             f"[{section}] unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(fields))}"
         )
     hints = typing.get_type_hints(cls)
-    kwargs = {name: coerce(value, hints[name], f"[{section}] {name}") for name, value in data.items()}
+    kwargs = {name: coerce(value, hints[name], f"[{section}] {name}", from_env=name in env_keys)
+              for name, value in data.items()}
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as exc:
@@ -115,8 +125,11 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], section: str) -> T:
     return obj
 
 
-def coerce(value: Any, hint: Any, where: str) -> Any:
-    """Convert a TOML/env value to the annotated type, or raise ConfigError naming ``where``."""
+def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
+    """Convert a TOML/env value to the annotated type, or raise ConfigError naming ``where``.
+
+    ``from_env``: ``value`` is an environment string, where a list is written ``a,b,c``.
+    """
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -127,7 +140,7 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return coerce(value, arg, where)
+                return coerce(value, arg, where, from_env=from_env)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
@@ -136,7 +149,7 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
             return value
         raise ConfigError(f"{where} must be one of {', '.join(map(repr, args))}, got {value!r}")
     if origin in (tuple, list):
-        if isinstance(value, str):
+        if from_env and isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list, got {type(value).__name__}")

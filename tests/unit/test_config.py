@@ -74,3 +74,41 @@ def test_nested_error_label_is_balanced(tmp_path):
     cfg = write(tmp_path, '[outer.inner]\ntimeout = "soon"\n')
     with pytest.raises(ConfigError, match=r"^\[outer\.inner\] timeout must be a number"):
         load_section(Outer, "outer", config_file=cfg, environ={})
+
+
+def test_toml_list_stays_a_list_even_with_commas_inside(tmp_path):
+    cfg = write(tmp_path, '[demo]\npaths = ["/a,b", "/c"]\n')
+    assert load_section(Demo, "demo", config_file=cfg, environ={}).paths == ("/a,b", "/c")
+
+
+def test_toml_string_for_a_list_field_is_an_error_naming_the_key(tmp_path):
+    cfg = write(tmp_path, '[demo]\npaths = "/a, /b"\n')
+    with pytest.raises(ConfigError, match=r"^\[demo\] paths must be a list, got str$"):
+        load_section(Demo, "demo", config_file=cfg, environ={})
+
+
+def test_only_environment_strings_are_split(tmp_path):
+    cfg = write(tmp_path, '[demo]\npaths = ["/toml"]\n')
+    got = load_section(Demo, "demo", config_file=cfg, environ={"SLURMFT_DEMO_PATHS": "/x,/y"})
+    assert got.paths == ("/x", "/y")
+    # an override replaces the environment value and is not split: it must already be a list
+    with pytest.raises(ConfigError, match=r"\[demo\] paths must be a list"):
+        load_section(Demo, "demo", config_file=cfg, environ={"SLURMFT_DEMO_PATHS": "/x,/y"},
+                     overrides={"paths": "/o,/p"})
+    got = load_section(Demo, "demo", config_file=cfg, environ={"SLURMFT_DEMO_PATHS": "/x,/y"},
+                       overrides={"paths": ["/o"]})
+    assert got.paths == ("/o",)
+
+
+@dataclass(frozen=True)
+class Steps:
+    milestones: tuple[int, ...] | None = None
+
+
+def test_env_list_items_are_parsed_as_their_type_and_named_on_error(tmp_path):
+    cfg = write(tmp_path, "")
+    assert load_section(Steps, "s", config_file=cfg, environ={"SLURMFT_S_MILESTONES": "10, 20"}).milestones == (10, 20)
+    with pytest.raises(ConfigError, match=r"\[s\] milestones\[1\] must be an integer, got 'x'"):
+        load_section(Steps, "s", config_file=cfg, environ={"SLURMFT_S_MILESTONES": "10,x"})
+    with pytest.raises(ConfigError, match=r"\[s\] milestones must be a list, got str"):
+        load_section(Steps, "s", config_file=write(tmp_path, '[s]\nmilestones = "10"\n'), environ={})

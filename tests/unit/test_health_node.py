@@ -100,7 +100,7 @@ def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"argv\[0\] '/no/such/nhc' does not exist"):
         load_health_config(cfg, environ={})
     cfg.write_text('[[health_external.commands]]\nname = "nhc"\nargv = "nhc -a"\n')  # a string, not argv
-    with pytest.raises(ConfigError, match=r"argv\[0\] 'nhc -a' does not exist"):
+    with pytest.raises(ConfigError, match=r"\[health_external\.commands\[0\]\] argv must be a list, got str"):
         load_health_config(cfg, environ={})
     cfg.write_text('[health_node]\nmemory_min_available_gib = "lots"\n')
     with pytest.raises(ConfigError, match=r"\[health_node\] memory_min_available_gib must be a number"):

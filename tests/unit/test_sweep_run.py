@@ -133,7 +133,7 @@ def test_sweep_config_rejects_bad_share(tmp_path):
     f.write_text("[sweep]\nmax_drain_share = 1.5\n")
     with pytest.raises(ConfigError, match=r"\[sweep\] max_drain_share must be between 0 and 1"):
         load_section(SweepConfig, "sweep", config_file=f, environ={})
-    f.write_text('[sweep]\nchecks = "gpu_ecc"\nfact_timeout_s = "soon"\n')
+    f.write_text('[sweep]\nchecks = ["gpu_ecc"]\nfact_timeout_s = "soon"\n')
     with pytest.raises(ConfigError, match=r"\[sweep\] fact_timeout_s must be a number"):
         load_section(SweepConfig, "sweep", config_file=f, environ={})
 
