@@ -15,6 +15,7 @@ with DCP (resharding to the current world size). None left means a fresh start, 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -123,6 +124,8 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._last_committed: int | None = None
         self.skipped = 0
+        self._saves_started = 0
+        self._tmp_nonce = self._groups.broadcast(secrets.token_hex(8) if self._groups.is_coordinator else None)
         if self._groups.is_coordinator:
             self.run.checkpoints.mkdir(parents=True, exist_ok=True)
 
@@ -155,12 +158,21 @@ class CheckpointManager:
         if self._groups.closed:
             raise RuntimeError("CheckpointManager.save called after close()")
         entered = time.perf_counter()
-        busy, tmp_id = self._groups.agree_busy_and_tmp_id(self._in_flight())
-        if busy and self.config.on_busy == "skip" and not block:
-            self.skipped += 1
-            if self._groups.is_coordinator:
-                log.info("checkpoint step %d skipped: the previous save is still in flight", step)
-            return False
+        if self.config.on_busy == "skip" and not block:
+            # Skipping must be unanimous: one all-reduce of "still busy?" (and a fresh tmp id).
+            busy, tmp_id = self._groups.agree_busy_and_tmp_id(self._in_flight())
+            if busy:
+                self.skipped += 1
+                if self._groups.is_coordinator:
+                    log.info("checkpoint step %d skipped: the previous save is still in flight", step)
+                return False
+        else:
+            # Every rank waits for its own previous save, so no collective is needed here: the
+            # tmp id comes from a nonce agreed at construction and the per-manager save count,
+            # identical on every rank as long as they all call save() (the contract). A rank
+            # that did not would be caught by CommitWriter.finish, which refuses mixed dirs.
+            self._saves_started += 1
+            tmp_id = f"{self._tmp_nonce}-{self._saves_started:x}"
         waiting = time.perf_counter()
         self.wait()
         waited_s = time.perf_counter() - waiting

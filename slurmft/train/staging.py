@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 import torch
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed._state_dict_utils import _copy_state_dict
 from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,25 @@ def _signature(obj: Any, path: str = "") -> Signature:
     return ((path, "value"),)  # ints, floats, strings: copied by value, not buffered
 
 
+def _empty_host_like(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+    return torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu", pin_memory=pin)
+
+
+def _allocate_like(obj: Any, pin: bool) -> Any:
+    """Host buffers with ``obj``'s structure; values that are not tensors are kept as they are."""
+    if isinstance(obj, DTensor):
+        # Same spec (mesh, placements, global shape) around a host-side local tensor, as DCP's
+        # stager produces; DTensor.from_local would move the buffer to the mesh's device.
+        return DTensor(_empty_host_like(obj._local_tensor, pin), obj._spec, requires_grad=False)
+    if isinstance(obj, torch.Tensor):
+        return _empty_host_like(obj, pin)
+    if isinstance(obj, dict):
+        return {key: _allocate_like(value, pin) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_allocate_like(value, pin) for value in obj)
+    return obj
+
+
 def _uses_cuda(signature: Signature) -> bool:
     return any(entry[-1] == "cuda" for entry in signature if entry[1] in ("tensor", "dtensor"))
 
@@ -63,7 +82,7 @@ class Stager:
                 log.info("checkpoint state structure changed; re-allocating staging buffers")
             self._pinned = _uses_cuda(signature)
             self._buffers = None  # drop the old buffers before allocating the new ones
-            self._buffers = _create_cpu_state_dict(state_dict, pin_memory=self._pinned)
+            self._buffers = _allocate_like(state_dict, self._pinned)
             self._signature = signature
             self.allocations += 1
         assert self._buffers is not None  # set just above; not user-triggerable

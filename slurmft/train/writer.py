@@ -2,9 +2,10 @@
 
 ``CommitWriter`` is a ``FileSystemWriter`` writing into ``step_N.tmp-<id>``:
 
-* every file is checksummed while it is written (the stream DCP writes to is wrapped), so no
-  byte is read back; each rank's write results carry its ``FileEntry`` list to the coordinator;
-* each rank fsyncs its files (DCP's ``sync_files``) and then the directory;
+* each rank writes its shard file(s) in DCP's layout through :mod:`slurmft.train.shard_writer`,
+  which checksums every byte on its way to the file (nothing is read back) and fsyncs it; the
+  rank then fsyncs the directory, and its write results carry its ``FileEntry`` list to the
+  coordinator;
 * the coordinator's ``finish`` strips the file entries (so ``.metadata`` stays plain DCP metadata
   that ``dcp.load`` and ``format_utils`` read without slurmft), lets DCP write ``.metadata``,
   writes ``manifest.json``, renames the tmp dir to ``step_N`` and fsyncs the parent. DCP runs
@@ -19,12 +20,11 @@ the file named by ``SLURMFT_CKPT_FAULT_MARK``) so a test can kill -9 it exactly 
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import random
 import threading
 import time
-
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Generator
@@ -32,13 +32,14 @@ from typing import Any, Generator
 import torch
 from torch.futures import Future
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystem, _split_by_size_and_type
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
 from slurmft.rundir import fsync_dir
-from slurmft.train.manifest import FileEntry, StreamHasher, build_manifest, tmp_dirname, write_manifest
+from slurmft.train.manifest import FileEntry, build_manifest, tmp_dirname, write_manifest
+from slurmft.train.shard_writer import ShardStream, write_shard_file
 
 # Rank-local phases run on every rank; the others on the coordinator only, in this order.
 PHASES = ("write", "shards_written", "shards_synced", "metadata_written", "manifest_written",
@@ -80,70 +81,33 @@ class FaultPlan:
                 time.sleep(60)
 
 
-class _HashingStream(io.RawIOBase):
-    """A write-only file wrapper that checksums every byte on its way to the file."""
-
-    def __init__(self, raw: io.BufferedWriter, on_first_write: Any) -> None:
-        super().__init__()
-        self._raw = raw
-        self.hasher = StreamHasher()
-        self._on_first_write = on_first_write
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        written = self._raw.write(view)
-        self.hasher.update(view[:written])
-        if self._on_first_write is not None:
-            callback, self._on_first_write = self._on_first_write, None
-            callback()
-        return written
-
-    def tell(self) -> int:
-        return self.hasher.size
-
-    def fileno(self) -> int:
-        # DCP calls os.fsync(stream.fileno()) before closing the stream; without this flush the
-        # buffered tail of the file (up to one buffer) would reach the kernel only after fsync.
-        self._raw.flush()
-        return self._raw.fileno()
-
-    def flush(self) -> None:
-        if not self._raw.closed:
-            self._raw.flush()
-
-    def close(self) -> None:
-        if not self.closed:
-            self._raw.close()
-        super().close()
-
-
 class _HashingFileSystem(FileSystem):
     """DCP's local FileSystem, recording a FileEntry for every file written under ``root``."""
 
-    def __init__(self, root: Path, on_first_write: Any) -> None:
+    def __init__(self, root: Path) -> None:
         self.root = root
         self.entries: dict[str, FileEntry] = {}
         self._lock = threading.Lock()
-        self._on_first_write = on_first_write
+
+    def record(self, entry: FileEntry) -> None:
+        with self._lock:
+            self.entries[entry.path] = entry
 
     def _rel(self, path: Any) -> str:
         return Path(path).relative_to(self.root).as_posix()
 
     @contextmanager
-    def create_stream(self, path: Any, mode: str) -> Generator[io.IOBase, None, None]:
+    def create_stream(self, path: Any, mode: str) -> Generator[Any, None, None]:
         if "w" not in mode:
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        with open(path, mode) as raw:
-            stream = _HashingStream(raw, self._on_first_write)
+        stream = ShardStream(Path(path))
+        try:
             yield stream
-        entry = FileEntry(self._rel(path), stream.hasher.size, stream.hasher.hexdigest())
-        with self._lock:
-            self.entries[entry.path] = entry
+        finally:
+            stream.close()
+        self.record(FileEntry(self._rel(path), stream.hasher.size, stream.hasher.hexdigest()))
 
     def rename(self, path: Any, new_path: Any) -> None:
         super().rename(path, new_path)
@@ -169,7 +133,7 @@ class CommitWriter(FileSystemWriter):
         self.job_id = job_id
         self.restart_count = restart_count
         self.faults = faults or FaultPlan()
-        self.fs = _HashingFileSystem(Path(self.path), lambda: self.faults.at("write", step))
+        self.fs = _HashingFileSystem(Path(self.path))
         self.bytes_written = 0
 
     def storage_meta(self) -> StorageMeta | None:
@@ -177,7 +141,25 @@ class CommitWriter(FileSystemWriter):
         return StorageMeta(checkpoint_id=str(self.final_dir), save_id=self.save_id)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        results = super().write_data(plan, planner).value()  # DCP's filesystem writer is synchronous
+        # DCP's own write_data would do the same split into files (one per writer thread), but
+        # through torch.save with its CRC-32 and a buffered stream; see slurmft.train.shard_writer.
+        prefix = plan.storage_data.prefix
+        jobs = [(f"{prefix}{i}{DEFAULT_SUFFIX}", items)
+                for i, items in enumerate(_split_by_size_and_type(self.thread_count, plan.items))]
+
+        def write(job: tuple[str, list[Any]]) -> list[WriteResult]:
+            name, items = job
+            written = write_shard_file(Path(self.path) / name, name, items, planner,
+                                       on_first_write=lambda: self.faults.at("write", self.step))
+            self.fs.record(written.entry)
+            return written.results
+
+        if len(jobs) == 1:
+            per_file = [write(jobs[0])]
+        else:
+            with ThreadPoolExecutor(len(jobs), thread_name_prefix="slurmft-shard") as pool:
+                per_file = list(pool.map(write, jobs))
+        results = [r for file_results in per_file for r in file_results]
         self.faults.at("shards_written", self.step)
         fsync_dir(Path(self.path))
         self.faults.at("shards_synced", self.step)
