@@ -1,9 +1,10 @@
 """Staging: copy live model/optimizer state into host buffers that are allocated once and reused.
 
 The training loop is blocked only while this copy runs; the background writer then reads the
-copy while training changes the live parameters. Buffers come from DCP's own helpers
-(``_create_cpu_state_dict``, pinned when CUDA is in use, so device-to-host copies are fast and
-asynchronous) and are refilled with ``_copy_state_dict``. They are re-allocated only when the
+copy while training changes the live parameters. Buffers are one empty host tensor per state
+tensor, pinned when CUDA is in use (so device-to-host copies are fast and asynchronous), allocated
+here rather than by DCP's ``_create_cpu_state_dict``, which deep-copies every CPU DTensor first (a
+transient second copy of the state); they are refilled with DCP's ``_copy_state_dict``. They are re-allocated only when the
 state's structure changes (e.g. optimizer state appears after the first step), so memory does not
 grow from save to save; ``allocations`` counts how often that happened.
 """
