@@ -4,7 +4,9 @@ Two jobs, both pure file reading:
   deps PYPROJECT            print the requirements a matrix venv needs (core + ``dev`` extra),
                             one per line, as pyproject.toml declares them;
   report RESULTS SUITE...   print, from the run's junit XML and measurement journals, one table
-                            of test outcomes per suite and one table of measured release behaviour.
+                            of test outcomes per suite and one table of measured release behaviour,
+                            then one ``matrix: FAILED <suite> ...`` line per failed, errored or
+                            skipped test and per suite without results; exit 1 if there is any.
 
 A measurement journal (``RESULTS/<suite>.jsonl``) holds one JSON object per line,
 ``{"feature": ..., "value": ...}``, appended by the integration tests through ``$SLURMFT_MATRIX_REPORT``.
@@ -37,6 +39,34 @@ def junit_counts(xml_path: Path) -> dict[str, int]:
             counts[key] += int(suite.get(key, 0))
     counts["time"] = round(sum(float(s.get("time", 0)) for s in suites))
     return counts
+
+
+def problems(xml_path: Path) -> list[str]:
+    """``path::test: what`` for every test that did not pass (failure, error, skip), and a line
+    when nothing ran. The matrix exists to run these tests on a release: a skip tested nothing."""
+    root = ET.parse(xml_path).getroot()
+    found = []
+    for case in root.iter("testcase"):
+        test = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "?")
+        for outcome in case:
+            if outcome.tag in ("failure", "error", "skipped"):
+                message = (outcome.get("message") or "").strip().splitlines()[:1]
+                found.append(f"{test}: {outcome.tag}" + (f": {message[0][:200]}" if message else ""))
+    if junit_counts(xml_path)["tests"] == 0:
+        found.append("no test ran")
+    return found
+
+
+def verdict_lines(results: Path, suites: list[str]) -> list[str]:
+    lines = []
+    for suite in suites:
+        xml_path = results / f"{suite}.xml"
+        release = read_journal(results / f"{suite}.jsonl").get("slurm release", "?")
+        if not xml_path.exists():
+            lines.append(f"matrix: FAILED {suite}: no test results (rootfs, venv or pytest start failed)")
+            continue
+        lines += [f"matrix: FAILED {suite} (Slurm {release}): {p}" for p in problems(xml_path)]
+    return lines
 
 
 def read_journal(path: Path) -> dict[str, str]:
@@ -95,7 +125,11 @@ def main(argv: list[str]) -> int:
         if features:
             print()
             print("\n".join(features))
-        return 0
+        failed = verdict_lines(results, suites)
+        if failed:
+            print()
+            print("\n".join(failed))
+        return 1 if failed else 0
     print("usage: helper.py deps PYPROJECT | report RESULTS_DIR SUITE...", file=sys.stderr)
     return 2
 
