@@ -10,7 +10,12 @@ checkpoint until it has been renamed. Exit codes:
 
   0  done; every checkpoint checked is intact
   1  a checkpoint failed verification (each problem printed, one line per file)
-  2  bad input: not a run directory, no such checkpoint, a tmp dir, an unreadable/newer manifest
+  2  bad input: not a run directory, no such checkpoint, a tmp dir, an unreadable manifest, a bad
+     ``[checkpoint]`` setting; or a manifest written by a newer slurmft (upgrade slurmft): such a
+     checkpoint is not called corrupt, and ``prune`` deletes nothing while one is present
+
+``prune`` applies the retention policy of the ``[checkpoint]`` section that the training job reads
+(slurmft.toml, ``SLURMFT_CHECKPOINT_*``); its flags override single settings.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from typing import NoReturn, Optional
 
 import typer
 
+from slurmft.config import ConfigError, find_config_file
 from slurmft.rundir import STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
-from slurmft.train.manifest import (MANIFEST_NAME, CheckpointInfo, Manifest, ManifestError, VerifyReport,
-                                    list_checkpoints, parse_tmp_dirname, read_manifest, verify_checkpoint)
+from slurmft.train.ckpt_config import CheckpointConfig
+from slurmft.train.manifest import (MANIFEST_NAME, CheckpointInfo, Manifest, ManifestError, ManifestVersionError,
+                                    VerifyReport, list_checkpoints, parse_tmp_dirname, read_manifest,
+                                    verify_checkpoint)
 from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
 
 EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2
@@ -126,7 +134,7 @@ def _info_json(info: CheckpointInfo, now: float) -> dict:
         "size_bytes": info.size_bytes, "age_s": round(now - info.mtime, 3),
         "files": len(m.files) if m else None, "world_size": m.world_size if m else None,
         "created_at": m.created_at if m else None, "manifest_ok": m is not None and info.error is None,
-        "error": info.error,
+        "error": info.error, "newer_format": info.newer_format,
     }
 
 
@@ -142,7 +150,20 @@ def ls(
     if as_json:
         print(json.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now) for i in infos]},
                          indent=2))
-        return
+    else:
+        _print_ls_table(run, infos, now)
+    _fail_if_newer_format(infos)
+
+
+def _fail_if_newer_format(infos: list[CheckpointInfo], consequence: str = "") -> None:
+    """Exit 2 naming the first checkpoint whose manifest a newer slurmft wrote."""
+    newer = [i for i in infos if i.newer_format]
+    if newer:
+        more = f" (and {len(newer) - 1} more)" if len(newer) > 1 else ""
+        _fail(f"{newer[0].error}{more}{consequence}")
+
+
+def _print_ls_table(run: RunDir, infos: list[CheckpointInfo], now: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -153,7 +174,9 @@ def ls(
                          no_wrap=column != "manifest")
     for info in infos:
         state = "committed" if info.committed else "[yellow]tmp[/]"
-        if info.error:
+        if info.newer_format:
+            manifest = "[yellow]written by a newer slurmft: upgrade slurmft[/]"
+        elif info.error:
             manifest = f"[red]{info.error}[/]"
         else:
             manifest = "ok" if info.manifest else "-"
@@ -211,7 +234,10 @@ def verify(
     results = []
     for path in targets:
         started = time.perf_counter()
-        report = verify_with_progress(path, quiet=as_json)
+        try:
+            report = verify_with_progress(path, quiet=as_json)
+        except ManifestVersionError as exc:
+            _fail(str(exc))
         results.append((report, time.perf_counter() - started))
     bad = [r for r, _ in results if not r.ok]
     if as_json:
@@ -246,24 +272,53 @@ def newest_valid_step(run: RunDir, steps: list[int], *, say=print) -> int | None
     return None
 
 
+def retention_policy(config: Optional[Path], keep_last: Optional[int], keep_every: Optional[int],
+                     milestones: Optional[list[int]]) -> tuple[RetentionPolicy, Optional[Path]]:
+    """The job's ``[checkpoint]`` retention with the given flags on top, and the config file read."""
+    try:
+        source = find_config_file(config)
+        settings = CheckpointConfig.load(source, keep_last=keep_last, keep_every=keep_every,
+                                         milestones=tuple(milestones) if milestones else None)
+    except ConfigError as exc:
+        _fail(str(exc))
+    return settings.retention(), source
+
+
+def _describe_policy(policy: RetentionPolicy) -> str:
+    every = f"every step divisible by {policy.keep_every}" if policy.keep_every else "no keep-every"
+    marks = ", ".join(map(str, sorted(policy.milestones))) or "none"
+    return f"keep the last {policy.keep_last}, {every}, milestones: {marks}"
+
+
 @app.command("prune")
 def prune(
     run_dir: Path = RunDirArg,
-    keep_last: int = typer.Option(..., "--keep-last", min=1, help="Keep the newest K checkpoints."),
-    keep_every: Optional[int] = typer.Option(None, "--keep-every", min=1,
-                                             help="Also keep every step divisible by M."),
-    milestones: Optional[list[int]] = typer.Option(None, "--milestone", min=0,
-                                                   help="Also keep this step (repeatable)."),
+    keep_last: Optional[int] = typer.Option(None, "--keep-last", show_default=False,
+                                            help="Keep the newest K checkpoints (overrides keep_last)."),
+    keep_every: Optional[int] = typer.Option(None, "--keep-every", show_default=False,
+                                             help="Also keep every step divisible by M (overrides keep_every)."),
+    milestones: Optional[list[int]] = typer.Option(None, "--milestone", show_default=False,
+                                                   help="Keep this step (repeatable; replaces milestones)."),
+    config: Optional[Path] = typer.Option(None, "--config", show_default=False,
+                                          help="slurmft.toml to read [checkpoint] from "
+                                               "(default: $SLURMFT_CONFIG, else ./slurmft.toml)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; delete nothing."),
 ) -> None:
     """Delete checkpoints outside the retention policy, never the newest valid one, and stale tmp dirs.
 
-    The newest valid checkpoint is found by full verification, newest first.
+    The policy is the job's: [checkpoint] keep_last / keep_every / milestones from slurmft.toml and
+    SLURMFT_CHECKPOINT_*, each overridden by its flag. The newest valid checkpoint is found by full
+    verification, newest first. Nothing is deleted while a checkpoint from a newer slurmft is present.
     """
     run = open_run_dir(run_dir)
-    policy = RetentionPolicy(keep_last, keep_every, frozenset(milestones or ()))
+    policy, source = retention_policy(config, keep_last, keep_every, milestones)
+    _fail_if_newer_format(list_checkpoints(run.root), "; nothing pruned")
+    print(f"retention: {_describe_policy(policy)} (config file: {source or 'none'})")
     committed, tmp_dirs = scan_checkpoint_dirs(run.root)
-    valid = newest_valid_step(run, committed)
+    try:
+        valid = newest_valid_step(run, committed)
+    except ManifestVersionError as exc:  # a newer slurmft committed one since the check above
+        _fail(f"{exc}; nothing pruned")
     if committed and valid is None:
         print("no committed checkpoint verifies: keeping every committed checkpoint")
     plan = plan_prune(committed, valid, tmp_dirs, policy)

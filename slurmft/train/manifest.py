@@ -1,8 +1,9 @@
 """Checkpoint manifests: what a committed checkpoint holds, with per-file checksums.
 
-This module owns the ``manifest.json`` format, the checksum used for checkpoint files, the
+This module owns the ``manifest.json`` format (every file's size and checksum), the
 names of checkpoint directories (committed ``step_N`` and in-flight ``step_N.tmp-<id>``), and
 the torch-free checks built on them: :func:`verify_checkpoint` and :func:`list_checkpoints`.
+The checksum itself, and reading files fast to compute it, live in :mod:`slurmft.train.checksum`.
 
 It never imports torch: the cluster side (``slurmft ckpt``, the watcher) uses it on login nodes.
 DCP's ``.metadata`` is a pickle; it is verified here by size and checksum only, never unpickled.
@@ -17,15 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import xxhash
-
 from slurmft.rundir import TMP_MARK, RunDir, atomic_write_json, parse_step_dirname, step_dirname
+from slurmft.train.checksum import HASH_ALGO, VERIFY_THREADS, hash_files
+from slurmft.train.checksum import StreamHasher as StreamHasher  # re-exported for writers
+from slurmft.train.checksum import hash_file as hash_file  # re-exported for export
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-HASH_ALGO = "xxh3_128"
 DCP_METADATA_NAME = ".metadata"
-HASH_CHUNK = 4 << 20
 
 ProgressFn = Callable[[int, int], None]
 
@@ -34,41 +34,17 @@ class ManifestError(Exception):
     """A manifest is missing, unreadable or malformed; the message names the file and the field."""
 
 
-# ----------------------------------------------------------------------------- checksums
+class ManifestVersionError(ManifestError):
+    """The manifest is in a format newer than this slurmft reads: not damage, an old slurmft.
 
+    Never a reason to skip or delete the checkpoint; the fix is to upgrade slurmft.
+    """
 
-class StreamHasher:
-    """Incremental checksum of one file, fed with the bytes as they are written."""
-
-    algo = HASH_ALGO
-
-    def __init__(self) -> None:
-        self._hash = xxhash.xxh3_128()
-        self.size = 0
-
-    def update(self, data: bytes | bytearray | memoryview) -> None:
-        self._hash.update(data)
-        self.size += memoryview(data).nbytes
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-
-def hash_file(path: str | os.PathLike[str], chunk: int = HASH_CHUNK,
-              on_bytes: Callable[[int], None] | None = None) -> str:
-    """Checksum of the file at ``path`` (same value :class:`StreamHasher` gives for its bytes)."""
-    hasher = StreamHasher()
-    buf = bytearray(chunk)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            n = fh.readinto(buf)
-            if not n:
-                break
-            hasher.update(view[:n])
-            if on_bytes is not None:
-                on_bytes(n)
-    return hasher.hexdigest()
+    def __init__(self, where: str, found: int, known: int) -> None:
+        super().__init__(f"{where}: written by a newer slurmft (format {found}, this one reads up to "
+                         f"{known}): upgrade slurmft")
+        self.found = found
+        self.known = known
 
 
 # ----------------------------------------------------------------------------- directory names
@@ -139,10 +115,7 @@ class Manifest:
             raise ManifestError(f"{where}: expected a JSON object, got {type(data).__name__}")
         version = _field(data, "format_version", int, where)
         if version > FORMAT_VERSION:
-            raise ManifestError(
-                f"{where}: manifest format {version} is newer than this slurmft understands "
-                f"({FORMAT_VERSION})"
-            )
+            raise ManifestVersionError(where, version, FORMAT_VERSION)
         if version < 1:
             raise ManifestError(f"{where}: format_version must be >= 1, got {version}")
         raw_files = _field(data, "files", list, where)
@@ -259,18 +232,24 @@ def split_files(files: Iterable[FileEntry], parts: int) -> list[list[FileEntry]]
 
 
 def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | None = None, *,
-                      part: tuple[int, int] | None = None) -> VerifyReport:
+                      part: tuple[int, int] | None = None, threads: int = VERIFY_THREADS) -> VerifyReport:
     """Check every file of a checkpoint against its manifest: presence, size, checksum, nothing extra.
 
-    ``progress(done_bytes, total_bytes)`` is called as checksums advance. Problems name the file.
-    ``part=(i, n)`` checksums only the i-th of n byte-balanced groups of files (ranks share the
-    work and merge their problems); presence and sizes are always checked for every file.
+    ``progress(done_bytes, total_bytes)`` is called on the caller's thread as checksums advance.
+    Problems name the file, in manifest order. ``part=(i, n)`` checksums only the i-th of n
+    byte-balanced groups of files (ranks share the work and merge their problems); presence and
+    sizes are always checked for every file. ``threads``: files hashed at once.
+
+    Raises :class:`ManifestVersionError` for a manifest newer than this slurmft reads: that says
+    nothing about the checkpoint's integrity, so it is not reported as a problem of it.
     """
     ckpt_dir = Path(ckpt_dir)
     if part is not None and not 0 <= part[0] < part[1]:
         raise ValueError(f"part must be (index, count) with 0 <= index < count, got {part}")
     try:
         manifest = read_manifest(ckpt_dir)
+    except ManifestVersionError:
+        raise
     except ManifestError as exc:
         return VerifyReport(ckpt_dir, None, (str(exc),), 0)
     problems: list[str] = []
@@ -295,34 +274,36 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | N
         if progress is not None:
             progress(done, total)
 
+    # Presence and sizes first (cheap, every file); a file of ours that fails counts as checked.
+    found: dict[str, str] = {}  # entry path -> its problem
+    hashable: list[FileEntry] = []
     for entry in manifest.files:
         path = ckpt_dir / entry.path
-        what = "DCP metadata" if entry.path == DCP_METADATA_NAME else "file"
         try:
             size = path.stat().st_size
-        except FileNotFoundError:
-            problems.append(f"{path}: {what} missing")
-            advance(entry.size if entry.path in to_hash else 0)
-            continue
         except OSError as exc:
-            problems.append(f"{path}: {what} unreadable ({exc.strerror})")
-            advance(entry.size if entry.path in to_hash else 0)
-            continue
-        if size != entry.size:
-            problems.append(f"{path}: wrong size {size}, manifest says {entry.size}")
-            if entry.path in to_hash:
-                advance(entry.size)
-            continue
-        if entry.path not in to_hash:
-            continue
-        try:
-            digest = hash_file(path, on_bytes=advance)
-        except OSError as exc:
-            problems.append(f"{path}: {what} unreadable ({exc.strerror})")
-            continue
-        if digest != entry.hash:
-            problems.append(f"{path}: wrong checksum {digest}, manifest says {entry.hash}")
+            missing = isinstance(exc, FileNotFoundError)
+            found[entry.path] = f"{path}: {_what(entry)} {'missing' if missing else f'unreadable ({exc.strerror})'}"
+        else:
+            if size == entry.size:
+                if entry.path in to_hash:
+                    hashable.append(entry)
+                continue
+            found[entry.path] = f"{path}: wrong size {size}, manifest says {entry.size}"
+        if entry.path in to_hash:
+            advance(entry.size)
+    digests = hash_files([ckpt_dir / e.path for e in hashable], threads, on_bytes=advance)
+    for entry, digest in zip(hashable, digests):
+        if isinstance(digest, OSError):
+            found[entry.path] = f"{ckpt_dir / entry.path}: {_what(entry)} unreadable ({digest.strerror})"
+        elif digest != entry.hash:
+            found[entry.path] = f"{ckpt_dir / entry.path}: wrong checksum {digest}, manifest says {entry.hash}"
+    problems.extend(found[e.path] for e in manifest.files if e.path in found)
     return VerifyReport(ckpt_dir, manifest, tuple(problems), done)
+
+
+def _what(entry: FileEntry) -> str:
+    return "DCP metadata" if entry.path == DCP_METADATA_NAME else "file"
 
 
 # ----------------------------------------------------------------------------- listing
@@ -339,6 +320,7 @@ class CheckpointInfo:
     mtime: float
     manifest: Manifest | None
     error: str | None
+    newer_format: bool = False  # the manifest is from a newer slurmft: unknown, not damaged
 
     @property
     def name(self) -> str:
@@ -376,18 +358,18 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
         if step is None:
             continue
         path = Path(entry.path)
-        manifest, error = None, None
+        manifest, error, newer = None, None, False
         try:
             manifest = read_manifest(path)
         except ManifestError as exc:
             if committed or (path / MANIFEST_NAME).exists():
-                error = str(exc)
+                error, newer = str(exc), isinstance(exc, ManifestVersionError)
         if manifest is not None and manifest.step != step:
             error = f"{path}: manifest says step {manifest.step}, directory name says {step}"
         try:
             mtime = entry.stat(follow_symlinks=False).st_mtime
         except FileNotFoundError:
             continue
-        infos.append(CheckpointInfo(path, step, committed, _dir_size(path), mtime, manifest, error))
+        infos.append(CheckpointInfo(path, step, committed, _dir_size(path), mtime, manifest, error, newer))
     infos.sort(key=lambda i: (i.step, not i.committed, i.name))
     return infos

@@ -152,9 +152,67 @@ def test_prune_keep_every_and_milestones(run):
 
 
 def test_prune_rejects_bad_policy(run):
+    before = sorted(os.listdir(RunDir(run).checkpoints))
     result = ckpt("prune", run, "--keep-last", "0")
     assert result.exit_code == 2
-    assert "--keep-last" in result.output
+    assert result.output == "slurmft ckpt: [checkpoint] keep_last must be an integer >= 1, got 0\n"
+    assert sorted(os.listdir(RunDir(run).checkpoints)) == before
+
+
+def _toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "slurmft.toml"
+    path.write_text(text)
+    return path
+
+
+def test_prune_uses_the_jobs_checkpoint_section(run, tmp_path):
+    config = _toml(tmp_path, "[checkpoint]\ninterval = 100\nkeep_last = 1\nmilestones = [1]\n")
+    result = ckpt("prune", run, "--config", config)
+    assert result.exit_code == 0, result.output
+    assert f"retention: keep the last 1, no keep-every, milestones: 1 (config file: {config})" in result.output
+    assert RunDir(run).committed_steps() == [1, 3]
+
+
+def test_prune_flags_override_single_settings(run, tmp_path):
+    config = _toml(tmp_path, "[checkpoint]\nkeep_last = 1\nkeep_every = 2\n")
+    result = ckpt("prune", run, "--config", config, "--keep-last", "3", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "keep the last 3, every step divisible by 2, milestones: none" in result.output
+    assert "nothing to delete" not in result.output  # the abandoned tmp dir still goes
+    assert f"delete {step_dirname(1)}" not in result.output
+
+
+def test_prune_reads_slurmft_config_and_environment(run, tmp_path):
+    config = _toml(tmp_path, "[checkpoint]\nkeep_last = 3\n")
+    env = {"SLURMFT_CONFIG": str(config), "SLURMFT_CHECKPOINT_KEEP_LAST": "2",
+           "SLURMFT_CHECKPOINT_MILESTONES": "1"}
+    result = CliRunner(env=env).invoke(app, ["ckpt", "prune", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "keep the last 2, no keep-every, milestones: 1" in result.output
+    assert RunDir(run).committed_steps() == [1, 2, 3]  # 2 and 3 are the last two, 1 a milestone
+
+
+@pytest.mark.parametrize("text, env, message", [
+    ("[checkpoint]\nkeep_last = 0\n", {}, "[checkpoint] keep_last must be an integer >= 1, got 0"),
+    ('[checkpoint]\nmilestones = "1,2"\n', {}, "[checkpoint] milestones must be a list, got str"),
+    ("[checkpoint]\nkeep_lats = 2\n", {}, "[checkpoint] unknown key 'keep_lats'; valid keys:"),
+    ("[checkpoint]\ninterval = 0\n", {}, "[checkpoint] interval must be >= 1, got 0"),
+    ("", {"SLURMFT_CHECKPOINT_KEEP_EVERY": "often"}, "[checkpoint] keep_every must be an integer, got 'often'"),
+    ("[checkpoint\n", {}, "config file "),
+])
+def test_prune_bad_config_names_the_key_and_deletes_nothing(run, tmp_path, text, env, message):
+    before = sorted(os.listdir(RunDir(run).checkpoints))
+    config = _toml(tmp_path, text)
+    result = CliRunner(env=env).invoke(app, ["ckpt", "prune", str(run), "--config", str(config)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"slurmft ckpt: {message}") and result.output.count("\n") == 1, result.output
+    assert sorted(os.listdir(RunDir(run).checkpoints)) == before
+
+
+def test_prune_missing_config_file(run, tmp_path):
+    result = ckpt("prune", run, "--config", tmp_path / "nope.toml")
+    assert result.exit_code == 2
+    assert result.output == f"slurmft ckpt: config file {tmp_path / 'nope.toml'} does not exist\n"
 
 
 # ----------------------------------------------------------------------------- inspect
@@ -299,17 +357,43 @@ def test_unknown_step_and_garbage_selector(run):
     assert garbage.exit_code == 2 and "not a step number" in garbage.output
 
 
-def test_a_newer_manifest_format_is_refused(run, tmp_path):
-    path = RunDir(run).checkpoint(3) / MANIFEST_NAME
+NEWER = "written by a newer slurmft (format 99, this one reads up to 1): upgrade slurmft"
+
+
+def _make_newer(run: Path, step: int) -> Path:
+    path = RunDir(run).checkpoint(step) / MANIFEST_NAME
     data = json.loads(path.read_text())
     data["format_version"] = 99
     path.write_text(json.dumps(data))
-    for args in (("inspect", run, "3"), ("export", run, "3", tmp_path / "o.safetensors")):
-        result = ckpt(*args)
-        assert result.exit_code == 2
-        assert "manifest format 99 is newer than this slurmft understands" in result.output
-    verify = ckpt("verify", run, "3")
-    assert verify.exit_code == 1 and "newer than this slurmft understands" in verify.output
+    return path
+
+
+@pytest.mark.parametrize("args", [("inspect", "3"), ("export", "3", "o.safetensors"), ("verify", "3"),
+                                  ("verify",), ("verify", "--all", "--json"), ("ls",), ("ls", "--json")])
+def test_a_newer_manifest_format_says_upgrade(run, tmp_path, args):
+    path = _make_newer(run, 3)
+    result = ckpt(args[0], run, *[tmp_path / a if a.endswith(".safetensors") else a for a in args[1:]])
+    assert result.exit_code == 2, result.output
+    assert f"slurmft ckpt: {path}: {NEWER}\n" in result.output
+    assert "CORRUPT" not in result.output and not (tmp_path / "o.safetensors").exists()
+
+
+def test_ls_lists_a_newer_checkpoint_before_refusing(run):
+    _make_newer(run, 2)
+    result = ckpt("ls", run, "--json")
+    listed = json.loads(result.output[:result.output.rindex("}") + 1])
+    newer = [c for c in listed["checkpoints"] if c["newer_format"]]
+    assert [c["step"] for c in newer] == [2] and result.exit_code == 2
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_prune_deletes_nothing_while_a_newer_checkpoint_is_present(run, step):
+    before = sorted(os.listdir(RunDir(run).checkpoints))
+    path = _make_newer(run, step)
+    result = ckpt("prune", run, "--keep-last", "1")
+    assert result.exit_code == 2
+    assert result.output == f"slurmft ckpt: {path}: {NEWER}; nothing pruned\n"
+    assert sorted(os.listdir(RunDir(run).checkpoints)) == before
 
 
 def test_export_output_name_must_be_safetensors(run, tmp_path):
@@ -342,9 +426,24 @@ NO_TORCH = textwrap.dedent("""
 
 @pytest.mark.timeout(60)
 def test_ls_verify_prune_inspect_work_without_torch(run):
+    config = run.parent / "slurmft.toml"
+    config.write_text("[checkpoint]\nkeep_last = 2\n")
     commands = [f"ckpt|ls|{run}", f"ckpt|verify|{run}|--all", f"ckpt|inspect|{run}|3",
-                f"ckpt|prune|{run}|--keep-last|2|--dry-run", f"ckpt|ls|{run}|--json"]
+                f"ckpt|prune|{run}|--keep-last|2|--dry-run", f"ckpt|prune|{run}|--config|{config}|--dry-run",
+                f"ckpt|ls|{run}|--json"]
     proc = subprocess.run([sys.executable, "-c", NO_TORCH, *commands], capture_output=True, text=True,
                           timeout=50, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["0"] * len(commands)
+
+
+def test_checkpoint_config_imports_without_torch():
+    code = ("import sys, slurmft.train.ckpt_config as c; c.CheckpointConfig.load(environ={}); "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60, cwd=REPO).returncode == 0
+
+
+def test_checkpoint_config_is_the_one_the_manager_uses():
+    from slurmft.train import checkpoint, ckpt_config
+
+    assert checkpoint.CheckpointConfig is ckpt_config.CheckpointConfig

@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -17,6 +19,7 @@ from slurmft.train.manifest import (
     StreamHasher,
     build_manifest,
     hash_file,
+    hash_files,
     list_checkpoints,
     parse_tmp_dirname,
     read_manifest,
@@ -71,7 +74,8 @@ def test_manifest_module_does_not_import_torch():
     "mutate, message",
     [
         (lambda d: d.update(format_version=FORMAT_VERSION + 1),
-         f"manifest format {FORMAT_VERSION + 1} is newer than this slurmft understands ({FORMAT_VERSION})"),
+         f"written by a newer slurmft (format {FORMAT_VERSION + 1}, this one reads up to {FORMAT_VERSION}): "
+         "upgrade slurmft"),
         (lambda d: d.pop("step"), "missing field 'step'"),
         (lambda d: d.update(world_size="2"), "field 'world_size' has the wrong type"),
         (lambda d: d.update(step=True), "field 'step' has the wrong type"),
@@ -203,3 +207,69 @@ def test_verify_parts_share_the_checksums(tmp_path):
                for i in range(3))
     with pytest.raises(ValueError, match="part must be"):
         verify_checkpoint(ckpt, part=(3, 3))
+
+
+# ----------------------------------------------------------------------------- parallel hashing
+
+
+def test_hash_files_matches_hash_file_and_reports_unreadable(tmp_path):
+    paths = []
+    for i, size in enumerate([0, 1, 5 << 20, 3 << 20, 17]):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(os.urandom(size))
+    paths.append(tmp_path / "missing")
+    paths.append(tmp_path)  # a directory: unreadable as a file
+    got = hash_files(paths, threads=3)
+    assert got[:5] == [hash_file(p) for p in paths[:5]]
+    assert isinstance(got[5], FileNotFoundError) and isinstance(got[6], IsADirectoryError)
+    assert hash_files([]) == []
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        hash_files(paths, threads=0)
+
+
+def test_verify_in_parallel_reports_like_one_thread_on_the_callers_thread(tmp_path):
+    ckpt = tmp_path / step_dirname(4)
+    files = {f"__{i}_0.distcp": os.urandom((i + 1) * (1 << 20) + i) for i in range(6)}
+    make_checkpoint(ckpt, 4, files)
+    _flip_byte(ckpt / "__4_0.distcp", 7)
+    _flip_byte(ckpt / "__1_0.distcp", 7)
+    (ckpt / "__2_0.distcp").unlink()
+    (ckpt / "__0_0.distcp").write_bytes(b"short")
+    caller = threading.get_ident()
+    seen = []
+
+    def progress(done, total):
+        assert threading.get_ident() == caller
+        seen.append(done)
+
+    parallel = verify_checkpoint(ckpt, progress, threads=4)
+    serial = verify_checkpoint(ckpt, threads=1)
+    assert parallel.problems == serial.problems and len(parallel.problems) == 4
+    named = [p.split(": ")[0].rsplit("/", 1)[1] for p in parallel.problems]
+    assert named == ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__4_0.distcp"]  # manifest order
+    assert parallel.bytes_checked == serial.bytes_checked == parallel.manifest.total_bytes
+    assert seen == sorted(seen) and seen[-1] == parallel.bytes_checked
+
+
+def test_hashing_workers_stop_when_the_caller_raises(tmp_path, monkeypatch):
+    paths = []
+    for i in range(4):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(bytes(16 << 16))  # 16 chunks of 64 KiB each
+    hashed = []
+    update = StreamHasher.update
+
+    def slow_update(self, data):
+        hashed.append(len(data))
+        time.sleep(0.01)  # 64 chunks on 2 workers: >= 0.3 s to finish if nobody stops them
+        update(self, data)
+
+    monkeypatch.setattr(StreamHasher, "update", slow_update)
+
+    def interrupt(n):
+        raise KeyboardInterrupt  # Ctrl-C while the progress bar is drawn
+
+    with pytest.raises(KeyboardInterrupt):
+        hash_files(paths, threads=2, on_bytes=interrupt, chunk=1 << 16)
+    assert not [t for t in threading.enumerate() if t.name.startswith("slurmft-verify")]
+    assert len(hashed) < 32  # stopped early, not after every file was read
