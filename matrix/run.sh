@@ -18,12 +18,17 @@
 #   SLURMFT_MATRIX_TESTS   pytest paths (default: the client's and the field-matrix tests)
 #   SLURMFT_MATRIX_PYTEST_ARGS  extra pytest arguments, split on spaces
 #   SLURMFT_MATRIX_RESULTS where per-suite results go (default: a new temp dir, printed)
-# Exit status: 0 when every suite passed, 1 when a suite failed, 2 on bad input.
+#   SLURMFT_MATRIX_NET_ATTEMPTS  tries of each network step: debootstrap, apt-get, pip (default 3)
+# Exit status: 0 when every suite ran every test and all passed; 1 when a suite failed, could not
+# be built (after its retries), or skipped a test (a skip tests nothing: here it is a failure);
+# 2 on bad input. The last lines name each failed suite and test ("matrix: FAILED sid ...").
 # The ensure_*/run_tests functions are called in an `if`, where bash ignores `set -e`: each
 # step that can fail says `|| return 1` itself.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=matrix/retry.sh
+source "$here/retry.sh"
 repo=$(cd "$here/.." && pwd)
 cache=${SLURMFT_MATRIX_CACHE:-/var/cache/slurmft-matrix}
 export SLURMFT_MATRIX_MIRROR=${SLURMFT_MATRIX_MIRROR:-http://deb.debian.org/debian}
@@ -116,8 +121,9 @@ ensure_venv() {
   in_root "$root" python3 -m venv "$venv" || return 1
   # Build tools first, so that sdists among the deps build as wheels even with an old pip.
   local pip=("$venv/bin/pip" install -q --disable-pip-version-check --cert "/$stamp_dir/host-ca.crt")
-  in_root "$root" "${pip[@]}" --upgrade pip setuptools wheel || return 1
-  in_root "$root" "${pip[@]}" "${deps[@]}" || return 1
+  retry "pip install pip setuptools wheel ($suite)" \
+    in_root "$root" "${pip[@]}" --upgrade pip setuptools wheel || return 1
+  retry "pip install the dependencies ($suite)" in_root "$root" "${pip[@]}" "${deps[@]}" || return 1
   echo "$want" >"$root/$stamp_dir/venv.sha256"
   log "$suite: venv built in $((SECONDS - start)) s"
 }
@@ -150,8 +156,13 @@ run_tests() {
       chroot "$root" /usr/bin/env -i PATH="$venv/bin:/usr/sbin:/usr/bin:/sbin:/bin" HOME=/root \
         LANG=C.UTF-8 SLURMFT_MATRIX_REPORT="/results/$suite.jsonl" "$@"
     }
-    in_chroot "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-index \
-      --no-build-isolation -e /src >/dev/null
+    # Quiet unless it fails (setuptools warns about the editable install on every run).
+    if ! in_chroot "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-index \
+      --no-build-isolation -e /src >"$results/$suite.install.log" 2>&1; then
+      echo "matrix: $suite: pip install -e /src failed:" >&2
+      cat "$results/$suite.install.log" >&2
+      exit 1
+    fi
     # shellcheck disable=SC2086  # tests and pytest_args are space-separated lists
     rc=0
     in_chroot bash -c "cd /src && exec python -m pytest -p no:cacheprovider -q -m integration \
@@ -169,14 +180,27 @@ failed=()
 for suite in "${suites[@]}"; do
   start=$SECONDS
   rm -f "$results/$suite".*
-  if ensure_rootfs "$suite" && ensure_venv "$suite" && run_tests "$suite"; then
-    log "$suite: passed in $((SECONDS - start)) s"
-  else
+  if ! ensure_rootfs "$suite"; then
+    log "$suite: FAILED: could not build its rootfs (see above)"
+    failed+=("$suite")
+  elif ! ensure_venv "$suite"; then
+    log "$suite: FAILED: could not build its venv (see above)"
+    failed+=("$suite")
+  elif ! run_tests "$suite"; then
     log "$suite: FAILED after $((SECONDS - start)) s"
     failed+=("$suite")
+  else
+    log "$suite: pytest passed in $((SECONDS - start)) s"
   fi
 done
 
-python3 "$here/helper.py" report "$results" "${suites[@]}"
+# The tables, then one "matrix: FAILED <suite> ..." line per failed/skipped test or missing
+# result; its exit status is the verdict (a suite whose pytest passed may still have skipped).
+verdict=0
+python3 "$here/helper.py" report "$results" "${suites[@]}" || verdict=1
 log "results in $results"
-if [[ ${#failed[@]} -gt 0 ]]; then log "failed: ${failed[*]}"; exit 1; fi
+if [[ ${#failed[@]} -gt 0 || $verdict != 0 ]]; then
+  log "FAILED (${failed[*]:-see the lines above})"
+  exit 1
+fi
+log "every test passed on: ${suites[*]}"

@@ -59,6 +59,37 @@ def test_report_counts_outcomes_and_tabulates_features(helper, tmp_path):
     assert "| a\\|b | not measured | x\\|y |" in features
 
 
+FAILING_JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
+ failures="1" skipped="1" tests="3" time="9.1">
+<testcase classname="tests.integration.test_x" name="test_ok"/>
+<testcase classname="tests.integration.test_x" name="test_bad[2]"><failure message="AssertionError: 3 != 2&#10;more">trace</failure></testcase>
+<testcase classname="tests.integration.test_x" name="test_skip"><skipped message="no devcluster"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_report_names_every_failed_or_skipped_test_and_fails(helper, tmp_path, capsys):
+    (tmp_path / "sid.xml").write_text(FAILING_JUNIT)
+    (tmp_path / "sid.jsonl").write_text(json.dumps({"feature": "slurm release", "value": "26.05.5"}) + "\n")
+    nothing_ran = FAILING_JUNIT.split("<testcase")[0].replace('failures="1" skipped="1" tests="3"', 'tests="0"')
+    (tmp_path / "trixie.xml").write_text(nothing_ran + "</testsuite></testsuites>")
+    assert helper.main(["report", str(tmp_path), "sid", "trixie", "bookworm"]) == 1
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("matrix: FAILED")]
+    sid = "matrix: FAILED sid (Slurm 26.05.5): tests/integration/test_x.py::"
+    assert lines == [
+        sid + "test_bad[2]: failure: AssertionError: 3 != 2",  # the first line of the message
+        sid + "test_skip: skipped: no devcluster",
+        "matrix: FAILED trixie (Slurm ?): no test ran",
+        "matrix: FAILED bookworm: no test results (rootfs, venv or pytest start failed)",
+    ]
+
+
+def test_report_of_an_all_passing_run_exits_0(helper, tmp_path, capsys):
+    passing = FAILING_JUNIT.split("<testcase")[0].replace('failures="1" skipped="1" tests="3"', 'tests="1"')
+    (tmp_path / "sid.xml").write_text(passing + '<testcase classname="t" name="a"/></testsuite></testsuites>')
+    assert helper.main(["report", str(tmp_path), "sid"]) == 0
+    assert "FAILED" not in capsys.readouterr().out
+
+
 def test_report_cli_rejects_unknown_command(helper, capsys):
     assert helper.main(["frobnicate"]) == 2
     assert "usage" in capsys.readouterr().err
