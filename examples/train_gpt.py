@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
                              on_commit=on_commit)
     try:
         restored = ckpt.load_latest(state)
-    except CheckpointError as exc:  # verified but does not fit this model: requeueing cannot help
+    except CheckpointError as exc:  # does not fit this model, or newer format: requeueing cannot help
         segment.end(exitcodes.NO_REQUEUE, f"cannot resume: {exc}", barrier=barrier)
     step = restored or 0
     segment.started(restored_step=restored, global_batch=args.global_batch,

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from slurmft.rundir import RunDir
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.groups import CheckpointGroups
-from slurmft.train.manifest import read_manifest, verify_checkpoint
+from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
 from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
 from slurmft.train.staging import Stager
@@ -257,7 +257,12 @@ class CheckpointManager:
     # ------------------------------------------------------------------ loading
 
     def load_latest(self, state: TrainState) -> int | None:
-        """Restore the newest checkpoint that verifies; returns its step, or None (fresh start)."""
+        """Restore the newest checkpoint that verifies; returns its step, or None (fresh start).
+
+        Checkpoints that fail verification are logged and skipped, newest first. One written by a
+        newer slurmft (a manifest format this one cannot read) is not damaged and must not be
+        trained over: it raises :class:`CheckpointError` on every rank.
+        """
         self.wait()
         groups = self._groups
         steps = groups.broadcast(sorted(self.run.committed_steps(), reverse=True)
@@ -265,7 +270,10 @@ class CheckpointManager:
         for step in steps:
             path = self.run.checkpoint(step)
             started = time.perf_counter()
-            report = verify_checkpoint(path, part=(groups.rank, groups.world_size))
+            try:  # every rank reads the manifest, so every rank raises together
+                report = verify_checkpoint(path, part=(groups.rank, groups.world_size))
+            except ManifestVersionError as exc:
+                raise CheckpointError(str(exc)) from None
             problems = groups.union(list(report.problems))
             if problems:
                 if groups.is_coordinator:
