@@ -169,7 +169,7 @@ run_tests() {
       --junitxml=/results/$suite.xml $pytest_args $tests" || rc=$?
     if [[ $rc != 0 ]]; then  # the tmpfs dies with us: keep the daemon logs for a post-mortem
       (cd "$root/tmp" && find . -type d -name log -path "*cluster*" -print0 \
-        | xargs -0r tar -cf - | tar -xf - -C "$results" --transform "s|^\.|$suite-logs|") || true
+        | tar --null -T - -cf - | tar -xf - -C "$results" --transform "s|^\.|$suite-logs|") || true
     fi
     exit "$rc"
   ' run_tests "$root" "$repo" "$results" "$suite" "$venv" "$tests" "$pytest_args" || rc=$?
