@@ -35,6 +35,7 @@ from slurmft.train.groups import CheckpointGroups
 from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
 from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
+from slurmft.train.save_thread import SaveThread
 from slurmft.train.staging import Stager
 from slurmft.train.state import RNG, TrainState
 from slurmft.train.writer import CommitWriter, FaultPlan
@@ -119,7 +120,7 @@ class CheckpointManager:
         self._groups = CheckpointGroups(process_group, timeout_s=self.config.timeout_s)
         self._stager = Stager()
         self._faults = FaultPlan.from_env()
-        self._thread: threading.Thread | None = None
+        self._save_thread = SaveThread()
         self._stats: list[SaveStats] = []
         self._lock = threading.Lock()
         self._last_committed: int | None = None
@@ -182,11 +183,7 @@ class CheckpointManager:
         staged = {**self._stager.stage(state.heavy_state()), **state.light_state()}
         blocking_s = time.perf_counter() - entered
         timing = (entered, blocking_s, waited_s)
-        self._thread = threading.Thread(
-            target=self._persist, args=(step, staged, tmp_id, timing),
-            name=f"slurmft-ckpt-{step}", daemon=True,
-        )
-        self._thread.start()
+        self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing))
         if block:
             self.wait()
             last = self.stats[-1]
@@ -204,16 +201,14 @@ class CheckpointManager:
 
     def wait(self) -> None:
         """Block until the save in flight (if any) has committed or failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._save_thread.wait()
 
     def close(self) -> None:
-        self.wait()
+        self._save_thread.stop()
         self._groups.destroy()
 
     def _in_flight(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._save_thread.busy
 
     def _persist(self, step: int, staged: dict[str, Any], tmp_id: str,
                  timing: tuple[float, float, float]) -> None:
