@@ -14,10 +14,12 @@ with DCP (resharding to the current world size). None left means a fresh start, 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -75,6 +77,12 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _close_at_exit(ref: "weakref.ref[CheckpointManager]") -> None:
+    manager = ref()
+    if manager is not None:
+        manager.close()
+
+
 class _PlainDataLoadPlanner(DefaultLoadPlanner):
     """DCP's load planner, but non-tensor values are unpickled with ``weights_only=True``, and
     generator states the checkpoint does not have (CUDA's, after a CPU-only save) are not asked for."""
@@ -129,6 +137,7 @@ class CheckpointManager:
         self._tmp_nonce = self._groups.broadcast(secrets.token_hex(8) if self._groups.is_coordinator else None)
         if self._groups.is_coordinator:
             self.run.checkpoints.mkdir(parents=True, exist_ok=True)
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ saving
 
@@ -204,6 +213,13 @@ class CheckpointManager:
         self._save_thread.wait()
 
     def close(self) -> None:
+        """Finish the save in flight, stop the save thread, destroy the process groups. Idempotent.
+
+        Runs at interpreter exit (``atexit``, while Python is still whole) for a manager the script
+        did not close, so a script that ends with a save in flight commits it and exits 0 instead
+        of having the save thread and gloo workers killed inside torch (SIGABRT, see
+        :mod:`slurmft.train.groups`).
+        """
         self._save_thread.stop()
         self._groups.destroy()
 

@@ -8,6 +8,13 @@ Two gloo groups over the checkpointing ranks, created once by every rank togethe
 
 Gloo keeps host tensors and runs beside NCCL, so none of this touches the training streams.
 Without ``torch.distributed`` initialised, everything degrades to a single rank.
+
+``destroy`` must run before interpreter teardown (``CheckpointManager.close`` does it, and at exit
+for a manager never closed): a gloo worker thread frees a finished collective's tensors after the
+caller saw it complete, and freeing one whose Python object is already gone takes the GIL. Once
+Python 3.11 is finalizing, a thread asking for the GIL is ended with ``pthread_exit``, whose unwind
+through that C++ destructor is ``std::terminate`` ("terminate called without an active
+exception", SIGABRT). Destroying the groups joins their workers while the interpreter is whole.
 """
 
 from __future__ import annotations
@@ -68,7 +75,14 @@ class CheckpointGroups:
         return sorted({item for part in gathered for item in part})
 
     def destroy(self) -> None:
-        for group in (self.io, self.control):
-            if group is not None:
-                dist.destroy_process_group(group)
+        """Destroy both groups; when it returns their gloo threads have been joined. Idempotent.
+
+        Groups that a global ``dist.destroy_process_group()`` already unregistered are only let go:
+        dropping the last reference is what destroys a group and joins its threads.
+        """
+        groups = [group for group in (self.io, self.control) if group is not None]
         self.io = self.control = None
+        registered = dist.distributed_c10d._world.pg_map if dist.is_initialized() else {}
+        for group in groups:
+            if group in registered:
+                dist.destroy_process_group(group)

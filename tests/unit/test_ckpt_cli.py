@@ -266,7 +266,6 @@ def test_export_refuses_a_corrupt_checkpoint(run, tmp_path):
 
 
 FSDP_WRITER = textwrap.dedent("""
-    import os
     import sys
     from datetime import timedelta
     import torch, torch.distributed as dist
@@ -286,19 +285,18 @@ FSDP_WRITER = textwrap.dedent("""
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     model(torch.randn(4, 6)).sum().backward()
     optimizer.step()
-    manager = CheckpointManager(run_dir)
-    manager.save(7, TrainState(model, optimizer), block=True)
-    manager.close()
+    # The full state dict first: FSDP2's device mesh keeps the default group (and its gloo
+    # workers) alive past destroy_process_group, and such a worker still freeing a collective's
+    # tensors when Python finalizes aborts the process (pytorch/pytorch#190489), so the last
+    # collectives on it stay well away from the exit. The manager's own groups are joined by close().
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         torch.save(full, reference)
+    manager = CheckpointManager(run_dir)
+    manager.save(7, TrainState(model, optimizer), block=True)
+    manager.close()
     dist.barrier()
     dist.destroy_process_group()
-    # Seen once in CI: "terminate called without an active exception" (SIGABRT) during interpreter
-    # teardown after everything above had finished. Not investigated yet (see the session note);
-    # this test checks the export, so leave without running C++ static destructors.
-    sys.stdout.flush(); sys.stderr.flush()
-    os._exit(0)
 """)
 
 

@@ -1,0 +1,146 @@
+"""Ranks that checkpoint with gloo and then leave the normal way (interpreter teardown) exit 0.
+
+A gloo worker or a Python thread still inside torch when Python 3.11 finalizes is killed by
+``pthread_exit`` as it waits for the GIL; the unwind runs into a C++ destructor and ends in
+``std::terminate`` ("terminate called without an active exception", SIGABRT), turning a finished
+job into a failed one. Each run here is two real ranks (gloo over a file store) that:
+
+1. save and ``close()``: the manager's gloo worker threads must be gone when ``close`` returns;
+2. start a second save and fall off the end of the script without ``wait``, ``close`` or
+   ``destroy_process_group``: interpreter exit must finish that save (it is committed) and exit 0.
+
+Before the manager was closed at exit, step 2 aborted both ranks in 11 of 12 runs (and lost the
+save in the 12th). A one-rank test in this process checks ``close()`` after a global
+``destroy_process_group()``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from slurmft.rundir import RunDir
+from slurmft.train.checkpoint import CheckpointManager
+from slurmft.train.state import TrainState
+
+RUNS = 3
+
+RANK_SCRIPT = textwrap.dedent("""
+    import os
+    import sys
+    import time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from slurmft.train.checkpoint import CheckpointManager
+    from slurmft.train.state import TrainState
+
+    def gloo_threads():
+        found = set()
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as comm:
+                    if comm.read().startswith(("pt_gloo", "gloo")):
+                        found.add(tid)
+            except FileNotFoundError:  # exited meanwhile
+                pass
+        return found
+
+    rank, store, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    state = TrainState(model, optimizer)
+
+    before = set(os.listdir("/proc/self/task"))  # by id: a new thread is named only once it runs
+    manager = CheckpointManager(run_dir)
+    manager.save(1, state, block=True)
+    manager.close()
+    # A joined thread can linger in /proc for a moment; one that was never joined stays.
+    deadline = time.monotonic() + 10
+    while gloo_threads() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if gloo_threads() - before:
+        sys.exit(f"rank {rank}: {len(gloo_threads() - before)} checkpoint gloo thread(s) left after close()")
+
+    in_flight = CheckpointManager(run_dir)
+    in_flight.save(2, state)
+    print(f"rank {rank}: leaving with the step-2 save in flight", flush=True)
+""")
+
+
+def _run_ranks(script: Path, tmp: Path) -> tuple[list[int], str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    logs = [tmp / f"rank{rank}.log" for rank in range(2)]
+    procs = []
+    for rank, log in enumerate(logs):
+        with open(log, "wb") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(script), str(rank), str(tmp / "store"), str(tmp / "run")],
+                env=env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        codes = [proc.wait(timeout=90) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    return codes, "\n----\n".join(log.read_text(errors="replace")[-2000:] for log in logs)
+
+
+@pytest.mark.timeout(300)
+def test_ranks_exit_zero_after_checkpointing_and_a_normal_interpreter_exit(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    for attempt in range(RUNS):
+        tmp = tmp_path / f"run{attempt}"
+        tmp.mkdir()
+        codes, output = _run_ranks(script, tmp)
+        assert codes == [0, 0], f"run {attempt}: ranks exited {codes}:\n{output}"
+        assert "terminate called" not in output, output
+        assert RunDir(tmp / "run").committed_steps() == [1, 2], output
+
+
+def _gloo_threads() -> set[str]:
+    found = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                if comm.read().startswith(("pt_gloo", "gloo")):
+                    found.add(tid)
+        except FileNotFoundError:  # exited meanwhile
+            pass
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_close_after_a_global_destroy_process_group_joins_the_groups(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    before = set(os.listdir("/proc/self/task"))
+    try:
+        model = torch.nn.Linear(4, 2)
+        manager = CheckpointManager(tmp_path / "run")
+        manager.save(1, TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)), block=True)
+        assert _gloo_threads() - before, "the manager's groups should have gloo threads"
+    finally:
+        dist.destroy_process_group()  # every group, the manager's included, as scripts often end
+    manager.close()  # used to raise ValueError: its groups were already unregistered
+    manager.close()  # idempotent
+    deadline = time.monotonic() + 10  # a joined thread can linger in /proc for a moment
+    while _gloo_threads() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _gloo_threads() - before
+    assert RunDir(tmp_path / "run").committed_steps() == [1]
