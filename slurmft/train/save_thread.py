@@ -60,4 +60,5 @@ class SaveThread:
             except Exception:  # a job reports its own failures; this is a last resort
                 log.exception("checkpoint save thread: unexpected error")
             finally:
+                job = None  # do not keep the finished save's state (and its manager) alive while idle
                 self._idle.set()

@@ -306,3 +306,15 @@ def test_commit_refuses_ranks_that_wrote_another_checkpoint(tmp_path):
     with pytest.raises(RuntimeError, match="rank 1 wrote .*step_000000006.tmp-xyz, coordinator wrote"):
         writer.finish(Metadata(state_dict_metadata={}), [[ours], [carrier]])
     assert RunDir(tmp_path).committed_steps() == []
+
+
+def test_a_manager_that_is_dropped_is_not_kept_alive_by_its_idle_save_thread(tmp_path):
+    import gc
+    import weakref
+
+    manager = CheckpointManager(tmp_path, CheckpointConfig())
+    manager.save(1, TrainState(torch.nn.Linear(2, 2)), block=True)
+    ref = weakref.ref(manager)
+    del manager
+    gc.collect()
+    assert ref() is None
