@@ -72,9 +72,11 @@ def _run_method(method, model, probe, base: Path | None, saves: int, *,
     return {"saves": measured, "extra_mem_bytes": sum_across_ranks(memory.extra)}
 
 
-def _measure_verify(ckpt_dir: Path, probe, drop_all: bool, rounds: int = 2) -> dict[str, Any]:
+def _measure_verify(ckpt_dir: Path, probe, drop_all: bool, rounds: int = 7) -> dict[str, Any]:
     """Cold read of the probe files (both ranks) then cold verify of the last slurmft checkpoint
-    (rank 0, one process, as ``slurmft ckpt verify`` runs), ``rounds`` times; then a warm verify."""
+    (rank 0, one process, as ``slurmft ckpt verify`` runs), ``rounds`` times (the
+    disk's speed moves tens of percent between minutes; the ratio is the median of the pairs);
+    then a warm verify."""
     import torch.distributed as dist
 
     from _bench_limits import evict_from_page_cache, measure_cold_read
