@@ -128,7 +128,8 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], section: str, *,
 def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
     """Convert a TOML/env value to the annotated type, or raise ConfigError naming ``where``.
 
-    ``from_env``: ``value`` is an environment string, where a list is written ``a,b,c``.
+    ``from_env``: ``value`` is an environment string, where a list is written ``a,b,c`` and
+    numbers and booleans are spelled out; from TOML or a caller they must already have their type.
     """
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
@@ -154,7 +155,7 @@ def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where} must be a list, got {type(value).__name__}")
         item = args[0] if args else Any
-        return tuple(coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(coerce(v, item, f"{where}[{i}]", from_env=from_env) for i, v in enumerate(value))
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
@@ -164,15 +165,16 @@ def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
     if hint is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-            return value.lower() in ("1", "true", "yes", "on")
+        spelled = value.lower() if from_env and isinstance(value, str) else None
+        if spelled in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return spelled in ("1", "true", "yes", "on")
         raise ConfigError(f"{where} must be a boolean, got {value!r}")
     if hint is int:
         if isinstance(value, bool):
             raise ConfigError(f"{where} must be an integer, got {value!r}")
         if isinstance(value, int):
             return value
-        if isinstance(value, str):
+        if from_env and isinstance(value, str):
             try:
                 return int(value)
             except ValueError:
@@ -183,7 +185,7 @@ def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
             raise ConfigError(f"{where} must be a number, got {value!r}")
         if isinstance(value, (int, float)):
             return float(value)
-        if isinstance(value, str):
+        if from_env and isinstance(value, str):
             try:
                 return float(value)
             except ValueError:

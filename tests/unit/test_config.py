@@ -112,3 +112,19 @@ def test_env_list_items_are_parsed_as_their_type_and_named_on_error(tmp_path):
         load_section(Steps, "s", config_file=cfg, environ={"SLURMFT_S_MILESTONES": "10,x"})
     with pytest.raises(ConfigError, match=r"\[s\] milestones must be a list, got str"):
         load_section(Steps, "s", config_file=write(tmp_path, '[s]\nmilestones = "10"\n'), environ={})
+
+
+@pytest.mark.parametrize("line, message", [
+    ('interval = "20"', r"\[demo\] interval must be an integer, got '20'"),
+    ('share = "0.5"', r"\[demo\] share must be a number, got '0.5'"),
+    ('dry = "true"', r"\[demo\] dry must be a boolean, got 'true'"),
+])
+def test_toml_strings_are_not_numbers_or_booleans(tmp_path, line, message):
+    with pytest.raises(ConfigError, match=message):
+        load_section(Demo, "demo", config_file=write(tmp_path, f"[demo]\n{line}\n"), environ={})
+
+
+def test_environment_strings_are_parsed_as_numbers_and_booleans(tmp_path):
+    env = {"SLURMFT_DEMO_INTERVAL": "20", "SLURMFT_DEMO_SHARE": "0.5", "SLURMFT_DEMO_DRY": "yes"}
+    got = load_section(Demo, "demo", config_file=write(tmp_path, ""), environ=env)
+    assert (got.interval, got.share, got.dry) == (20, 0.5, True)
