@@ -168,21 +168,17 @@ class CheckpointManager:
         if self._groups.closed:
             raise RuntimeError("CheckpointManager.save called after close()")
         entered = time.perf_counter()
-        if self.config.on_busy == "skip" and not block:
-            # Skipping must be unanimous: one all-reduce of "still busy?" (and a fresh tmp id).
-            busy, tmp_id = self._groups.agree_busy_and_tmp_id(self._in_flight())
-            if busy:
-                self.skipped += 1
-                if self._groups.is_coordinator:
-                    log.info("checkpoint step %d skipped: the previous save is still in flight", step)
-                return False
-        else:
-            # Every rank waits for its own previous save, so no collective is needed here: the
-            # tmp id comes from a nonce agreed at construction and the per-manager save count,
-            # identical on every rank as long as they all call save() (the contract). A rank
-            # that did not would be caught by CommitWriter.finish, which refuses mixed dirs.
-            self._saves_started += 1
-            tmp_id = f"{self._tmp_nonce}-{self._saves_started:x}"
+        if self.config.on_busy == "skip" and not block and self._groups.agree_busy(self._in_flight()):
+            self.skipped += 1  # skipping must be unanimous: one all-reduce of "still busy?"
+            if self._groups.is_coordinator:
+                log.info("checkpoint step %d skipped: the previous save is still in flight", step)
+            return False
+        # Otherwise each rank waits for its own previous save, so no collective is needed: the
+        # tmp id is a nonce agreed at construction plus the per-manager save count, identical on
+        # every rank as long as they all call save() (the contract). A rank that did not would be
+        # caught by CommitWriter.finish, which refuses mixed dirs.
+        self._saves_started += 1
+        tmp_id = f"{self._tmp_nonce}-{self._saves_started:x}"
         waiting = time.perf_counter()
         self.wait()
         waited_s = time.perf_counter() - waiting

@@ -4,7 +4,7 @@ Two gloo groups over the checkpointing ranks, created once by every rank togethe
 
 * ``io``: used only by the background save thread (``dcp.save``) and by ``dcp.load``;
 * ``control``: used only by the training thread, for the small agreements a checkpoint needs
-  (is a save still in flight anywhere? which tmp id? which checkpoints to try? did they verify?).
+  (is a save still in flight anywhere? which checkpoints to try? did they verify?).
 
 Gloo keeps host tensors and runs beside NCCL, so none of this touches the training streams.
 Without ``torch.distributed`` initialised, everything degrades to a single rank.
@@ -19,7 +19,6 @@ exception", SIGABRT). Destroying the groups joins their workers while the interp
 
 from __future__ import annotations
 
-import secrets
 from datetime import timedelta
 from typing import Any
 
@@ -50,13 +49,13 @@ class CheckpointGroups:
     def is_coordinator(self) -> bool:
         return self.rank == 0
 
-    def agree_busy_and_tmp_id(self, busy: bool) -> tuple[bool, str]:
-        """One all-reduce: whether any rank still has a save in flight, and a tmp id from rank 0."""
-        nonce = secrets.randbits(62) if self.is_coordinator else 0
-        values = torch.tensor([int(busy), nonce], dtype=torch.int64)
-        if self.distributed:  # SUM: busy ranks add up; only rank 0 contributes a nonce
-            dist.all_reduce(values, op=dist.ReduceOp.SUM, group=self.control)
-        return bool(values[0] > 0), f"{int(values[1]):016x}"
+    def agree_busy(self, busy: bool) -> bool:
+        """One all-reduce (MAX): whether any rank still has a save in flight."""
+        if not self.distributed:
+            return busy
+        flag = torch.tensor([int(busy)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.control)
+        return bool(flag.item())
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""

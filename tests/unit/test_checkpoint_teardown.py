@@ -33,6 +33,9 @@ from slurmft.train.checkpoint import CheckpointManager
 from slurmft.train.state import TrainState
 
 RUNS = 3
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+sys.path.insert(0, str(HELPERS))
+from gloo_threads import gloo_threads  # noqa: E402  (also imported by the rank script)
 
 RANK_SCRIPT = textwrap.dedent("""
     import os
@@ -43,16 +46,8 @@ RANK_SCRIPT = textwrap.dedent("""
     from slurmft.train.checkpoint import CheckpointManager
     from slurmft.train.state import TrainState
 
-    def gloo_threads():
-        found = set()
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{tid}/comm") as comm:
-                    if comm.read().startswith(("pt_gloo", "gloo")):
-                        found.add(tid)
-            except FileNotFoundError:  # exited meanwhile
-                pass
-        return found
+    sys.path.insert(0, sys.argv[4])
+    from gloo_threads import gloo_threads
 
     rank, store, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
@@ -88,7 +83,7 @@ def _run_ranks(script: Path, tmp: Path) -> tuple[list[int], str]:
     for rank, log in enumerate(logs):
         with open(log, "wb") as out:
             procs.append(subprocess.Popen(
-                [sys.executable, str(script), str(rank), str(tmp / "store"), str(tmp / "run")],
+                [sys.executable, str(script), str(rank), str(tmp / "store"), str(tmp / "run"), str(HELPERS)],
                 env=env, stdout=out, stderr=subprocess.STDOUT))
     try:
         codes = [proc.wait(timeout=90) for proc in procs]
@@ -113,18 +108,6 @@ def test_ranks_exit_zero_after_checkpointing_and_a_normal_interpreter_exit(tmp_p
         assert RunDir(tmp / "run").committed_steps() == [1, 2], output
 
 
-def _gloo_threads() -> set[str]:
-    found = set()
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as comm:
-                if comm.read().startswith(("pt_gloo", "gloo")):
-                    found.add(tid)
-        except FileNotFoundError:  # exited meanwhile
-            pass
-    return found
-
-
 @pytest.mark.timeout(60)
 def test_close_after_a_global_destroy_process_group_joins_the_groups(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
@@ -134,13 +117,13 @@ def test_close_after_a_global_destroy_process_group_joins_the_groups(tmp_path):
         model = torch.nn.Linear(4, 2)
         manager = CheckpointManager(tmp_path / "run")
         manager.save(1, TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1)), block=True)
-        assert _gloo_threads() - before, "the manager's groups should have gloo threads"
+        assert gloo_threads() - before, "the manager's groups should have gloo threads"
     finally:
         dist.destroy_process_group()  # every group, the manager's included, as scripts often end
     manager.close()  # used to raise ValueError: its groups were already unregistered
     manager.close()  # idempotent
     deadline = time.monotonic() + 10  # a joined thread can linger in /proc for a moment
-    while _gloo_threads() - before and time.monotonic() < deadline:
+    while gloo_threads() - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _gloo_threads() - before
+    assert not gloo_threads() - before
     assert RunDir(tmp_path / "run").committed_steps() == [1]
