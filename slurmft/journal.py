@@ -47,6 +47,22 @@ PREEMPTION = "preemption"
 HANG = "hang"
 LOSS = "loss"
 TEMPLATE = "template"
+# Written by the launcher when it wants a requeue it cannot do itself (no scontrol in the job):
+# reason, exclude (node names the pre-flight failed). `slurmft watch` carries it out.
+REQUEUE_REQUEST = "requeue_request"
+
+# Event kinds written by `slurmft watch` (and read by `slurmft status`). Every one carries the
+# watched job id and the restart count the watcher saw; times are unix seconds.
+WATCH_STARTED = "watch_started"      # pid, host, user
+FAULT_DETECTED = "fault_detected"    # cause, evidence, nodes, fault_time (best estimate), state
+RECOVERY_ACTION = "recovery_action"  # action (requeue|exclude|start_now|expedite|hold|resubmit),
+                                     # cause, nodes, ok, detail
+JOB_RUNNING = "job_running"          # nodes, start_time: running again after a recovery
+JOB_RESUBMITTED = "job_resubmitted"  # old_job_id, new_job_id: Slurm had forgotten the job
+WATCH_WARNING = "watch_warning"      # what (straggler|checkpoint_overdue|stuck_pending|no_fit...),
+                                     # detail, nodes
+GAVE_UP = "gave_up"                  # cause, reason, restarts: the job is held, not requeued
+RUN_FINISHED = "run_finished"        # state, exit_code, how (done|completed)
 
 
 @dataclass(frozen=True)
