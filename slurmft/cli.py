@@ -22,6 +22,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("ckpt", "ckpt"),
     ("devcluster", "devcluster"),
     ("sweep", "sweep"),
+    ("watch", "watch"),
 ]
 
 

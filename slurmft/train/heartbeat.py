@@ -38,8 +38,12 @@ class Heartbeat:
         self._last_step: int | None = None
         self.writes = 0
 
-    def beat(self, step: int, *, force: bool = False) -> bool:
-        """Record that ``step`` finished; write the file on every k-th step. True when written."""
+    def beat(self, step: int, *, force: bool = False, busy_s: float | None = None) -> bool:
+        """Record that ``step`` finished; write the file on every k-th step. True when written.
+
+        ``busy_s``: this node's own time in the step outside collectives (e.g. compute before
+        the step's first collective). In synchronous training every rank's wall step time is the
+        same, so only a per-node time like this lets the watcher tell a straggler node."""
         if not self.enabled or (not force and step % self.every):
             return False
         now = self._clock()
@@ -55,6 +59,7 @@ class Heartbeat:
             "step": step,
             "time": now,
             "recent_step_s": recent,
+            "busy_s": busy_s,
         })
         self._last_time, self._last_step = now, step
         self.writes += 1

@@ -1,0 +1,47 @@
+"""The one place where the watcher changes anything in Slurm: requeue, exclude, start now, hold.
+
+Each method runs one client operation and journals it as ``recovery_action`` (ok or not, with
+Slurm's message); errors propagate so the caller records the step as not done and retries it
+next cycle. The caller records its intent in the run's state before calling.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from slurmft import journal
+from slurmft.slurm.client import SlurmClient, SlurmError
+
+Emit = Callable[..., None]
+
+
+class Actor:
+    def __init__(self, client: SlurmClient, emit: Emit) -> None:
+        self.client = client
+        self.emit = emit
+
+    def _do(self, action: str, cause: str, nodes: Sequence[str], call: Callable[[], object]) -> object:
+        try:
+            result = call()
+        except SlurmError as exc:
+            self.emit(journal.RECOVERY_ACTION, action=action, cause=cause, nodes=list(nodes),
+                      ok=False, detail=str(exc)[:500])
+            raise
+        self.emit(journal.RECOVERY_ACTION, action=action, cause=cause, nodes=list(nodes), ok=True,
+                  detail="")
+        return result
+
+    def requeue(self, job_id: str, cause: str) -> bool:
+        """State-based requeue (never a job that completed successfully); False when Slurm says
+        it completed successfully."""
+        return bool(self._do("requeue", cause, (), lambda: self.client.requeue(job_id)))
+
+    def exclude(self, job_id: str, cause: str, nodes: Sequence[str]) -> None:
+        self._do("exclude", cause, nodes,
+                 lambda: self.client.update_pending(job_id, exclude_nodes=list(nodes)))
+
+    def start_now(self, job_id: str, cause: str) -> None:
+        self._do("start_now", cause, (), lambda: self.client.update_pending(job_id, start_now=True))
+
+    def hold(self, job_id: str, cause: str) -> None:
+        self._do("hold", cause, (), lambda: self.client.hold(job_id))

@@ -1,0 +1,58 @@
+"""``[watch]`` settings of ``slurmft watch``, validated in one place.
+
+Loaded with ``slurmft.config.load_section(WatchConfig, "watch")`` (defaults < slurmft.toml <
+``SLURMFT_WATCH_<FIELD>`` < flags). Every duration is in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    # Seconds between poll cycles.
+    poll_s: float = 5.0
+    # A RUNNING job whose every heartbeat is older than this is hung. 0: learn it from the run,
+    # hang_factor x the longest step interval seen in its heartbeats (at least hang_min_s).
+    hang_timeout_s: float = 0.0
+    hang_factor: float = 10.0
+    hang_min_s: float = 60.0
+    # After a segment starts, no hang is declared before this (checkpoint load, first step).
+    startup_grace_s: float = 300.0
+    # A node whose per-node busy time is straggler_factor x the median for straggler_window
+    # consecutive heartbeats is a straggler: warned about, excluded at the next restart if
+    # exclude_stragglers.
+    straggler_factor: float = 1.5
+    straggler_window: int = 3
+    exclude_stragglers: bool = False
+    # Warn when no checkpoint was committed for this factor x the run's usual interval.
+    checkpoint_overdue_factor: float = 2.0
+    # Giving up: restarts in total, per cause, and consecutive restarts with no newer checkpoint.
+    max_restarts: int = 50
+    max_restarts_per_cause: int = 20
+    crash_loop_restarts: int = 3
+    # A requeued job still PENDING after this long gets a warning (it may wait for capacity).
+    pending_warn_s: float = 600.0
+    # StartTime=now is sent this long after the job shows PENDING (not COMPLETING): slurmd
+    # refuses a launch within about a second of the requeue ("Job credential revoked").
+    start_now_delay_s: float = 1.5
+    # A node that was the evidence in this many earlier faults is excluded as soon as it shows
+    # up in the job's allocation again.
+    repeat_offender_faults: int = 2
+
+    def __post_init__(self) -> None:
+        positive = ("poll_s", "hang_factor", "hang_min_s", "straggler_factor",
+                    "checkpoint_overdue_factor")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        non_negative = ("hang_timeout_s", "startup_grace_s", "pending_warn_s", "start_now_delay_s")
+        for name in non_negative:
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        at_least_one = ("straggler_window", "max_restarts", "max_restarts_per_cause",
+                        "crash_loop_restarts", "repeat_offender_faults")
+        for name in at_least_one:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

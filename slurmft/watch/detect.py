@@ -1,0 +1,291 @@
+"""Detectors: pure functions of (what one cycle observed about a run, what the watcher remembers
+of it, config) returning findings. Nothing here reads a file, calls Slurm or acts.
+
+A finding says what happened (``cause``), what it calls for (``action``), the evidence in one
+line, the nodes the evidence points at, and the best estimate of when the fault happened.
+Actions: ``recover`` (requeue, then exclude and start now), ``expedite`` (Slurm or the job
+already requeued it: exclude and start now only), ``give_up`` (hold, never requeue), ``finish``
+(the run is over: stop watching), ``wait`` (something is under way: do nothing yet), ``warn``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from slurmft import exitcodes
+from slurmft.slurm.client import Job, JobState, Node
+from slurmft.watch.config import WatchConfig
+from slurmft.watch.runview import Beat, JournalSummary, done_for
+
+# Causes (journaled as fault_detected.cause; slurmft status groups restarts by them).
+NODE_FAIL = "node_fail"            # Slurm ended or requeued the job for a node failure
+NODE_DOWN = "node_down"            # a node of the allocation is DOWN / not responding
+NODE_UNHEALTHY = "node_unhealthy"  # drained by slurmft's sweeper (reason "slurmft: ...")
+NODE_DRAINED = "node_drained"      # drained by someone else
+HANG = "hang"                      # heartbeats stale, or the step watchdog fired (exit 87)
+CRASH = "crash"                    # any other failed exit
+TIMEOUT = "timeout"
+PREEMPTED = "preempted"            # Slurm preempted it, or the job saved and requeued itself
+BOOT_FAIL = "boot_fail"
+OUT_OF_MEMORY = "out_of_memory"
+REQUEUED = "requeued"              # requeued by Slurm or an admin, cause unknown
+REQUEUE_REQUEST = "requeue_request"  # the launcher asked for a requeue it could not do itself
+NO_REQUEUE = "no_requeue"          # the job exited "do not requeue" (86)
+FINISHED = "finished"
+CANCELLED = "cancelled"
+STRAGGLER = "straggler"
+CHECKPOINT_OVERDUE = "checkpoint_overdue"
+NOT_RESPONDING = "not_responding"
+
+RECOVER, EXPEDITE, GIVE_UP, FINISH, WAIT, WARN = "recover", "expedite", "give_up", "finish", "wait", "warn"
+
+# Causes that count towards the crash-loop rule (no checkpoint progress across restarts).
+FAULTS = frozenset({NODE_FAIL, NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED, HANG, CRASH, BOOT_FAIL,
+                    OUT_OF_MEMORY, REQUEUED, REQUEUE_REQUEST})
+
+_SLURM_END_CAUSES = {
+    JobState.NODE_FAIL: NODE_FAIL,
+    JobState.TIMEOUT: TIMEOUT,
+    JobState.PREEMPTED: PREEMPTED,
+    JobState.BOOT_FAIL: BOOT_FAIL,
+    JobState.OUT_OF_MEMORY: OUT_OF_MEMORY,
+    JobState.DEADLINE: TIMEOUT,
+}
+SWEEPER_PREFIX = "slurmft:"
+
+
+@dataclass(frozen=True)
+class Finding:
+    cause: str
+    action: str
+    evidence: str
+    nodes: tuple[str, ...] = ()
+    fault_time: float | None = None
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the watcher remembers of a run between cycles (from its state)."""
+
+    last_restart_count: int | None = None
+    last_nodes: tuple[str, ...] = ()
+    max_step_s: float | None = None
+    node_history: Mapping[str, Sequence[float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunObservation:
+    """One cycle's view of one run: the job (None: Slurm has forgotten it), every node, the
+    run dir's journal summary, heartbeats and DONE marker, and the time of the observation."""
+
+    job_id: str
+    job: Job | None
+    nodes: Mapping[str, Node]
+    summary: JournalSummary
+    beats: Mapping[str, Beat]
+    done: dict | None
+    now: float
+
+
+def _ts(job: Job, attr: str) -> float | None:
+    value = getattr(job, attr)
+    return value.timestamp() if value is not None else None
+
+
+def node_problem(node: Node | None) -> tuple[str, str] | None:
+    """(cause, evidence) when a node cannot be trusted with the job, else None."""
+    if node is None:
+        return None
+    if node.down:
+        return NODE_DOWN, f"{node.name} is DOWN ({node.reason or 'no reason'})"
+    if node.drained:
+        if node.reason.startswith(SWEEPER_PREFIX):
+            return NODE_UNHEALTHY, f"{node.name} drained by the sweeper: {node.reason}"
+        return NODE_DRAINED, f"{node.name} drained ({node.reason or 'no reason'})"
+    if not node.responding:
+        return NOT_RESPONDING, f"{node.name} is not responding"
+    return None
+
+
+def bad_nodes(names: Sequence[str], nodes: Mapping[str, Node]) -> list[tuple[str, str, str]]:
+    """(node, cause, evidence) for each node of ``names`` with a problem."""
+    found = []
+    for name in names:
+        problem = node_problem(nodes.get(name))
+        if problem is not None:
+            found.append((name, *problem))
+    return found
+
+
+def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
+    """The job ended (or was requeued) since the last cycle: what that calls for."""
+    job = obs.job
+    if job is None:
+        if done_for(obs.done, obs.job_id):
+            return Finding(FINISHED, FINISH, "the run dir says DONE; Slurm no longer lists the job")
+        return Finding(REQUEUED, WARN, "Slurm no longer knows the job (past MinJobAge) and the run "
+                       "is not DONE")
+    restart = job.restart_count
+    summary = obs.summary
+    if job.state is JobState.COMPLETED or done_for(obs.done, job.job_id) and job.state.finished:
+        return Finding(FINISHED, FINISH, f"job {job.state.value}, exit {job.exit_code}"
+                       + (", run dir DONE" if obs.done is not None else ""))
+    if job.state is JobState.CANCELLED:
+        return Finding(CANCELLED, FINISH, "cancelled (by its owner or an admin): left cancelled")
+    if job.state.finished:
+        end = _ts(job, "end_time") or obs.now
+        if summary.no_requeue(job.job_id, restart):
+            return Finding(NO_REQUEUE, GIVE_UP, f"the job exited {exitcodes.NO_REQUEUE} (do not "
+                           f"requeue): {summary.segment_ends[(job.job_id, restart)].get('reason')}",
+                           fault_time=end)
+        outcome = summary.outcome(job.job_id, restart)
+        request = summary.requeue_requests.get((job.job_id, restart))
+        if request is not None or outcome == exitcodes.REQUEUE:
+            exclude = request.get("exclude") if request is not None else None
+            nodes = tuple(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else ()
+            reason = request.get("reason") if request is not None else "exit 85"
+            return Finding(REQUEUE_REQUEST, RECOVER, f"the job asked to be requeued: {reason}",
+                           nodes, end)
+        if job.state in _SLURM_END_CAUSES:
+            cause = _SLURM_END_CAUSES[job.state]
+            allocation = job.nodes or memory.last_nodes
+            evidence_nodes = tuple(n for n, _, _ in bad_nodes(allocation, obs.nodes))
+            return Finding(cause, RECOVER, f"Slurm ended the job {job.state.value}"
+                           + (f" ({job.reason})" if job.reason and job.reason != "None" else ""),
+                           evidence_nodes if cause in (NODE_FAIL, BOOT_FAIL) else (), end)
+        code = outcome if outcome is not None else job.exit_code
+        if code == exitcodes.HANG:
+            return Finding(HANG, RECOVER, f"the step watchdog fired (exit {exitcodes.HANG})",
+                           _hang_suspects(obs, memory, job), end)
+        signal = f", signal {job.exit_signal}" if job.exit_signal else ""
+        return Finding(CRASH, RECOVER, f"the job {job.state.value} with exit {code}{signal}",
+                       (), end)
+    # Pending or running.
+    previous = memory.last_restart_count
+    requeued = job.state is JobState.PENDING and (
+        (previous is not None and restart > previous) or (previous is None and restart > 0))
+    if requeued:
+        prev_key = (job.job_id, restart - 1)
+        allocation = memory.last_nodes
+        troubled = bad_nodes(allocation, obs.nodes)
+        if prev_key in summary.self_requeues or summary.outcome(*prev_key) == exitcodes.REQUEUE:
+            request = summary.requeue_requests.get(prev_key)
+            exclude = request.get("exclude") if request is not None else None
+            nodes = tuple(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else ()
+            return Finding(PREEMPTED, EXPEDITE, "the job saved and requeued itself", nodes)
+        if troubled:
+            return Finding(NODE_FAIL, EXPEDITE, "Slurm requeued the job: "
+                           + "; ".join(e for _, _, e in troubled), tuple(n for n, _, _ in troubled))
+        return Finding(REQUEUED, EXPEDITE, f"the job was requeued (restart {restart}) by Slurm or "
+                       "an admin")
+    return None
+
+
+def detect_nodes(obs: RunObservation) -> Finding | None:
+    """A node of a RUNNING job's allocation that is DOWN, drained, or silent with stale beats."""
+    job = obs.job
+    if job is None or job.state is not JobState.RUNNING or job.completing:
+        return None
+    troubled = bad_nodes(job.nodes, obs.nodes)
+    acting = [t for t in troubled if t[1] != NOT_RESPONDING]
+    if acting:
+        name, cause, _ = acting[0]
+        return Finding(cause, RECOVER, "; ".join(e for _, _, e in acting),
+                       tuple(n for n, _, _ in acting))
+    return None
+
+
+def hang_timeout(memory: Memory, config: WatchConfig) -> float:
+    """Explicit, else hang_factor x the longest step interval seen (at least hang_min_s)."""
+    if config.hang_timeout_s > 0:
+        return config.hang_timeout_s
+    longest = memory.max_step_s or 0.0
+    return max(config.hang_min_s, config.hang_factor * longest)
+
+
+def _hang_suspects(obs: RunObservation, memory: Memory, job: Job) -> tuple[str, ...]:
+    """Nodes of the allocation whose ranks did NOT report a watchdog timeout while others did:
+    in a collective, the ranks that time out are the ones left waiting for the culprit."""
+    reported = obs.summary.hang_nodes.get((job.job_id, job.restart_count), set())
+    allocation = job.nodes or memory.last_nodes
+    if not reported:
+        return ()
+    silent = tuple(n for n in allocation if n not in reported)
+    return silent if 0 < len(silent) < len(allocation) else ()
+
+
+def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Finding | None:
+    """Every heartbeat of this segment older than the hang timeout (after the start-up grace)."""
+    job = obs.job
+    if job is None or job.state is not JobState.RUNNING or job.completing:
+        return None
+    started = _ts(job, "start_time")
+    timeout = hang_timeout(memory, config)
+    beats = [b for b in obs.beats.values() if b.node in job.nodes
+             and b.job_id == job.job_id and b.restart_count == job.restart_count]
+    if beats:
+        newest = max(b.time for b in beats)
+    else:
+        if started is None or obs.now - started < config.startup_grace_s + timeout:
+            return None
+        newest = started + config.startup_grace_s
+    if started is not None and obs.now - started < config.startup_grace_s:
+        return None
+    age = obs.now - newest
+    if age <= timeout:
+        return None
+    suspects = _hang_suspects(obs, memory, job)
+    where = (f"; suspect {','.join(suspects)} (its ranks reported no watchdog timeout)"
+             if suspects else "; cannot attribute it to a node (no per-node evidence)")
+    what = "newest heartbeat" if beats else "no heartbeat since start-up grace ended"
+    return Finding(HANG, RECOVER, f"{what} is {age:.0f} s old > hang timeout {timeout:.0f} s{where}",
+                   suspects, newest)
+
+
+def detect_straggler(memory: Memory, config: WatchConfig) -> Finding | None:
+    """One node k x slower than the median of the others for ``straggler_window`` beats in a row.
+    ``memory.node_history`` holds each node's recent per-node busy times (oldest first)."""
+    history = {n: list(h)[-config.straggler_window:] for n, h in memory.node_history.items()}
+    if len(history) < 2 or any(len(h) < config.straggler_window for h in history.values()):
+        return None
+    slow = []
+    for name, times in history.items():
+        others = [statistics.median(h[i] for m, h in history.items() if m != name)
+                  for i in range(config.straggler_window)]
+        if all(t > config.straggler_factor * o and o > 0 for t, o in zip(times, others)):
+            slow.append((name, statistics.median(times), statistics.median(others)))
+    if len(slow) != 1:
+        return None
+    name, mine, theirs = slow[0]
+    return Finding(STRAGGLER, WARN, f"{name} busy {mine:.3f} s per step vs median {theirs:.3f} s "
+                   f"for {config.straggler_window} heartbeats", (name,))
+
+
+def detect_checkpoint_overdue(obs: RunObservation, config: WatchConfig) -> Finding | None:
+    """No checkpoint committed for overdue_factor x the run's usual interval (RUNNING only)."""
+    job = obs.job
+    commits = list(obs.summary.commits)
+    if job is None or job.state is not JobState.RUNNING or len(commits) < 2:
+        return None
+    gaps = [b[0] - a[0] for a, b in zip(commits, commits[1:]) if b[0] > a[0]]
+    if not gaps:
+        return None
+    usual = statistics.median(gaps)
+    started = _ts(job, "start_time") or commits[-1][0]
+    since = obs.now - max(commits[-1][0], started)
+    if since <= config.checkpoint_overdue_factor * usual:
+        return None
+    return Finding(CHECKPOINT_OVERDUE, WARN, f"no checkpoint committed for {since:.0f} s (usual "
+                   f"interval {usual:.0f} s; newest step {commits[-1][1]})")
+
+
+def detect(obs: RunObservation, memory: Memory, config: WatchConfig) -> list[Finding]:
+    """Every finding for one run this cycle, the one to act on first."""
+    found = [f for f in (detect_end(obs, memory), detect_nodes(obs),
+                         detect_hang(obs, memory, config)) if f is not None]
+    for warning in (detect_straggler(memory, config), detect_checkpoint_overdue(obs, config)):
+        if warning is not None:
+            found.append(warning)
+    return found

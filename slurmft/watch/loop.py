@@ -1,0 +1,91 @@
+"""The poll loop: one controller query for every watched job and one node query per cycle,
+then each run's state machine. A query that fails means "could not observe": nothing is acted
+on, the loop backs off (bounded) and logs once per change of controller health.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from slurmft.slurm.client import JobNotFound, JobState, SlurmClient, SlurmError
+from slurmft.watch.runwatch import RunWatch
+
+log = logging.getLogger(__name__)
+MAX_BACKOFF_S = 60.0
+
+
+@dataclass
+class CycleResult:
+    observed: bool
+    duration_s: float
+    error: str = ""
+
+
+class Watcher:
+    def __init__(self, client: SlurmClient, runs: list[RunWatch], *, poll_s: float,
+                 clock: Callable[[], float] = time.time,
+                 on_cycle: Callable[[CycleResult], None] | None = None) -> None:
+        self.client = client
+        self.runs = runs
+        self.poll_s = poll_s
+        self.clock = clock
+        self.on_cycle = on_cycle
+        self.controller_ok: bool | None = None
+
+    def cycle(self) -> CycleResult:
+        started = time.monotonic()
+        active = [r for r in self.runs if r.active]
+        if not active:
+            return CycleResult(True, 0.0)
+        try:
+            jobs = self.client.jobs([r.job_id for r in active])
+            nodes = self.client.nodes()
+        except SlurmError as exc:
+            result = CycleResult(False, time.monotonic() - started, str(exc))
+            if self.controller_ok is not False:
+                log.warning("could not observe Slurm (nothing is acted on until it answers): %s", exc)
+            self.controller_ok = False
+            self._report(result)
+            return result
+        if self.controller_ok is False:
+            log.warning("Slurm answers again")
+        self.controller_ok = True
+        now = self.clock()
+        for run in active:
+            job = jobs.get(run.job_id)
+            if job is None:
+                job = self._confirm_forgotten(run)
+                if job is False:
+                    continue
+            run.step(job, nodes, now)
+        result = CycleResult(True, time.monotonic() - started)
+        self._report(result)
+        return result
+
+    def _confirm_forgotten(self, run: RunWatch):
+        """A job missing from the controller's answer: ask once more, accounting included. Its
+        accounting record is used only when it says COMPLETED (finished); otherwise the job is
+        forgotten (None: it can no longer be requeued). False when that cannot be told now."""
+        try:
+            job = self.client.job(run.job_id)
+        except JobNotFound:
+            return None
+        except SlurmError:
+            return False
+        return job if job.state is JobState.COMPLETED else None
+
+    def _report(self, result: CycleResult) -> None:
+        if self.on_cycle is not None:
+            self.on_cycle(result)
+
+    def run(self, *, once: bool = False, stop: Callable[[], bool] = lambda: False) -> None:
+        backoff = self.poll_s
+        while True:
+            result = self.cycle()
+            if once or not any(r.active for r in self.runs) or stop():
+                return
+            backoff = self.poll_s if result.observed else min(backoff * 2, MAX_BACKOFF_S)
+            time.sleep(backoff)

@@ -1,0 +1,251 @@
+"""What the watcher reads from a run directory: heartbeats, DONE, and a summary of the journal.
+
+The run dir belongs to the job's user and is untrusted here: every file is opened without
+following a symlink and without blocking on a FIFO, must be a regular file, and is read up to a
+bound; anything else reads as absent. The journal is followed incrementally (``JournalTail``
+keeps a byte offset), so a cycle costs the new lines, not the whole history of a weeks-long run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmft import exitcodes, journal
+from slurmft.journal import Event, parse_line
+from slurmft.rundir import RunDir
+
+MAX_SMALL_FILE = 64 * 1024
+MAX_JOURNAL_CHUNK = 8 * 1024 * 1024
+MAX_LINE = 64 * 1024
+_KEEP_COMMITS = 32
+
+
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """The first ``limit`` bytes of ``path`` if it is a regular file (no symlink, no FIFO)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_small_json(path: Path) -> Any:
+    """A small JSON file's value, or None when absent, not a regular file, too big or invalid."""
+    data = read_regular(path, MAX_SMALL_FILE + 1)
+    if data is None or len(data) > MAX_SMALL_FILE:
+        return None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One node's heartbeat as the job wrote it (fields it lacks are None)."""
+
+    node: str
+    job_id: str | None
+    restart_count: int | None
+    step: int | None
+    time: float
+    recent_step_s: float | None
+    busy_s: float | None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+def read_heartbeats(run_dir: RunDir) -> dict[str, Beat]:
+    """Every readable ``heartbeat/<node>.json``, by node."""
+    beats: dict[str, Beat] = {}
+    try:
+        entries = list(os.scandir(run_dir.heartbeat_dir))
+    except OSError:
+        return beats
+    for entry in entries[:4096]:
+        if not entry.name.endswith(".json") or entry.name.startswith("."):
+            continue
+        data = read_small_json(Path(entry.path))
+        if not isinstance(data, dict):
+            continue
+        when = _number(data.get("time"))
+        node = data.get("node")
+        if when is None or not isinstance(node, str) or f"{node}.json" != entry.name:
+            continue
+        step = data.get("step")
+        restart = data.get("restart_count")
+        beats[node] = Beat(
+            node=node,
+            job_id=str(data["job_id"]) if isinstance(data.get("job_id"), (str, int)) else None,
+            restart_count=restart if isinstance(restart, int) and not isinstance(restart, bool) else None,
+            step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+            time=when,
+            recent_step_s=_number(data.get("recent_step_s")),
+            busy_s=_number(data.get("busy_s")),
+        )
+    return beats
+
+
+def read_done(run_dir: RunDir) -> dict[str, Any] | None:
+    """The DONE marker: its JSON fields, ``{}`` for a plain-text marker, None when absent."""
+    data = read_regular(run_dir.done, MAX_SMALL_FILE)
+    if data is None:
+        return None
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def done_for(done: dict[str, Any] | None, job_id: str) -> bool:
+    """Whether a DONE marker says this job's run is finished (a marker naming another job is
+    an earlier run's: a later run in the same dir may train further)."""
+    if done is None:
+        return False
+    named = done.get("job_id")
+    return named is None or str(named) == str(job_id)
+
+
+@dataclass
+class JournalSummary:
+    """What the watcher needs from ``events.jsonl``, kept up to date line by line."""
+
+    segment_starts: list[Event] = field(default_factory=list)
+    segment_ends: dict[tuple[str, int], Event] = field(default_factory=dict)
+    commits: deque = field(default_factory=lambda: deque(maxlen=_KEEP_COMMITS))
+    requeue_requests: dict[tuple[str, int], Event] = field(default_factory=dict)
+    self_requeues: set[tuple[str, int]] = field(default_factory=set)
+    hang_nodes: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    last_loss_step: int | None = None
+    last_loss_time: float | None = None
+    events_read: int = 0
+
+    @staticmethod
+    def key(event: Event) -> tuple[str, int] | None:
+        job, restart = event.get("job_id"), event.get("restart_count")
+        if not isinstance(job, (str, int)) or isinstance(restart, bool) or not isinstance(restart, int):
+            return None
+        return str(job), restart
+
+    def add(self, event: Event) -> None:
+        self.events_read += 1
+        key = self.key(event)
+        kind = event.kind
+        if kind == journal.LOSS:
+            step = event.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.last_loss_step, self.last_loss_time = step, event.time
+        elif kind == journal.CHECKPOINT_COMMITTED:
+            step = event.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.commits.append((event.time, step, _number(event.get("blocking_s"))))
+        elif key is None:
+            return
+        elif kind == journal.SEGMENT_START:
+            self.segment_starts.append(event)
+            del self.segment_starts[:-64]
+        elif kind == journal.SEGMENT_END:
+            self.segment_ends[key] = event
+        elif kind == journal.REQUEUE_REQUEST:
+            self.requeue_requests[key] = event
+        elif kind == journal.TEMPLATE and event.get("action") == "requeue":
+            self.self_requeues.add(key)
+        elif kind == journal.HANG:
+            node = event.get("node")
+            if isinstance(node, str):
+                self.hang_nodes.setdefault(key, set()).add(node)
+
+    def outcome(self, job_id: str, restart_count: int) -> int | None:
+        """The exit code the segment (job, restart) recorded, if any."""
+        event = self.segment_ends.get((str(job_id), restart_count))
+        code = None if event is None else event.get("exit_code")
+        return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+    def no_requeue(self, job_id: str, restart_count: int) -> bool:
+        return self.outcome(job_id, restart_count) == exitcodes.NO_REQUEUE
+
+    def newest_commit_step(self) -> int | None:
+        return self.commits[-1][1] if self.commits else None
+
+    def last_segment(self, job_id: str) -> Event | None:
+        for event in reversed(self.segment_starts):
+            if str(event.get("job_id")) == str(job_id):
+                return event
+        return None
+
+
+class JournalTail:
+    """Follows one run's ``events.jsonl`` from a byte offset; lines are parsed as they arrive."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.identity: tuple[int, int] | None = None
+        self.summary = JournalSummary()
+        self._partial = b""
+
+    def poll(self) -> JournalSummary:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return self.summary
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return self.summary
+            identity = (info.st_dev, info.st_ino)
+            if identity != self.identity or info.st_size < self.offset:  # replaced or truncated
+                self.identity, self.offset, self._partial = identity, 0, b""
+                self.summary = JournalSummary()
+            while self.offset < info.st_size:
+                chunk = os.pread(fd, min(MAX_JOURNAL_CHUNK, info.st_size - self.offset), self.offset)
+                if not chunk:
+                    break
+                self.offset += len(chunk)
+                self._feed(chunk)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return self.summary
+
+    def _feed(self, chunk: bytes) -> None:
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > MAX_LINE:  # a line without end: drop it, keep going
+            self._partial = b""
+        for raw in lines:
+            if not raw.strip() or len(raw) > MAX_LINE:
+                continue
+            try:
+                event = parse_line(raw.decode("utf-8", errors="replace"))
+            except (RecursionError, ValueError):
+                event = None
+            if event is not None:
+                self.summary.add(event)

@@ -1,0 +1,326 @@
+"""One watched run: its state machine, driven once per poll cycle with that cycle's observation.
+
+WATCHING: the detectors run; the first finding that calls for action starts a recovery (or
+gives up, or ends the watch). RECOVERING: requeue (unless Slurm or the job already did), then,
+once the job is PENDING and no longer COMPLETING, merge the evidence nodes into ``ExcNodeList``
+and send ``StartTime=now``; back to WATCHING when the job runs again with a newer restart count.
+Every step's intent is saved in the run's state before the step is taken (``state.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any, Callable, Mapping
+
+from slurmft import journal
+from slurmft.journal import Journal
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import Job, JobState, Node, SlurmError
+from slurmft.watch import detect
+from slurmft.watch.act import Actor
+from slurmft.watch.config import WatchConfig
+from slurmft.watch.detect import Finding, Memory, RunObservation
+from slurmft.watch.runview import JournalTail, read_done, read_heartbeats
+from slurmft.watch.state import (
+    DOING, DONE, FINISHED, GAVE_UP, LOST, RECOVERING, SKIP, TODO, WATCHING, Recovery, RunState,
+    save_state,
+)
+
+log = logging.getLogger(__name__)
+Listener = Callable[[str, Mapping[str, Any]], None]
+_TERMINAL = (FINISHED, GAVE_UP, LOST)
+
+
+def fit_exclusions(job: Job, nodes: Mapping[str, Node], wanted: list[str]) -> tuple[list[str], list[str]]:
+    """(nodes to exclude, nodes left out) so that the job still fits: excluding a node that is
+    DOWN or drained costs no capacity; excluding a usable one must leave enough for the job's
+    smallest size."""
+    needed = max(job.min_nodes or 0, 1) if job.min_nodes else max(job.node_count, 1)
+    already = set(job.excluded_nodes)
+    usable = {n for n, node in nodes.items() if detect.node_problem(node) is None} - already
+    keep, dropped = [], []
+    for name in wanted:
+        if name in already:
+            continue
+        if name in usable and len(usable) - 1 < needed:
+            dropped.append(name)
+            continue
+        usable.discard(name)
+        keep.append(name)
+    return keep, dropped
+
+
+class RunWatch:
+    """The watcher of one run dir: call ``step(job, nodes, now)`` once per cycle."""
+
+    def __init__(self, run_dir: RunDir, state: RunState, actor_client, config: WatchConfig,
+                 listeners: list[Listener] | None = None) -> None:
+        self.run_dir = run_dir
+        self.state = state
+        self.config = config
+        self.tail = JournalTail(run_dir.events)
+        self.listeners = list(listeners or [])
+        self.actor = Actor(actor_client, self.emit)
+        self._history: dict[str, deque] = {}
+        self._last_beat_time: dict[str, float] = {}
+        self._job: Job | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.state.job_id
+
+    @property
+    def active(self) -> bool:
+        return self.state.phase not in _TERMINAL
+
+    # -- reporting ------------------------------------------------------------------------------
+
+    def emit(self, kind: str, /, **fields: Any) -> None:
+        """Journal an event of the watcher's and hand it to the listeners (notify, metrics)."""
+        restart = self._job.restart_count if self._job is not None else self.state.last_restart_count
+        record = {"job_id": self.job_id, "restart_count": restart, **fields}
+        try:
+            Journal(self.run_dir).append(kind, **record)
+        except (OSError, journal.JournalError) as exc:
+            log.error("run %s: could not journal %s: %s", self.run_dir.root, kind, exc)
+        log.info("job %s: %s %s", self.job_id, kind,
+                 " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, "", [])))
+        for listener in self.listeners:
+            try:
+                listener(kind, {"run_dir": str(self.run_dir.root), "time": time.time(), **record})
+            except Exception as exc:  # a listener never stops the watcher
+                log.error("event listener failed on %s: %s", kind, exc)
+
+    def _save(self) -> None:
+        save_state(self.run_dir, self.state)
+
+    # -- the cycle ------------------------------------------------------------------------------
+
+    def observe(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> RunObservation:
+        summary = self.tail.poll()
+        beats = read_heartbeats(self.run_dir)
+        self._learn(job, beats)
+        return RunObservation(self.job_id, job, nodes, summary, beats, read_done(self.run_dir), now)
+
+    def memory(self) -> Memory:
+        st = self.state
+        return Memory(st.last_restart_count, tuple(st.last_nodes), st.max_step_s,
+                      {n: tuple(h) for n, h in self._history.items()})
+
+    def _learn(self, job: Job | None, beats) -> None:
+        """Step times (for the learned hang timeout) and per-node busy times (stragglers)."""
+        if job is None or job.state is not JobState.RUNNING:
+            return
+        for beat in beats.values():
+            if beat.job_id != job.job_id or beat.restart_count != job.restart_count:
+                continue
+            if beat.recent_step_s is not None and beat.recent_step_s > (self.state.max_step_s or 0):
+                self.state.max_step_s = beat.recent_step_s
+            if beat.busy_s is not None and self._last_beat_time.get(beat.node) != beat.time:
+                self._last_beat_time[beat.node] = beat.time
+                self._history.setdefault(beat.node, deque(maxlen=16)).append(beat.busy_s)
+
+    def step(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> None:
+        if not self.active:
+            return
+        self._job = job
+        obs = self.observe(job, nodes, now)
+        if self.state.phase == RECOVERING:
+            self._advance(obs)
+        else:
+            self._watch(obs)
+        if job is not None and self.active:
+            if job.state is JobState.RUNNING and not job.completing:
+                self.state.last_nodes = list(job.nodes)
+            if self.state.phase == WATCHING:
+                self.state.last_restart_count = job.restart_count
+        self._save()
+
+    # -- watching -------------------------------------------------------------------------------
+
+    def _watch(self, obs: RunObservation) -> None:
+        findings = detect.detect(obs, self.memory(), self.config)
+        for finding in findings:
+            if finding.action == detect.WARN:
+                self._warn(finding, obs)
+        acting = next((f for f in findings if f.action in (detect.RECOVER, detect.EXPEDITE,
+                                                          detect.GIVE_UP, detect.FINISH)), None)
+        if acting is None:
+            return
+        if acting.action == detect.FINISH:
+            job = obs.job
+            self.emit(journal.RUN_FINISHED, how=acting.cause, detail=acting.evidence,
+                      state=job.state.value if job else None, exit_code=job.exit_code if job else None)
+            self.state.phase = FINISHED
+            return
+        if acting.action == detect.GIVE_UP:
+            self._detected(acting, obs)
+            self._give_up(acting.cause, acting.evidence, obs.job)
+            return
+        self._start_recovery(acting, obs)
+
+    def _warn(self, finding: Finding, obs: RunObservation) -> None:
+        job = obs.job
+        key = f"{finding.cause}:{job.job_id if job else self.job_id}:{job.restart_count if job else ''}"
+        if finding.cause == detect.CHECKPOINT_OVERDUE:
+            key += f":{obs.summary.newest_commit_step()}"
+        if finding.cause == detect.REQUEUED and job is None:
+            self.emit(journal.WATCH_WARNING, what="forgotten", detail=finding.evidence, nodes=[])
+            self.state.phase = LOST
+            self.state.reason = finding.evidence
+            return
+        if self.state.warn_once(key):
+            self.emit(journal.WATCH_WARNING, what=finding.cause, detail=finding.evidence,
+                      nodes=list(finding.nodes))
+
+    def _detected(self, finding: Finding, obs: RunObservation) -> None:
+        job = obs.job
+        self.emit(journal.FAULT_DETECTED, cause=finding.cause, evidence=finding.evidence,
+                  nodes=list(finding.nodes), fault_time=finding.fault_time,
+                  state=job.state.value if job else None, action=finding.action)
+
+    def _limit_reached(self, cause: str, newest: int | None) -> str | None:
+        st, cfg = self.state, self.config
+        if st.restarts >= cfg.max_restarts:
+            return f"{st.restarts} restarts, the most allowed (max_restarts)"
+        if st.restarts_by_cause.get(cause, 0) >= cfg.max_restarts_per_cause:
+            return f"{st.restarts_by_cause[cause]} restarts for {cause} (max_restarts_per_cause)"
+        if cause in detect.FAULTS:
+            recent = st.ckpt_at_recovery[-cfg.crash_loop_restarts:]
+            if len(recent) >= cfg.crash_loop_restarts and all(s == newest for s in recent):
+                return (f"crash loop: no newer checkpoint than step {newest} across "
+                        f"{cfg.crash_loop_restarts} restarts")
+        return None
+
+    def _start_recovery(self, finding: Finding, obs: RunObservation) -> None:
+        job = obs.job
+        assert job is not None  # detect_end returns WARN, never RECOVER, for a forgotten job
+        st = self.state
+        newest = obs.summary.newest_commit_step()
+        self._detected(finding, obs)
+        why = self._limit_reached(finding.cause, newest)
+        if why is not None:
+            self._give_up(finding.cause, why, job)
+            return
+        offenders = [n for n, count in st.node_faults.items()
+                     if count >= self.config.repeat_offender_faults - 1 and n in finding.nodes]
+        exclude = list(dict.fromkeys([*finding.nodes, *self._known_bad(), *offenders]))
+        if self.config.exclude_stragglers:
+            straggler = detect.detect_straggler(self.memory(), self.config)
+            if straggler is not None:
+                exclude.extend(n for n in straggler.nodes if n not in exclude)
+        expedite = finding.action == detect.EXPEDITE
+        st.recovery = Recovery(
+            cause=finding.cause, evidence=finding.evidence,
+            fault_time=finding.fault_time if finding.fault_time is not None else obs.now,
+            detect_time=obs.now,
+            restart_count=job.restart_count - 1 if expedite else job.restart_count,
+            exclude=exclude, requeue=SKIP if expedite else TODO,
+            exclude_step=TODO if exclude else SKIP)
+        st.restarts += 1
+        st.restarts_by_cause[finding.cause] = st.restarts_by_cause.get(finding.cause, 0) + 1
+        for name in finding.nodes:
+            st.node_faults[name] = st.node_faults.get(name, 0) + 1
+        if finding.cause in detect.FAULTS:
+            st.ckpt_at_recovery.append(newest)
+        st.phase = RECOVERING
+        self._save()
+        self._advance(obs)
+
+    def _known_bad(self) -> list[str]:
+        """Nodes that were the evidence in enough earlier faults to be excluded on sight."""
+        return [n for n, count in self.state.node_faults.items()
+                if count >= self.config.repeat_offender_faults]
+
+    def _give_up(self, cause: str, why: str, job: Job | None) -> None:
+        held = False
+        if job is not None and job.state is JobState.PENDING:
+            try:
+                self.actor.hold(job.job_id, cause)
+                held = True
+            except SlurmError as exc:
+                log.error("job %s: could not hold it: %s", self.job_id, exc)
+        self.emit(journal.GAVE_UP, cause=cause, reason=why, restarts=self.state.restarts, held=held)
+        self.state.phase = GAVE_UP
+        self.state.recovery = None
+        self.state.reason = why
+
+    # -- recovering -----------------------------------------------------------------------------
+
+    def _advance(self, obs: RunObservation) -> None:
+        st, rec, job = self.state, self.state.recovery, obs.job
+        if rec is None:
+            st.phase = WATCHING
+            return
+        if job is None:
+            self._warn(Finding(detect.REQUEUED, detect.WARN, "Slurm forgot the job during its "
+                               "recovery"), obs)
+            return
+        if rec.requeue in (TODO, DOING):
+            if job.state is JobState.PENDING or job.restart_count > rec.restart_count:
+                rec.requeue = DONE  # done before (by us before a crash, by Slurm or an admin)
+                rec.requeued_at = rec.requeued_at or obs.now
+            elif job.completing:
+                return
+            else:
+                rec.requeue = DOING
+                self._save()
+                try:
+                    requeued = self.actor.requeue(job.job_id, rec.cause)
+                except SlurmError:
+                    rec.requeue = TODO
+                    return
+                if not requeued:
+                    self.emit(journal.RUN_FINISHED, how=detect.FINISHED, state=job.state.value,
+                              exit_code=job.exit_code, detail="Slurm says it completed successfully")
+                    st.phase, st.recovery = FINISHED, None
+                    return
+                rec.requeue, rec.requeued_at = DONE, obs.now
+                self._save()
+                return
+        if job.state is JobState.PENDING and not job.completing:
+            self._expedite(rec, job, obs)
+        elif job.state is JobState.RUNNING and not job.completing and job.restart_count > rec.restart_count:
+            self.emit(journal.JOB_RUNNING, nodes=list(job.nodes),
+                      start_time=job.start_time.timestamp() if job.start_time else obs.now,
+                      cause=rec.cause, fault_time=rec.fault_time, detect_time=rec.detect_time)
+            st.phase, st.recovery = WATCHING, None
+            st.last_restart_count = job.restart_count
+        elif job.state.finished and job.restart_count > rec.restart_count:
+            st.phase, st.recovery = WATCHING, None  # the new run ended already: detected next cycle
+            st.last_restart_count = job.restart_count
+
+    def _expedite(self, rec: Recovery, job: Job, obs: RunObservation) -> None:
+        if rec.pending_since is None:
+            rec.pending_since = obs.now
+        if rec.exclude_step in (TODO, DOING):
+            wanted = [n for n in rec.exclude if n not in job.excluded_nodes]
+            keep, dropped = fit_exclusions(job, obs.nodes, wanted)
+            if dropped:
+                self.emit(journal.WATCH_WARNING, what="no_fit", nodes=dropped,
+                          detail=f"not excluding {','.join(dropped)}: the job would no longer fit "
+                                 "in the cluster's usable nodes")
+            rec.exclude_step = DOING
+            self._save()
+            if keep:
+                try:
+                    self.actor.exclude(job.job_id, rec.cause, keep)
+                except SlurmError:
+                    rec.exclude_step = TODO
+                    return
+            rec.exclude_step = DONE
+            self._save()
+        if rec.start_now != DONE and obs.now - rec.pending_since >= self.config.start_now_delay_s:
+            try:
+                self.actor.start_now(job.job_id, rec.cause)
+                rec.start_now = DONE
+            except SlurmError:
+                rec.start_now_attempts += 1  # e.g. "Job credential revoked" right after a requeue
+        if (not rec.warned_pending and rec.start_now == DONE
+                and obs.now - rec.pending_since > self.config.pending_warn_s):
+            rec.warned_pending = True
+            self.emit(journal.WATCH_WARNING, what="stuck_pending", nodes=[],
+                      detail=f"still PENDING ({job.reason}) {obs.now - rec.pending_since:.0f} s after "
+                             "the requeue: it waits for capacity (or a node range that fits)")

@@ -1,0 +1,142 @@
+"""The watcher's own state for one run, ``<run_dir>/watch/state.json``, and the run's lock.
+
+The state records each recovery step's intent before the step is taken and its completion after,
+so a watcher killed at any moment (between the requeue and the ``ExcNodeList`` update included)
+is carried on by the next one with no double requeue and no lost exclusion. Written atomically
+(``slurmft.rundir.atomic_write_json``). One watcher per run: ``RunLock`` holds an exclusive
+``flock`` on ``watch/lock`` for the watcher's lifetime and names the holder to a second one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurmft.rundir import RunDir, atomic_write_json
+from slurmft.watch.runview import read_small_json
+
+STATE_VERSION = 1
+
+WATCHING, RECOVERING, FINISHED, GAVE_UP, LOST = "watching", "recovering", "finished", "gave_up", "lost"
+PHASES = (WATCHING, RECOVERING, FINISHED, GAVE_UP, LOST)
+# Recovery step progress: todo -> doing (intent recorded, about to act) -> done; skip: not needed.
+TODO, DOING, DONE, SKIP = "todo", "doing", "done", "skip"
+
+
+class StateError(RuntimeError):
+    """The state file or the lock cannot be used; the message names the file or the holder."""
+
+
+@dataclass
+class Recovery:
+    """One fault being recovered from."""
+
+    cause: str
+    evidence: str
+    fault_time: float
+    detect_time: float
+    restart_count: int          # the job's restart count when the fault was seen
+    exclude: list[str] = field(default_factory=list)
+    requeue: str = TODO
+    exclude_step: str = TODO
+    start_now: str = TODO
+    requeued_at: float | None = None
+    pending_since: float | None = None
+    start_now_attempts: int = 0
+    warned_pending: bool = False
+
+
+@dataclass
+class RunState:
+    job_id: str
+    phase: str = WATCHING
+    restarts: int = 0
+    restarts_by_cause: dict[str, int] = field(default_factory=dict)
+    node_faults: dict[str, int] = field(default_factory=dict)
+    ckpt_at_recovery: list[int | None] = field(default_factory=list)
+    last_restart_count: int | None = None
+    last_nodes: list[str] = field(default_factory=list)
+    max_step_s: float | None = None
+    recovery: Recovery | None = None
+    warned: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["version"] = STATE_VERSION
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, where: Path) -> "RunState":
+        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            raise StateError(f"{where}: not a slurmft watch state of version {STATE_VERSION}")
+        try:
+            raw = dict(data)
+            raw.pop("version")
+            recovery = raw.pop("recovery", None)
+            state = cls(**raw)
+            state.recovery = Recovery(**recovery) if recovery is not None else None
+        except TypeError as exc:
+            raise StateError(f"{where}: unreadable watch state ({exc})") from None
+        if state.phase not in PHASES:
+            raise StateError(f"{where}: unknown phase {state.phase!r}")
+        return state
+
+    def warn_once(self, key: str) -> bool:
+        """True the first time ``key`` is seen (the caller then warns)."""
+        if key in self.warned:
+            return False
+        self.warned.append(key)
+        del self.warned[:-256]
+        return True
+
+
+def load_state(run_dir: RunDir, job_id: str) -> RunState:
+    """The run's saved state, or a fresh one for ``job_id`` when there is none."""
+    path = run_dir.watch_state
+    if not path.exists() and not path.is_symlink():
+        return RunState(job_id=job_id)
+    data = read_small_json(path)
+    if data is None:
+        raise StateError(f"{path}: not a readable regular JSON file (remove it to start afresh)")
+    return RunState.from_json(data, path)
+
+
+def save_state(run_dir: RunDir, state: RunState) -> None:
+    atomic_write_json(run_dir.watch_state, state.to_json())
+
+
+class RunLock:
+    """Exclusive per-run lock: a second watcher of the same run refuses to start."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.path = run_dir.watch_state.parent / "lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StateError(f"cannot open the watch lock {self.path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise StateError(f"{self.path.parent.parent} is already watched by {holder}") from None
+            raise StateError(f"cannot lock {self.path}: {exc.strerror}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
