@@ -225,23 +225,25 @@ def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fin
     timeout = hang_timeout(memory, config)
     beats = [b for b in obs.beats.values() if b.node in job.nodes
              and b.job_id == job.job_id and b.restart_count == job.restart_count]
-    if beats:
+    if beats:  # the segment trains: the start-up grace is over
         newest = max(b.time for b in beats)
-    else:
-        if started is None or obs.now - started < config.startup_grace_s + timeout:
-            return None
-        newest = started + config.startup_grace_s
-    if started is not None and obs.now - started < config.startup_grace_s:
+    elif started is None:
         return None
+    else:  # loading, or stuck before its first step: judged once the grace is over
+        newest = started + config.startup_grace_s
     age = obs.now - newest
     if age <= timeout:
         return None
     suspects = _hang_suspects(obs, memory, job)
     where = (f"; suspect {','.join(suspects)} (its ranks reported no watchdog timeout)"
              if suspects else "; cannot attribute it to a node (no per-node evidence)")
-    what = "newest heartbeat" if beats else "no heartbeat since start-up grace ended"
-    return Finding(HANG, RECOVER, f"{what} is {age:.0f} s old > hang timeout {timeout:.0f} s{where}",
-                   suspects, newest)
+    if beats:
+        what = f"newest heartbeat is {age:.0f} s old > hang timeout {timeout:.0f} s"
+    else:
+        what = (f"no heartbeat {obs.now - newest + config.startup_grace_s:.0f} s after the segment "
+                f"started (start-up grace {config.startup_grace_s:.0f} s + hang timeout "
+                f"{timeout:.0f} s)")
+    return Finding(HANG, RECOVER, what + where, suspects, newest)
 
 
 def detect_straggler(memory: Memory, config: WatchConfig) -> Finding | None:
