@@ -38,6 +38,9 @@ def watch(
     on_event: Optional[str] = typer.Option(None, "--on-event", help="Command run with each event as "
                                            "JSON on stdin (bounded time; its failure is logged)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every event to stderr."),
+    record: Optional[Path] = typer.Option(None, "--record", hidden=True,
+                                          help="Append every observation to this JSONL file "
+                                               "(detector test fixtures)."),
 ) -> None:
     """Watch jobs and bring every failed run back: requeue, exclude bad nodes, start now, hold."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -75,6 +78,11 @@ def watch(
 
         listeners.append(lambda kind, event: run_hook(hook, {"kind": kind, **event}, timeout_s=10.0))
 
+    recorder = None
+    if record is not None:
+        from slurmft.watch.record import Recorder
+
+        recorder = Recorder(record)
     runs, locks, seen_dirs = [], [], set()
     try:
         for job_id in ids:
@@ -106,7 +114,7 @@ def watch(
             if state.job_id != job_id:
                 raise _fail(EXIT_USAGE, f"run dir {path} is watched for job {state.job_id}, not "
                             f"{job_id} (its watch/state.json says so)")
-            runs.append(RunWatch(rd, state, client, cfg, listeners))
+            runs.append(RunWatch(rd, state, client, cfg, listeners, recorder))
         watcher = Watcher(client, runs, poll_s=cfg.poll_s)
         try:
             if once:

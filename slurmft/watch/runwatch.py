@@ -56,7 +56,7 @@ class RunWatch:
     """The watcher of one run dir: call ``step(job, nodes, now)`` once per cycle."""
 
     def __init__(self, run_dir: RunDir, state: RunState, actor_client, config: WatchConfig,
-                 listeners: list[Listener] | None = None) -> None:
+                 listeners: list[Listener] | None = None, recorder=None) -> None:
         self.run_dir = run_dir
         self.state = state
         self.config = config
@@ -66,6 +66,7 @@ class RunWatch:
         self._history: dict[str, deque] = {}
         self._last_beat_time: dict[str, float] = {}
         self._job: Job | None = None
+        self.recorder = recorder
 
     @property
     def job_id(self) -> str:
@@ -127,6 +128,8 @@ class RunWatch:
             return
         self._job = job
         obs = self.observe(job, nodes, now)
+        if self.recorder is not None:
+            self.recorder(obs, self.memory(), self.tail.offset)
         if self.state.phase == RECOVERING:
             self._advance(obs)
         else:

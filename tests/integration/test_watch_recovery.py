@@ -46,7 +46,7 @@ def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_p
     client = job.client
     observe_until(client, job.job_id, lambda j: j.run_dir is not None, 60, "run dir comment",
                   context=job.log_text)
-    watcher = WatcherProc(slurm_cluster, [job.job_id], tmp_path / "watch.log")
+    watcher = WatcherProc(slurm_cluster, [job.job_id], tmp_path / "crash-watch.log", run_dir=run)
     ctx = _context(job, watcher)
     try:
         events_until(run, lambda ev: 10 in _committed(ev) and any(
@@ -80,13 +80,14 @@ def _start(cluster, tmp_path, args, *, nodes, watch_args=(), watch_env=None, nam
     observe_until(job.client, job.job_id, lambda j: j.run_dir is not None, 60, "run dir comment",
                   context=job.log_text)
     watcher = WatcherProc(cluster, [job.job_id], tmp_path / f"{name}-watch.log", *watch_args,
-                          env=watch_env)
+                          env=watch_env, run_dir=run)
     return run, job, watcher
 
 
 @pytest.mark.timeout(300)
 def test_node_death_is_excluded_and_started_now(slurm_cluster, tmp_path):
-    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2)
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2,
+                               name="node_death")
     ctx = _context(job, watcher)
     try:
         events_until(run, lambda ev: 5 in _committed(ev), 120, "first checkpoint", context=ctx)
@@ -119,7 +120,7 @@ def test_hang_stops_heartbeats_and_is_recovered(slurm_cluster, tmp_path):
     args = [*ARGS, "--steps", "60", "--watchdog-timeout", "600", "--heartbeat-every", "1"]
     run, job, watcher = _start(slurm_cluster, tmp_path, args, nodes=2,
                                watch_args=("--hang-timeout", "8"),
-                               watch_env={"SLURMFT_WATCH_STARTUP_GRACE_S": "120"})
+                               watch_env={"SLURMFT_WATCH_STARTUP_GRACE_S": "120"}, name="hang")
     ctx = _context(job, watcher)
     try:
         events_until(run, lambda ev: 5 in _committed(ev), 120, "first checkpoint", context=ctx)
@@ -170,7 +171,8 @@ def _stop_one_rank(job_id: str) -> list[int]:
 @pytest.mark.timeout(200)
 def test_a_job_that_completes_is_never_requeued(slurm_cluster, tmp_path):
     run, job, watcher = _start(slurm_cluster, tmp_path, [*TINY_ARGS, "--steps", "12",
-                                                         "--ckpt-every", "5"], nodes=2)
+                                                         "--ckpt-every", "5"], nodes=2,
+                               name="completes")
     ctx = _context(job, watcher)
     try:
         assert watcher.wait(150) == 0, ctx()
@@ -188,7 +190,7 @@ def test_a_job_that_completes_is_never_requeued(slurm_cluster, tmp_path):
 def test_do_not_requeue_exit_gives_up_without_requeue(slurm_cluster, tmp_path):
     args = [*TINY_ARGS, "--steps", "16", "--ckpt-every", "5", "--inject-nan-at", "8",
             "--inject-nan-times", "99", "--guard-max-trips", "3"]
-    run, job, watcher = _start(slurm_cluster, tmp_path, args, nodes=2)
+    run, job, watcher = _start(slurm_cluster, tmp_path, args, nodes=2, name="no_requeue")
     ctx = _context(job, watcher)
     try:
         assert watcher.wait(150) == 0, ctx()

@@ -5,6 +5,7 @@ which plays the watcher's ``StartTime=now`` part for the tests that run without 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,11 +17,22 @@ from slurmft.rundir import RunDir
 from slurmft.slurm.client import Job
 
 
+# Set to a directory to capture detector fixtures: each watcher's observations (--record) and a
+# copy of its run's journal land there (see tests/fixtures/watch/README.md).
+CAPTURE_ENV = "SLURMFT_WATCH_CAPTURE_DIR"
+
+
 class WatcherProc:
     def __init__(self, cluster, job_ids: list[str], log: Path, *args: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, run_dir: Path | None = None) -> None:
         self.log = log
+        self.run_dir = run_dir
         full_env = {**os.environ, **cluster.env, **(env or {})}
+        capture = os.environ.get(CAPTURE_ENV)
+        self.capture = Path(capture) / log.stem if capture else None
+        if self.capture is not None:
+            self.capture.mkdir(parents=True, exist_ok=True)
+            args = (*args, "--record", str(self.capture / "records.jsonl"))
         self._fh = open(log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "slurmft.cli", "watch", *job_ids, "--poll", "1", "-v", *args],
@@ -40,6 +52,8 @@ class WatcherProc:
             os.killpg(self.proc.pid, sig)
             self.proc.wait(10)
         self._fh.close()
+        if self.capture is not None and self.run_dir is not None:
+            shutil.copyfile(RunDir(self.run_dir).events, self.capture / "events.jsonl")
 
 
 def observe_until(client, job_id: str, predicate, timeout: float, what: str, *,

@@ -1,0 +1,209 @@
+"""More faults under ``slurmft watch`` on the devcluster (see test_watch_recovery.py): a node the
+sweeper drains, a corrupted newest checkpoint, a watcher killed mid-recovery, a controller
+restart, a crash loop, and two jobs watched by one watcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import JobState
+from slurmft.watch.state import load_state
+
+from test_watch_recovery import ARGS, _assert_resumed_from_newest, _committed, _context, _start
+from train_job_support import TINY_ARGS, kill_ranks, losses, submit
+from watch_support import WatcherProc, events_until, observe_until, of
+
+pytestmark = pytest.mark.integration
+SLURMFT = Path(sys.executable).parent / "slurmft"
+
+
+def _failing_site_check(tmp_path: Path) -> Path:
+    script = tmp_path / "site-check"
+    script.write_text("#!/bin/sh\necho 'ERROR: site check: /scratch read-only'\nexit 1\n")
+    script.chmod(0o755)
+    config = tmp_path / "sweep.toml"
+    config.write_text(f"""
+[sweep]
+checks = ["external_site"]
+state_dir = "{tmp_path}/sweep-state"
+report_dir = "{tmp_path}/sweep-reports"
+textfile_dir = "{tmp_path}/sweep-textfile"
+
+[[health_external.commands]]
+name = "site"
+argv = ["{script}"]
+timeout_s = 15
+""")
+    return config
+
+
+@pytest.mark.timeout(240)
+def test_node_drained_by_the_sweeper_is_excluded_and_the_run_resumes(slurm_cluster, tmp_path):
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2,
+                               name="sweeper_drain")
+    ctx = _context(job, watcher)
+    try:
+        events_until(run, lambda ev: 5 in _committed(ev), 120, "first checkpoint", context=ctx)
+        victim = job.client.job(job.job_id).nodes[0]
+        res = subprocess.run([str(SLURMFT), "sweep", "--node", victim, "--config",
+                              str(_failing_site_check(tmp_path))],
+                             env={**os.environ, **slurm_cluster.env}, text=True,
+                             capture_output=True, timeout=90)
+        assert res.returncode == 1, res.stderr
+        events = events_until(run, lambda ev: of(ev, "job_running"), 120, "job running again",
+                              context=ctx)
+        detected = of(events, "fault_detected")[0]
+        assert detected.get("cause") == "node_unhealthy" and detected.get("nodes") == [victim]
+        assert "slurmft: external_site" in detected.get("evidence")
+        assert [e.get("action") for e in of(events, "recovery_action")] == \
+            ["requeue", "exclude", "start_now"]
+        assert victim not in of(events, "job_running")[0].get("nodes")
+        events = events_until(run, lambda ev: any(
+            e.get("restart_count", 0) >= 1 for e in of(ev, "loss")), 90, "training again", context=ctx)
+        _assert_resumed_from_newest(events)
+    finally:
+        watcher.kill()
+
+
+@pytest.mark.timeout(240)
+def test_corrupted_newest_checkpoint_resumes_from_the_one_before(slurm_cluster, tmp_path):
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2,
+                               name="corrupt_newest")
+    ctx = _context(job, watcher)
+    try:
+        events_until(run, lambda ev: 10 in _committed(ev), 120, "second checkpoint", context=ctx)
+        assert kill_ranks(job.job_id) >= 2
+        newest = max(RunDir(run).committed_steps())
+        shard = sorted((RunDir(run).checkpoint(newest)).glob("*.distcp"))[0]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        events = events_until(run, lambda ev: any(
+            e.get("restart_count", 0) >= 1 for e in of(ev, "loss")), 150, "training again", context=ctx)
+        assert [e.get("cause") for e in of(events, "fault_detected")] == ["crash"]
+        restored = of(events, "segment_start")[-1].get("restored_step")
+        older = [s for s in _committed(events) if s < newest]
+        assert restored == max(older), (restored, newest, older)
+    finally:
+        watcher.kill()
+
+
+@pytest.mark.timeout(300)
+def test_watcher_killed_mid_recovery_is_carried_on_without_a_double_requeue(slurm_cluster, tmp_path):
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2,
+                               name="killed_watcher")
+    ctx = _context(job, watcher)
+    second = None
+    try:
+        events_until(run, lambda ev: 5 in _committed(ev), 120, "first checkpoint", context=ctx)
+        victim = job.client.job(job.job_id).nodes[1]
+        subprocess.run([str(SLURMFT), "sweep", "--node", victim, "--config",
+                        str(_failing_site_check(tmp_path))], env={**os.environ, **slurm_cluster.env},
+                       capture_output=True, timeout=90)
+        # SIGKILL the watcher as soon as its requeue is journaled: before the exclusion.
+        events_until(run, lambda ev: of(ev, "recovery_action", action="requeue"), 60,
+                     "the watcher's requeue", context=ctx)
+        watcher.kill(signal.SIGKILL)
+        state = load_state(RunDir(run), job.job_id)
+        assert state.phase == "recovering" and state.recovery.requeue == "done"
+        second = WatcherProc(slurm_cluster, [job.job_id], tmp_path / "killed_watcher2-watch.log",
+                             run_dir=run)
+        events = events_until(run, lambda ev: of(ev, "job_running"), 120, "job running again",
+                              context=lambda: ctx() + second.text())
+        assert len(of(events, "recovery_action", action="requeue")) == 1
+        assert len(of(events, "fault_detected")) == 1
+        final = job.client.job(job.job_id)
+        assert victim in final.excluded_nodes and final.restart_count == 1
+        assert victim not in of(events, "job_running")[0].get("nodes")
+    finally:
+        watcher.kill()
+        if second is not None:
+            second.kill()
+
+
+def _wait_text(watcher, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in watcher.text():
+        assert time.monotonic() < deadline, f"watcher never logged {text!r}:\n{watcher.text()}"
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(300)
+def test_controller_restart_while_watching_is_waited_out(slurm_cluster, tmp_path):
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "80"], nodes=2,
+                               name="controller_restart")
+    ctx = _context(job, watcher)
+    try:
+        events_until(run, lambda ev: 5 in _committed(ev), 120, "first checkpoint", context=ctx)
+        ctld = slurm_cluster.processes()["slurmctld"]
+        os.kill(ctld.pid, signal.SIGKILL)
+        # The client retries (with backoff) before a cycle counts as "could not observe".
+        _wait_text(watcher, "could not observe Slurm", 90)
+        slurm_cluster._restart_dead_services(60)
+        _wait_text(watcher, "Slurm answers again", 120)
+        assert not of(job.events(), "fault_detected")  # an outage is not a fault of the job
+        assert kill_ranks(job.job_id) >= 2
+        events = events_until(run, lambda ev: of(ev, "job_running"), 120, "job running again",
+                              context=ctx)
+        assert [e.get("cause") for e in of(events, "fault_detected")] == ["crash"]
+    finally:
+        watcher.kill()
+
+
+@pytest.mark.timeout(300)
+def test_crash_loop_is_held_after_n_restarts_without_progress(slurm_cluster, tmp_path):
+    args = [*TINY_ARGS, "--steps", "200", "--ckpt-every", "100", "--step-sleep", "0.1"]
+    run, job, watcher = _start(slurm_cluster, tmp_path, args, nodes=1, name="crash_loop",
+                               watch_env={"SLURMFT_WATCH_CRASH_LOOP_RESTARTS": "2"})
+    ctx = _context(job, watcher)
+    try:
+        for restart in range(3):
+            events_until(run, lambda ev: any(e.get("restart_count") == restart and e.get("step", 0) >= 2
+                                             for e in of(ev, "loss")), 120, f"training in restart {restart}",
+                         context=ctx)
+            assert kill_ranks(job.job_id) >= 1
+            if restart < 2:
+                events_until(run, lambda ev: len(of(ev, "job_running")) > restart, 90,
+                             "job running again", context=ctx)
+        assert watcher.wait(60) == 0, ctx()
+        events = job.events()
+        gave_up = of(events, "gave_up")
+        assert len(gave_up) == 1 and "crash loop" in gave_up[0].get("reason")
+        assert len(of(events, "recovery_action", action="requeue")) == 2
+        assert job.client.job(job.job_id).state is JobState.FAILED  # left ended, not requeued
+    finally:
+        watcher.kill()
+
+
+@pytest.mark.timeout(300)
+def test_two_jobs_watched_at_once_only_the_faulty_one_is_touched(slurm_cluster, tmp_path):
+    args = [*ARGS, "--steps", "40"]
+    a = submit(slurm_cluster, tmp_path / "a", args, nodes=1)
+    b = submit(slurm_cluster, tmp_path / "b", args, nodes=1)
+    for job in (a, b):
+        observe_until(job.client, job.job_id, lambda j: j.run_dir is not None, 60, "run dir comment",
+                      context=job.log_text)
+    watcher = WatcherProc(slurm_cluster, [a.job_id, b.job_id], tmp_path / "two_jobs-watch.log",
+                          run_dir=tmp_path / "a")
+    ctx = lambda: a.log_text()[-2000:] + b.log_text()[-2000:] + watcher.text()[-3000:]
+    try:
+        events_until(tmp_path / "a", lambda ev: 5 in _committed(ev), 120, "a's checkpoint", context=ctx)
+        assert kill_ranks(a.job_id) >= 1
+        events_until(tmp_path / "a", lambda ev: of(ev, "job_running"), 120, "a running again",
+                     context=ctx)
+        assert watcher.wait(200) == 0, ctx()
+        assert a.client.job(a.job_id).state is JobState.COMPLETED
+        assert b.client.job(b.job_id).state is JobState.COMPLETED
+        assert b.client.job(b.job_id).restart_count == 0
+        assert not of(b.events(), "fault_detected") and of(b.events(), "run_finished")
+        assert len(losses([e for e in a.events() if e.kind == "loss" and e.get("restart_count") == 1])) > 0
+    finally:
+        watcher.kill()
