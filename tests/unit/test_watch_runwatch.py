@@ -1,0 +1,226 @@
+"""The watcher's per-run state machine, driven cycle by cycle with constructed observations and
+a client that records what it is asked (unit level: the integration tests use the devcluster)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime, timezone
+
+import pytest
+
+from slurmft import journal
+from slurmft.journal import read_events
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import Job, JobState, Node, NodeState, SlurmError
+from slurmft.watch.config import WatchConfig
+from slurmft.watch.runwatch import RunWatch, fit_exclusions
+from slurmft.watch.state import RunLock, RunState, StateError, load_state
+
+T0 = 1_800_000_000.0
+
+
+def at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(T0 + seconds, tz=timezone.utc)
+
+
+class RecordingClient:
+    """Answers the watcher's acting calls and records them; ``fail`` makes the next call of a
+    kind raise like Slurm does."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.fail: dict[str, str] = {}
+
+    def _call(self, *call) -> None:
+        if call[0] in self.fail:
+            raise SlurmError(self.fail.pop(call[0]))
+        self.calls.append(call)
+
+    def requeue(self, job_id: str) -> bool:
+        self._call("requeue", job_id)
+        return True
+
+    def update_pending(self, job_id, *, exclude_nodes=(), start_now=False) -> None:
+        self._call("start_now" if start_now else "exclude", job_id, tuple(exclude_nodes))
+
+    def hold(self, job_id: str) -> None:
+        self._call("hold", job_id)
+
+
+def job(state=JobState.RUNNING, restart=0, nodes=("n1", "n2"), **kw) -> Job:
+    return Job(job_id="7", name="train", state=state, restart_count=restart, nodes=nodes,
+               node_count=len(nodes), start_time=at(0), **kw)
+
+
+NODES = {n: Node(n, NodeState.IDLE) for n in ("n1", "n2", "n3", "n4")}
+
+
+@pytest.fixture
+def run(tmp_path):
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    return rd
+
+
+def watcher(rd, client, **cfg) -> RunWatch:
+    return RunWatch(rd, RunState(job_id="7"), client, WatchConfig(**cfg))
+
+
+def journal_line(rd: RunDir, kind: str, **fields) -> None:
+    journal.append_event(rd.events, kind, **fields)
+
+
+def test_crash_is_requeued_once_then_started_now_after_the_delay(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=1.5)
+    w.step(job(), NODES, T0 + 10)
+    w.step(job(JobState.FAILED, exit_code=1, end_time=at(11)), NODES, T0 + 12)
+    assert client.calls == [("requeue", "7")]
+    w.step(job(JobState.FAILED, exit_code=1, end_time=at(11)), NODES, T0 + 13)  # stale answer
+    assert client.calls == [("requeue", "7")]
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 14)
+    assert client.calls == [("requeue", "7")]  # PENDING just seen: not yet
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 15.6)
+    assert client.calls[-1] == ("start_now", "7", ())
+    w.step(replace(job(restart=1), start_time=at(16)), NODES, T0 + 17)
+    kinds = [e.kind for e in read_events(run.events)]
+    assert kinds == ["fault_detected", "recovery_action", "recovery_action", "job_running"]
+    assert w.state.phase == "watching" and w.state.restarts_by_cause == {"crash": 1}
+
+
+def test_a_requeue_recorded_as_in_flight_is_not_repeated_once_slurm_shows_it(run):
+    client = RecordingClient()
+    w = watcher(run, client)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    saved = load_state(run, "7")
+    saved.recovery.requeue = "doing"  # killed right after sending it
+    w2 = RunWatch(run, saved, client, WatchConfig())
+    w2.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 8)
+    assert [c[0] for c in client.calls] == ["requeue"]
+
+
+def test_start_now_refused_right_after_requeue_is_retried(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    client.fail["start_now"] = "slurm_update error: Job credential revoked"
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 6)
+    assert w.state.recovery.start_now == "todo"
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 7)
+    assert client.calls[-1] == ("start_now", "7", ())
+    fails = [e for e in read_events(run.events) if e.kind == "recovery_action" and not e.get("ok")]
+    assert "credential revoked" in fails[0].get("detail")
+
+
+def test_slurm_requeue_after_node_failure_is_expedited_with_the_dead_node_excluded(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    down = {**NODES, "n2": Node("n2", NodeState.DOWN, frozenset({"NOT_RESPONDING"}), "Not responding")}
+    w.step(job(JobState.PENDING, restart=1, nodes=()), down, T0 + 30)
+    assert client.calls == [("exclude", "7", ("n2",)), ("start_now", "7", ())]
+    fault = [e for e in read_events(run.events) if e.kind == "fault_detected"][0]
+    assert fault.get("cause") == "node_fail" and fault.get("nodes") == ["n2"]
+
+
+def test_self_requeue_after_preemption_is_only_started_now(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    journal_line(run, journal.SEGMENT_END, job_id="7", restart_count=0, exit_code=85)
+    journal_line(run, journal.TEMPLATE, job_id="7", restart_count=0, action="requeue")
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 30)
+    assert client.calls == [("start_now", "7", ())]
+    assert w.state.restarts_by_cause == {"preempted": 1}
+
+
+def test_launcher_requeue_request_is_carried_out_with_its_exclusions(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    journal_line(run, journal.REQUEUE_REQUEST, job_id="7", restart_count=0, reason="no scontrol",
+                 exclude=["n1"])
+    journal_line(run, journal.SEGMENT_END, job_id="7", restart_count=0, exit_code=85)
+    w.step(job(JobState.FAILED, exit_code=85), NODES, T0 + 5)
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 7)
+    assert client.calls == [("requeue", "7"), ("exclude", "7", ("n1",)), ("start_now", "7", ())]
+
+
+def test_do_not_requeue_exit_gives_up_and_holds_a_pending_job(run):
+    client = RecordingClient()
+    w = watcher(run, client)
+    w.step(job(), NODES, T0)
+    journal_line(run, journal.SEGMENT_END, job_id="7", restart_count=0, exit_code=86, reason="NaNs")
+    w.step(job(JobState.FAILED, exit_code=86), NODES, T0 + 5)
+    assert client.calls == [] and w.state.phase == "gave_up"
+    gave = [e for e in read_events(run.events) if e.kind == "gave_up"][0]
+    assert gave.get("cause") == "no_requeue" and gave.get("held") is False
+
+
+def test_max_restarts_holds_the_requeued_job(run):
+    client = RecordingClient()
+    w = watcher(run, client, max_restarts=1, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 5)  # 1st: expedited
+    w.step(job(restart=1), NODES, T0 + 10)
+    w.step(job(JobState.PENDING, restart=2, nodes=()), NODES, T0 + 20)  # 2nd: over the limit
+    assert client.calls[-1] == ("hold", "7") and w.state.phase == "gave_up"
+
+
+def test_completed_job_and_done_run_are_finished_never_requeued(run):
+    client = RecordingClient()
+    w = watcher(run, client)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.COMPLETED, exit_code=0), NODES, T0 + 5)
+    assert client.calls == [] and w.state.phase == "finished"
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 10)  # nothing after the end
+    assert client.calls == []
+
+
+def test_done_marker_of_an_earlier_job_does_not_finish_this_one(run):
+    run.done.write_text(json.dumps({"job_id": "3", "step": 100}))
+    client = RecordingClient()
+    w = watcher(run, client)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    assert client.calls == [("requeue", "7")]
+
+
+def test_known_bad_node_is_excluded_again_at_the_next_restart(run):
+    client = RecordingClient()
+    w = watcher(run, client, repeat_offender_faults=1, start_now_delay_s=0)
+    w.state.node_faults = {"n3": 1}
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 6)
+    assert ("exclude", "7", ("n3",)) in client.calls
+
+
+def test_exclusions_that_would_not_fit_are_dropped():
+    pending = replace(job(JobState.PENDING, nodes=()), node_count=3, min_nodes=3)
+    keep, dropped = fit_exclusions(pending, NODES, ["n1", "n2"])
+    assert keep == ["n1"] and dropped == ["n2"]
+    down = {**NODES, "n4": Node("n4", NodeState.DOWN)}
+    keep, dropped = fit_exclusions(pending, down, ["n4"])
+    assert keep == ["n4"] and dropped == []  # a DOWN node costs no capacity
+
+
+def test_second_watcher_of_a_run_is_refused_naming_the_holder(run):
+    first = RunLock(run)
+    first.acquire()
+    try:
+        with pytest.raises(StateError, match="already watched by pid"):
+            RunLock(run).acquire()
+    finally:
+        first.release()
+    RunLock(run).acquire()
+
+
+def test_state_file_that_is_not_json_is_a_clear_error(run):
+    run.watch_state.parent.mkdir(parents=True)
+    run.watch_state.write_text("{nope")
+    with pytest.raises(StateError, match="state.json"):
+        load_state(run, "7")
