@@ -40,6 +40,7 @@ EXAMPLE = REPO / "examples" / "train_gpt.py"
 TRAIN_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "1", "--ckpt-every", "5",
               "--step-sleep", "0.1", "--steps", "100000", "--watchdog-timeout", "3600"]
 POLL_S = 1.0
+MODES = {"watch": "slurmft watch", "slurm": "Slurm alone", "operator": "slurmft watch --operator"}
 HANG_TIMEOUT_S = 10.0
 
 
@@ -50,10 +51,11 @@ def log(message: str) -> None:
 class Trial:
     """One job with one fault, with or without a watcher."""
 
-    def __init__(self, cluster: DevCluster, root: Path, fault: str, watched: bool) -> None:
-        self.cluster, self.fault, self.watched = cluster, fault, watched
+    def __init__(self, cluster: DevCluster, root: Path, fault: str, mode: str) -> None:
+        self.cluster, self.fault, self.mode = cluster, fault, mode
+        self.watched = mode != "slurm"
         self.client = CliSlurmClient(env=cluster.env)
-        self.run = root / f"{fault}-{'watch' if watched else 'slurm'}"
+        self.run = root / f"{fault}-{mode}"
         self.log = self.run.parent / f"{self.run.name}.out"
         env = {**os.environ, **cluster.env, "OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
                "SLURMFT_RUN_DIR": str(self.run)}
@@ -83,7 +85,8 @@ class Trial:
         if self.watched:
             self.watcher = subprocess.Popen(
                 [sys.executable, "-m", "slurmft.cli", "watch", self.job_id, "--poll", str(POLL_S),
-                 "--hang-timeout", str(HANG_TIMEOUT_S)],
+                 "--hang-timeout", str(HANG_TIMEOUT_S),
+                 *(["--operator"] if self.mode == "operator" else [])],
                 env={**os.environ, **self.cluster.env}, stdout=subprocess.DEVNULL,
                 stderr=open(self.run.parent / f"{self.run.name}-watch.log", "wb"),
                 start_new_session=True)
@@ -109,7 +112,7 @@ class Trial:
     def measure(self, cap: float) -> dict:
         self.start()
         fault_at = self.inject()
-        result: dict = {"fault": self.fault, "watched": self.watched}
+        result: dict = {"fault": self.fault, "mode": self.mode, "watched": self.watched}
         if self.fault == "node_death":
             down = self.wait(lambda: self.client.nodes([self.victim])[self.victim].down and time.time(),
                              cap, "node DOWN")
@@ -209,6 +212,8 @@ def main() -> int:
     parser.add_argument("--cap", type=float, default=240.0,
                         help="seconds after a fault before a mode counts as not recovered")
     parser.add_argument("--queue-jobs", type=int, default=1000)
+    parser.add_argument("--no-operator", dest="operator", action="store_false",
+                        help="skip the node death with `slurmft watch --operator`")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.cap <= 0 or args.queue_jobs < 1:
@@ -219,10 +224,11 @@ def main() -> int:
         cluster = DevCluster.up(root / "cluster", nodes=4)
         try:
             for fault in args.faults:
-                for watched in (True, False):
+                modes = ["watch", "slurm"] + (["operator"] if fault == "node_death" and args.operator else [])
+                for mode in modes:
                     cluster.reset()
-                    log(f"{fault}, {'with slurmft watch' if watched else 'Slurm alone'}")
-                    trial = Trial(cluster, root, fault, watched)
+                    log(f"{fault}, {MODES[mode]}")
+                    trial = Trial(cluster, root, fault, mode)
                     try:
                         results.append(trial.measure(args.cap))
                     finally:
@@ -233,7 +239,8 @@ def main() -> int:
             cycle = cycle_with_many_jobs(cluster, root, args.queue_jobs)
         finally:
             cluster.down()
-    by = {(r["fault"], r["watched"]): r for r in results}
+    by = {(r["fault"], r["mode"] != "slurm" if r["mode"] != "operator" else "operator"): r
+          for r in results}
     summary = {"poll_s": POLL_S, "hang_timeout_s": HANG_TIMEOUT_S, "cap_s": args.cap,
                "loadavg_1m": os.getloadavg()[0], "trials": results, "cycle": cycle,
                "cycle_cpu_s_1000_jobs": cycle["cpu_s"], "cycle_queries_1000_jobs": cycle["queries"]}
@@ -244,6 +251,8 @@ def main() -> int:
         summary["node_death_ratio"] = (w["recover_s"] / s["recover_s"]
                                        if w.get("recover_s") and s.get("recover_s") else None)
         summary["node_death_down_to_running_s"] = w.get("down_to_running_s")
+        if ("node_death", "operator") in by:
+            summary["operator_node_death_s"] = by[("node_death", "operator")]["recover_s"]
     if ("hang", True) in by:
         summary["hang_recovered"] = by[("hang", True)]["recovered"]
         summary["hang_detect_s"] = by[("hang", True)]["detect_s"]
@@ -260,7 +269,7 @@ def main() -> int:
     print("| fault | mode | recovered | fault -> detected s | fault -> training again s | DOWN -> RUNNING s |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
     for r in results:
-        print(f"| {r['fault']} | {'slurmft watch' if r['watched'] else 'Slurm alone'} | "
+        print(f"| {r['fault']} | {MODES[r['mode']]} | "
               f"{'yes' if r['recovered'] else 'no (after cap)'} | {fmt(r['detect_s'])} | "
               f"{fmt(r['recover_s'])} | {fmt(r.get('down_to_running_s'))} |")
     print()

@@ -37,6 +37,9 @@ def watch(
                                                       "(0: learned from the run)."),
     on_event: Optional[str] = typer.Option(None, "--on-event", help="Command run with each event as "
                                            "JSON on stdin (bounded time; its failure is logged)."),
+    operator: bool = typer.Option(False, "--operator", help="Set a silent node of a watched job DOWN "
+                                  "at once (needs Slurm operator rights) instead of waiting for "
+                                  "SlurmdTimeout."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every event to stderr."),
     record: Optional[Path] = typer.Option(None, "--record", hidden=True,
                                           help="Append every observation to this JSONL file "
@@ -57,7 +60,8 @@ def watch(
     from slurmft.watch.state import RunLock, StateError, load_state
 
     try:
-        overrides = {"poll_s": poll, "hang_timeout_s": hang_timeout}
+        overrides = {"poll_s": poll, "hang_timeout_s": hang_timeout,
+                     "operator": True if operator else None}
         cfg = load_section(WatchConfig, "watch", config_file=config,
                            overrides={k: v for k, v in overrides.items() if v is not None})
         client = CliSlurmClient(load_section(SlurmConfig, "slurm", config_file=config))

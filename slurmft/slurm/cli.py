@@ -216,6 +216,11 @@ class CliSlurmClient:
                 f"Reason={validate.reason(reason)}"]
         self._run(argv)
 
+    def set_down(self, node: str, reason: str) -> None:
+        """Mark ``node`` DOWN with ``reason`` (cleaned and cut like a drain reason)."""
+        self._run(["scontrol", "update", f"NodeName={validate.node_name(node)}", "State=DOWN",
+                   f"Reason={validate.reason(reason)}"])
+
     def resume(self, node: str) -> None:
         """Return a drained/down node to service; a node already in service is left as is
         (Slurm says "Invalid node state specified" for it)."""

@@ -182,3 +182,7 @@ class SlurmClient(Protocol):
 
     def resume(self, node: str) -> None:
         """Return a drained node to service."""
+
+    def set_down(self, node: str, reason: str) -> None:
+        """Mark ``node`` DOWN with ``reason`` (operator rights): Slurm then ends or requeues its
+        jobs at once instead of waiting for SlurmdTimeout."""

@@ -43,5 +43,9 @@ class Actor:
     def start_now(self, job_id: str, cause: str) -> None:
         self._do("start_now", cause, (), lambda: self.client.update_pending(job_id, start_now=True))
 
+    def set_down(self, node: str, cause: str, detail: str) -> None:
+        self._do("set_down", cause, [node],
+                 lambda: self.client.set_down(node, f"slurmft: watch: {detail}"))
+
     def hold(self, job_id: str, cause: str) -> None:
         self._do("hold", cause, (), lambda: self.client.hold(job_id))

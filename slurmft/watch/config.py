@@ -40,6 +40,11 @@ class WatchConfig:
     # A node that was the evidence in this many earlier faults is excluded as soon as it shows
     # up in the job's allocation again.
     repeat_offender_faults: int = 2
+    # Operator mode (needs Slurm operator rights): a node of a running job that is NOT_RESPONDING
+    # while every heartbeat of the job is older than silent_node_stale_s is set DOWN at once,
+    # instead of waiting for SlurmdTimeout (300 s by default on real clusters).
+    operator: bool = False
+    silent_node_stale_s: float = 30.0
 
     def __post_init__(self) -> None:
         positive = ("poll_s", "hang_factor", "hang_min_s", "straggler_factor",
@@ -47,7 +52,7 @@ class WatchConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        non_negative = ("hang_timeout_s", "startup_grace_s", "pending_warn_s", "start_now_delay_s")
+        non_negative = ("silent_node_stale_s", "hang_timeout_s", "startup_grace_s", "pending_warn_s", "start_now_delay_s")
         for name in non_negative:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

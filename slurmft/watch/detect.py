@@ -5,7 +5,8 @@ A finding says what happened (``cause``), what it calls for (``action``), the ev
 line, the nodes the evidence points at, and the best estimate of when the fault happened.
 Actions: ``recover`` (requeue, then exclude and start now), ``expedite`` (Slurm or the job
 already requeued it: exclude and start now only), ``give_up`` (hold, never requeue), ``finish``
-(the run is over: stop watching), ``wait`` (something is under way: do nothing yet), ``warn``.
+(the run is over: stop watching), ``wait`` (something is under way: do nothing yet), ``warn``,
+and in operator mode ``set_down`` (mark a silent node DOWN, then recover).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ CHECKPOINT_OVERDUE = "checkpoint_overdue"
 NOT_RESPONDING = "not_responding"
 
 RECOVER, EXPEDITE, GIVE_UP, FINISH, WAIT, WARN = "recover", "expedite", "give_up", "finish", "wait", "warn"
+SET_DOWN = "set_down"  # operator mode: mark the silent node DOWN, then recover
 
 # Causes that count towards the crash-loop rule (no checkpoint progress across restarts).
 FAULTS = frozenset({NODE_FAIL, NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED, HANG, CRASH, BOOT_FAIL,
@@ -197,6 +199,25 @@ def detect_nodes(obs: RunObservation) -> Finding | None:
     return None
 
 
+def detect_silent_node(obs: RunObservation, config: WatchConfig) -> Finding | None:
+    """Operator mode: a node of a RUNNING job NOT_RESPONDING (not yet DOWN) while every
+    heartbeat of the segment is older than ``silent_node_stale_s``: the node is gone, and Slurm
+    would wait for SlurmdTimeout before acting."""
+    job = obs.job
+    if not config.operator or job is None or job.state is not JobState.RUNNING:
+        return None
+    silent = [n for n in job.nodes if (node := obs.nodes.get(n)) is not None
+              and not node.responding and not node.down]
+    if not silent:
+        return None
+    beats = [b.time for b in obs.beats.values()
+             if b.job_id == job.job_id and b.restart_count == job.restart_count]
+    if not beats or obs.now - max(beats) <= config.silent_node_stale_s:
+        return None
+    return Finding(NODE_DOWN, SET_DOWN, f"{','.join(silent)} not responding and every heartbeat "
+                   f"{obs.now - max(beats):.0f} s old", tuple(silent), max(beats))
+
+
 def hang_timeout(memory: Memory, config: WatchConfig) -> float:
     """Explicit, else hang_factor x the longest step interval seen (at least hang_min_s)."""
     if config.hang_timeout_s > 0:
@@ -286,7 +307,8 @@ def detect_checkpoint_overdue(obs: RunObservation, config: WatchConfig) -> Findi
 def detect(obs: RunObservation, memory: Memory, config: WatchConfig) -> list[Finding]:
     """Every finding for one run this cycle, the one to act on first."""
     found = [f for f in (detect_end(obs, memory), detect_nodes(obs),
-                         detect_hang(obs, memory, config)) if f is not None]
+                         detect_silent_node(obs, config), detect_hang(obs, memory, config))
+             if f is not None]
     for warning in (detect_straggler(memory, config), detect_checkpoint_overdue(obs, config)):
         if warning is not None:
             found.append(warning)

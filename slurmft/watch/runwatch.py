@@ -149,7 +149,8 @@ class RunWatch:
             if finding.action == detect.WARN:
                 self._warn(finding, obs)
         acting = next((f for f in findings if f.action in (detect.RECOVER, detect.EXPEDITE,
-                                                          detect.GIVE_UP, detect.FINISH)), None)
+                                                          detect.GIVE_UP, detect.FINISH,
+                                                          detect.SET_DOWN)), None)
         if acting is None:
             return
         if acting.action == detect.FINISH:
@@ -214,6 +215,12 @@ class RunWatch:
             straggler = detect.detect_straggler(self.memory(), self.config)
             if straggler is not None:
                 exclude.extend(n for n in straggler.nodes if n not in exclude)
+        if finding.action == detect.SET_DOWN:
+            for name in finding.nodes:
+                try:
+                    self.actor.set_down(name, finding.cause, finding.evidence)
+                except SlurmError as exc:  # no operator rights: Slurm's own timeout will do it
+                    log.error("job %s: could not set %s DOWN: %s", self.job_id, name, exc)
         expedite = finding.action == detect.EXPEDITE
         st.recovery = Recovery(
             cause=finding.cause, evidence=finding.evidence,
@@ -230,7 +237,8 @@ class RunWatch:
             st.ckpt_at_recovery.append(newest)
         st.phase = RECOVERING
         self._save()
-        self._advance(obs)
+        if finding.action != detect.SET_DOWN:  # else Slurm requeues it now: seen next cycle
+            self._advance(obs)
 
     def _known_bad(self) -> list[str]:
         """Nodes that were the evidence in enough earlier faults to be excluded on sight."""

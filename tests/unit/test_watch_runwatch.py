@@ -224,3 +224,35 @@ def test_state_file_that_is_not_json_is_a_clear_error(run):
     run.watch_state.write_text("{nope")
     with pytest.raises(StateError, match="state.json"):
         load_state(run, "7")
+
+
+class OperatorClient(RecordingClient):
+    def set_down(self, node: str, reason: str) -> None:
+        self._call("set_down", node, reason)
+
+
+def test_operator_mode_sets_a_silent_node_down_then_expedites(run):
+    from slurmft.rundir import atomic_write_json
+
+    client = OperatorClient()
+    w = watcher(run, client, operator=True, silent_node_stale_s=20, start_now_delay_s=0)
+    atomic_write_json(run.heartbeat("n1"), {"node": "n1", "job_id": "7", "restart_count": 0,
+                                            "step": 9, "time": T0 + 5})
+    w.step(job(), NODES, T0 + 10)
+    silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
+    w.step(job(), silent, T0 + 20)
+    assert client.calls == []  # heartbeats 15 s old: not yet
+    w.step(job(), silent, T0 + 30)
+    assert client.calls[0][:2] == ("set_down", "n2") and client.calls[0][2].startswith("slurmft: watch:")
+    w.step(job(JobState.PENDING, restart=1, nodes=()), {**silent, "n2": Node("n2", NodeState.DOWN)},
+           T0 + 32)
+    assert [c[0] for c in client.calls] == ["set_down", "exclude", "start_now"]
+    assert len([e for e in read_events(run.events) if e.kind == "fault_detected"]) == 1
+
+
+def test_without_operator_mode_a_silent_node_is_left_to_slurm(run):
+    client = OperatorClient()
+    w = watcher(run, client)
+    silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
+    w.step(job(), silent, T0 + 100)
+    assert client.calls == []
