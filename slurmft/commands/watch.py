@@ -18,6 +18,15 @@ import typer
 from slurmft.config import ConfigError, load_section
 
 EXIT_OK, EXIT_USAGE, EXIT_LOCKED, EXIT_SLURM = 0, 2, 3, 4
+log = logging.getLogger("slurmft.watch")
+
+
+class WatchStartError(Exception):
+    """A job cannot be watched; ``code`` is the exit code, the message says why."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _fail(code: int, message: str) -> "typer.Exit":
@@ -25,10 +34,69 @@ def _fail(code: int, message: str) -> "typer.Exit":
     return typer.Exit(code)
 
 
+class RunFactory:
+    """Turns a Job into a locked RunWatch: owner and run dir checked, state loaded."""
+
+    def __init__(self, client, cfg, listeners, recorder, explicit_run_dir: Path | None) -> None:
+        self.client, self.cfg, self.listeners, self.recorder = client, cfg, listeners, recorder
+        self.explicit = explicit_run_dir
+        self.locks: list = []
+        self.dirs: set[Path] = set()
+
+    def make(self, job):
+        from slurmft.rundir import RunDir
+        from slurmft.watch.resolve import ResolveError, check_owner, run_dir_for
+        from slurmft.watch.runwatch import RunWatch
+        from slurmft.watch.state import RunLock, StateError, load_state
+
+        try:
+            check_owner(job)
+            path = run_dir_for(job, self.explicit)
+        except ResolveError as exc:
+            raise WatchStartError(EXIT_USAGE, str(exc)) from None
+        if path in self.dirs:
+            raise WatchStartError(EXIT_USAGE, f"two of the jobs write the same run dir {path}")
+        rd = RunDir(path)
+        lock = RunLock(rd)
+        try:
+            lock.acquire()
+        except StateError as exc:
+            raise WatchStartError(EXIT_LOCKED, str(exc)) from None
+        try:
+            state = load_state(rd, job.job_id)
+        except StateError as exc:
+            lock.release()
+            raise WatchStartError(EXIT_USAGE, str(exc)) from None
+        if state.job_id != job.job_id:
+            lock.release()
+            raise WatchStartError(EXIT_USAGE, f"run dir {path} is watched for job {state.job_id}, "
+                                  f"not {job.job_id} (its watch/state.json says so)")
+        self.locks.append(lock)
+        self.dirs.add(path)
+        return RunWatch(rd, state, self.client, self.cfg, self.listeners, self.recorder)
+
+    def adopt(self, job):
+        """``--all``: a new job of the user; one that cannot be watched is logged and skipped."""
+        try:
+            run = self.make(job)
+        except WatchStartError as exc:
+            log.warning("not watching job %s: %s", job.job_id, exc)
+            return None
+        log.warning("watching job %s (run dir %s)", job.job_id, run.run_dir.root)
+        return run
+
+    def release(self) -> None:
+        for lock in self.locks:
+            lock.release()
+
+
 def watch(
-    job_ids: List[str] = typer.Argument(..., metavar="JOBID...", help="Jobs to watch."),
+    job_ids: Optional[List[str]] = typer.Argument(None, metavar="[JOBID...]", help="Jobs to watch."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The run dir (one job only); "
                                            "default: the job comment SLURMFT_RUN_DIR=..."),
+    user: Optional[str] = typer.Option(None, "--user", help="With --all: whose jobs (yourself)."),
+    all_jobs: bool = typer.Option(False, "--all", help="Also watch every job of --user that "
+                                  "names a run dir, including jobs submitted later."),
     once: bool = typer.Option(False, "--once", help="One poll cycle, then exit (for cron)."),
     config: Optional[Path] = typer.Option(None, "--config", help="slurmft.toml to read \\[watch] from."),
     poll: Optional[float] = typer.Option(None, "--poll", help="Seconds between cycles (\\[watch] poll_s)."),
@@ -48,30 +116,37 @@ def watch(
     """Watch jobs and bring every failed run back: requeue, exclude bad nodes, start now, hold."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="slurmft-watch %(asctime)s %(levelname)s %(message)s")
-    from slurmft.rundir import RunDir
-    from slurmft.slurm.client import JobNotFound, SlurmError, SlurmUnavailable
-    from slurmft.slurm.config import SlurmConfig
     from slurmft.slurm import validate
     from slurmft.slurm.cli import CliSlurmClient
+    from slurmft.slurm.client import JobNotFound, SlurmError, SlurmUnavailable
+    from slurmft.slurm.config import SlurmConfig
     from slurmft.watch.config import WatchConfig
     from slurmft.watch.loop import Watcher
-    from slurmft.watch.resolve import ResolveError, check_owner, run_dir_for
-    from slurmft.watch.runwatch import RunWatch
-    from slurmft.watch.state import RunLock, StateError, load_state
+    from slurmft.watch.resolve import current_user
 
+    ids = list(job_ids or [])
     try:
         overrides = {"poll_s": poll, "hang_timeout_s": hang_timeout,
                      "operator": True if operator else None}
         cfg = load_section(WatchConfig, "watch", config_file=config,
                            overrides={k: v for k, v in overrides.items() if v is not None})
         client = CliSlurmClient(load_section(SlurmConfig, "slurm", config_file=config))
-        ids = validate.job_ids(job_ids)
+        ids = validate.job_ids(ids)
+        if user is not None:
+            validate.user_name(user)
         hook = shlex.split(on_event) if on_event else None
     except (ConfigError, ValueError) as exc:
         raise _fail(EXIT_USAGE, str(exc))
+    if all_jobs != (user is not None):
+        raise _fail(EXIT_USAGE, "--all and --user go together: --user USER --all")
+    if user is not None and user != current_user():
+        raise _fail(EXIT_USAGE, f"--user {user}: the watcher runs as the jobs' owner; run it as "
+                    f"{user} (you are {current_user()})")
+    if not ids and not all_jobs:
+        raise _fail(EXIT_USAGE, "give at least one JOBID (or --user USER --all)")
     if len(set(ids)) != len(ids):
         raise _fail(EXIT_USAGE, "a job id is given twice")
-    if run_dir is not None and len(ids) != 1:
+    if run_dir is not None and (len(ids) != 1 or all_jobs):
         raise _fail(EXIT_USAGE, "--run-dir names the run dir of ONE job; give one JOBID with it")
     if on_event is not None and not hook:
         raise _fail(EXIT_USAGE, "--on-event is empty")
@@ -81,14 +156,14 @@ def watch(
         from slurmft.watch.notify import run_hook
 
         listeners.append(lambda kind, event: run_hook(hook, {"kind": kind, **event}, timeout_s=10.0))
-
     recorder = None
     if record is not None:
         from slurmft.watch.record import Recorder
 
         recorder = Recorder(record)
-    runs, locks, seen_dirs = [], [], set()
+    factory = RunFactory(client, cfg, listeners, recorder, run_dir)
     try:
+        runs = []
         for job_id in ids:
             try:
                 job = client.job(job_id)
@@ -100,26 +175,11 @@ def watch(
             except SlurmError as exc:
                 raise _fail(EXIT_USAGE, f"job {job_id}: {exc}")
             try:
-                check_owner(job)
-                path = run_dir_for(job, run_dir)
-            except ResolveError as exc:
-                raise _fail(EXIT_USAGE, str(exc))
-            if path in seen_dirs:
-                raise _fail(EXIT_USAGE, f"two of the jobs write the same run dir {path}")
-            seen_dirs.add(path)
-            rd = RunDir(path)
-            lock = RunLock(rd)
-            try:
-                lock.acquire()
-                state = load_state(rd, job_id)
-            except StateError as exc:
-                raise _fail(EXIT_LOCKED if "already watched" in str(exc) else EXIT_USAGE, str(exc))
-            locks.append(lock)
-            if state.job_id != job_id:
-                raise _fail(EXIT_USAGE, f"run dir {path} is watched for job {state.job_id}, not "
-                            f"{job_id} (its watch/state.json says so)")
-            runs.append(RunWatch(rd, state, client, cfg, listeners, recorder))
-        watcher = Watcher(client, runs, poll_s=cfg.poll_s)
+                runs.append(factory.make(job))
+            except WatchStartError as exc:
+                raise _fail(exc.code, str(exc))
+        watcher = Watcher(client, runs, poll_s=cfg.poll_s, user=user,
+                          adopt=factory.adopt if all_jobs else None)
         try:
             if once:
                 result = watcher.cycle()
@@ -130,12 +190,11 @@ def watch(
         except KeyboardInterrupt:
             print("slurmft watch: interrupted; state is saved, start it again to carry on",
                   file=sys.stderr)
-        for run in runs:
+        for run in watcher.runs:
             print(f"job {run.job_id}: {run.state.phase}"
                   + (f" ({run.state.reason})" if run.state.reason else ""))
     finally:
-        for lock in locks:
-            lock.release()
+        factory.release()
 
 
 app = watch

@@ -149,6 +149,9 @@ class SlurmClient(Protocol):
     def jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
         """All of ``job_ids`` in ONE controller query; ids Slurm no longer knows are absent."""
 
+    def user_jobs(self, user: str) -> dict[str, Job]:
+        """Every job of ``user`` the controller still holds, in ONE query."""
+
     def job(self, job_id: str) -> Job:
         """One job; raises JobNotFound."""
 

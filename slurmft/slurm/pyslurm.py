@@ -188,6 +188,9 @@ class PyslurmClient:
         name, text = validate.node_name(node), validate.reason(reason)
         self._call("Node.modify", lambda: self._ps.Node(name).modify(self._ps.Node(state="DRAIN", reason=text)))
 
+    def user_jobs(self, user: str) -> dict:
+        return self._cli.user_jobs(user)
+
     def set_down(self, node: str, reason: str) -> None:
         self._cli.set_down(node, reason)  # rare and operator-only: the CLI's checks suffice
 

@@ -18,6 +18,8 @@ from slurmft.slurm.client import InvalidArgument
 _JOB_ID_RE = re.compile(r"^[1-9][0-9]{0,9}(_[0-9]{1,10})?$")
 # Slurm node names: letters, digits, '-', '_', '.'; no hostlist brackets, no spaces.
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# POSIX portable user names (plus upper case, as sites have them).
+_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
 # Slurm 22.05 stored a 5000-character (and a UTF-8) reason unchanged (measured): the limit is
 # ours, to keep a reason one readable sinfo/scontrol line.
@@ -34,6 +36,12 @@ def job_id(value: object) -> str:
 
 def job_ids(values: Iterable[object]) -> list[str]:
     return [job_id(v) for v in values]
+
+
+def user_name(value: object) -> str:
+    if not isinstance(value, str) or not _USER_RE.fullmatch(value):
+        raise InvalidArgument(f"invalid user name {value!r}: expected letters, digits, '.', '_', '-'")
+    return value
 
 
 def node_name(value: object) -> str:

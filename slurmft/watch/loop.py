@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from slurmft.slurm.client import JobNotFound, JobState, SlurmClient, SlurmError
+from slurmft.slurm.client import Job, JobNotFound, JobState, SlurmClient, SlurmError
 from slurmft.watch.runwatch import RunWatch
 
 log = logging.getLogger(__name__)
@@ -27,9 +27,16 @@ class CycleResult:
 class Watcher:
     def __init__(self, client: SlurmClient, runs: list[RunWatch], *, poll_s: float,
                  clock: Callable[[], float] = time.time,
-                 on_cycle: Callable[[CycleResult], None] | None = None) -> None:
+                 on_cycle: Callable[[CycleResult], None] | None = None,
+                 user: str | None = None,
+                 adopt: Callable[[Job], RunWatch | None] | None = None) -> None:
+        """``user`` + ``adopt``: watch every job of ``user`` too (``--all``); each cycle's one
+        query lists the user's jobs and ``adopt`` turns a new one into a RunWatch (or None)."""
         self.client = client
         self.runs = runs
+        self.user = user
+        self.adopt = adopt
+        self._seen: set[str] = {r.job_id for r in runs}
         self.poll_s = poll_s
         self.clock = clock
         self.on_cycle = on_cycle
@@ -38,10 +45,13 @@ class Watcher:
     def cycle(self) -> CycleResult:
         started = time.monotonic()
         active = [r for r in self.runs if r.active]
-        if not active:
+        if not active and self.user is None:
             return CycleResult(True, 0.0)
         try:
-            jobs = self.client.jobs([r.job_id for r in active])
+            if self.user is not None:
+                jobs = self.client.user_jobs(self.user)
+            else:
+                jobs = self.client.jobs([r.job_id for r in active])
             nodes = self.client.nodes()
         except SlurmError as exc:
             result = CycleResult(False, time.monotonic() - started, str(exc))
@@ -54,6 +64,8 @@ class Watcher:
             log.warning("Slurm answers again")
         self.controller_ok = True
         now = self.clock()
+        if self.adopt is not None:
+            active += self._adopt_new(jobs)
         for run in active:
             job = jobs.get(run.job_id)
             if job is None:
@@ -64,6 +76,18 @@ class Watcher:
         result = CycleResult(True, time.monotonic() - started)
         self._report(result)
         return result
+
+    def _adopt_new(self, jobs: dict[str, Job]) -> list[RunWatch]:
+        adopted = []
+        for job_id, job in sorted(jobs.items()):
+            if job_id in self._seen or job.state.finished or job.run_dir is None:
+                continue
+            self._seen.add(job_id)
+            run = self.adopt(job)
+            if run is not None:
+                self.runs.append(run)
+                adopted.append(run)
+        return adopted
 
     def _confirm_forgotten(self, run: RunWatch):
         """A job missing from the controller's answer: ask once more, accounting included. Its
@@ -85,7 +109,7 @@ class Watcher:
         backoff = self.poll_s
         while True:
             result = self.cycle()
-            if once or not any(r.active for r in self.runs) or stop():
+            if once or (self.user is None and not any(r.active for r in self.runs)) or stop():
                 return
             backoff = self.poll_s if result.observed else min(backoff * 2, MAX_BACKOFF_S)
             time.sleep(backoff)

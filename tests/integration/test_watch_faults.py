@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurmft.rundir import RunDir
+from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
 from slurmft.watch.state import load_state
 
@@ -185,25 +186,54 @@ def test_crash_loop_is_held_after_n_restarts_without_progress(slurm_cluster, tmp
 
 @pytest.mark.timeout(300)
 def test_two_jobs_watched_at_once_only_the_faulty_one_is_touched(slurm_cluster, tmp_path):
+    """One watcher, ``--user root --all``: it adopts both jobs as they name their run dirs."""
     args = [*ARGS, "--steps", "40"]
+    watcher = WatcherProc(slurm_cluster, [], tmp_path / "two_jobs-watch.log", "--user", "root",
+                          "--all", run_dir=tmp_path / "a")
     a = submit(slurm_cluster, tmp_path / "a", args, nodes=1)
     b = submit(slurm_cluster, tmp_path / "b", args, nodes=1)
-    for job in (a, b):
-        observe_until(job.client, job.job_id, lambda j: j.run_dir is not None, 60, "run dir comment",
-                      context=job.log_text)
-    watcher = WatcherProc(slurm_cluster, [a.job_id, b.job_id], tmp_path / "two_jobs-watch.log",
-                          run_dir=tmp_path / "a")
     ctx = lambda: a.log_text()[-2000:] + b.log_text()[-2000:] + watcher.text()[-3000:]
     try:
         events_until(tmp_path / "a", lambda ev: 5 in _committed(ev), 120, "a's checkpoint", context=ctx)
+        assert f"watching job {a.job_id}" in watcher.text() and f"watching job {b.job_id}" in watcher.text()
         assert kill_ranks(a.job_id) >= 1
         events_until(tmp_path / "a", lambda ev: of(ev, "job_running"), 120, "a running again",
                      context=ctx)
-        assert watcher.wait(200) == 0, ctx()
+        for run in (tmp_path / "a", tmp_path / "b"):
+            events_until(run, lambda ev: of(ev, "run_finished"), 200, f"{run.name} finished",
+                         context=ctx)
         assert a.client.job(a.job_id).state is JobState.COMPLETED
-        assert b.client.job(b.job_id).state is JobState.COMPLETED
-        assert b.client.job(b.job_id).restart_count == 0
-        assert not of(b.events(), "fault_detected") and of(b.events(), "run_finished")
+        final_b = b.client.job(b.job_id)
+        assert final_b.state is JobState.COMPLETED and final_b.restart_count == 0
+        assert not of(b.events(), "fault_detected")
         assert len(losses([e for e in a.events() if e.kind == "loss" and e.get("restart_count") == 1])) > 0
     finally:
         watcher.kill()
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_is_one_line_and_touches_nothing(slurm_cluster, tmp_path):
+    client = CliSlurmClient(env=slurm_cluster.env)
+    script = tmp_path / "held.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    held = client.submit(script, sbatch_options=["--hold", f"--output={tmp_path}/held.out"])
+    not_a_run = tmp_path / "notarun"
+    not_a_run.mkdir()
+    (not_a_run / "precious.txt").write_text("keep\n")
+    env = {**os.environ, **slurm_cluster.env}
+    cases = [
+        (["999999"], 2, "job 999999 does not exist"),
+        ([held], 2, f"job {held} names no run dir"),
+        ([held, "--run-dir", str(not_a_run)], 2, "is not a slurmft run dir"),
+        ([held, "--run-dir", "relative/dir"], 2, "is not an absolute path"),
+        ([held, "--poll", "0"], 2, "poll_s must be > 0"),
+    ]
+    for argv, code, message in cases:
+        res = subprocess.run([str(SLURMFT), "watch", *argv, "--once"], env=env, text=True,
+                             capture_output=True, timeout=60)
+        assert res.returncode == code, (argv, res.stdout, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (argv, res.stderr)
+    job = client.job(held)
+    assert job.state is JobState.PENDING and job.restart_count == 0 and not job.excluded_nodes
+    assert sorted(p.name for p in not_a_run.iterdir()) == ["precious.txt"]
