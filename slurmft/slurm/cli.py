@@ -173,6 +173,30 @@ class CliSlurmClient:
         job_id = out.strip().split(";", 1)[0]
         return validate.job_id(job_id)
 
+    def resubmit(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None) -> str:
+        """``sbatch --parsable --chdir=<cwd> <argv>`` -> job id; ``argv`` is a job's own recorded
+        sbatch arguments with an absolute script path (its owner's words, run with its owner's
+        rights, never a shell). Not retried after a timeout (the job may have been submitted)."""
+        for value in argv:
+            if not isinstance(value, str) or "\x00" in value:
+                raise InvalidArgument(f"invalid sbatch argument {value!r}")
+        if not argv or not Path(cwd).is_dir():
+            raise InvalidArgument(f"resubmit: nothing to submit, or {cwd} is not a directory")
+        out = self._run(["sbatch", "--parsable", f"--chdir={cwd}", *argv], env=env,
+                        idempotent=False).stdout
+        return validate.job_id(out.strip().split(";", 1)[0])
+
+    def submit_line(self, job_id: str) -> str | None:
+        """SubmitLine from accounting (``sacct -X -o SubmitLine``, 21.08+); None when empty."""
+        out = self._run(["sacct", "-X", "-P", "--noheader", "-j", validate.job_id(job_id),
+                         "-o", "SubmitLine"]).stdout
+        lines = [line for line in out.splitlines() if line.strip()]
+        return lines[-1] if lines else None
+
+    def batch_script(self, job_id: str) -> str:
+        """``scontrol write batch_script JOBID -`` (the controller's copy)."""
+        return self._run(["scontrol", "write", "batch_script", validate.job_id(job_id), "-"]).stdout
+
     def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False) -> None:
         """``scancel`` the job, or send ``signal`` (to the batch step only when ``batch_only``)."""
         argv = ["scancel"]

@@ -165,6 +165,16 @@ class SlurmClient(Protocol):
                sbatch_options: Sequence[str] = ()) -> str:
         """``sbatch --parsable [options] script [args]``; returns the job id."""
 
+    def resubmit(self, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str] | None = None) -> str:
+        """``sbatch --parsable --chdir=<cwd> <argv>`` with a job's own recorded sbatch arguments
+        (options, script, script arguments); returns the new job id."""
+
+    def submit_line(self, job_id: str) -> str | None:
+        """The sbatch command line accounting recorded for the job (SubmitLine), if any."""
+
+    def batch_script(self, job_id: str) -> str:
+        """The job's batch script as the controller holds it (while it still knows the job)."""
+
     def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False) -> None:
         """scancel, or send ``signal`` (to the batch step only when ``batch_only``)."""
 

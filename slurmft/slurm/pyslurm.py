@@ -188,6 +188,15 @@ class PyslurmClient:
         name, text = validate.node_name(node), validate.reason(reason)
         self._call("Node.modify", lambda: self._ps.Node(name).modify(self._ps.Node(state="DRAIN", reason=text)))
 
+    def resubmit(self, argv, *, cwd, env=None) -> str:
+        return self._cli.resubmit(argv, cwd=cwd, env=env)
+
+    def submit_line(self, job_id: str):
+        return self._cli.submit_line(job_id)
+
+    def batch_script(self, job_id: str) -> str:
+        return self._cli.batch_script(job_id)
+
     def user_jobs(self, user: str) -> dict:
         return self._cli.user_jobs(user)
 

@@ -47,5 +47,10 @@ class Actor:
         self._do("set_down", cause, [node],
                  lambda: self.client.set_down(node, f"slurmft: watch: {detail}"))
 
+    def resubmit(self, argv, cwd, env, cause: str) -> str:
+        """Submit the forgotten job again; returns the new job id."""
+        return str(self._do("resubmit", cause, (),
+                            lambda: self.client.resubmit(argv, cwd=cwd, env=env)))
+
     def hold(self, job_id: str, cause: str) -> None:
         self._do("hold", cause, (), lambda: self.client.hold(job_id))

@@ -33,6 +33,7 @@ BOOT_FAIL = "boot_fail"
 OUT_OF_MEMORY = "out_of_memory"
 REQUEUED = "requeued"              # requeued by Slurm or an admin, cause unknown
 REQUEUE_REQUEST = "requeue_request"  # the launcher asked for a requeue it could not do itself
+FORGOTTEN = "forgotten"            # Slurm no longer knows the job and the run is not DONE
 NO_REQUEUE = "no_requeue"          # the job exited "do not requeue" (86)
 FINISHED = "finished"
 CANCELLED = "cancelled"
@@ -42,10 +43,11 @@ NOT_RESPONDING = "not_responding"
 
 RECOVER, EXPEDITE, GIVE_UP, FINISH, WAIT, WARN = "recover", "expedite", "give_up", "finish", "wait", "warn"
 SET_DOWN = "set_down"  # operator mode: mark the silent node DOWN, then recover
+RESUBMIT = "resubmit"  # Slurm forgot the job: submit it again from what was saved
 
 # Causes that count towards the crash-loop rule (no checkpoint progress across restarts).
 FAULTS = frozenset({NODE_FAIL, NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED, HANG, CRASH, BOOT_FAIL,
-                    OUT_OF_MEMORY, REQUEUED, REQUEUE_REQUEST})
+                    OUT_OF_MEMORY, REQUEUED, REQUEUE_REQUEST, FORGOTTEN})
 
 _SLURM_END_CAUSES = {
     JobState.NODE_FAIL: NODE_FAIL,
@@ -127,8 +129,8 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
     if job is None:
         if done_for(obs.done, obs.job_id):
             return Finding(FINISHED, FINISH, "the run dir says DONE; Slurm no longer lists the job")
-        return Finding(REQUEUED, WARN, "Slurm no longer knows the job (past MinJobAge) and the run "
-                       "is not DONE")
+        return Finding(FORGOTTEN, RESUBMIT, "Slurm no longer knows the job (past MinJobAge) and "
+                       "the run is not DONE")
     restart = job.restart_count
     summary = obs.summary
     if job.state is JobState.COMPLETED or done_for(obs.done, job.job_id) and job.state.finished:

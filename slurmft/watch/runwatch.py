@@ -10,18 +10,21 @@ Every step's intent is saved in the run's state before the step is taken (``stat
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from slurmft import journal
 from slurmft.journal import Journal
-from slurmft.rundir import RunDir
+from slurmft.rundir import RUN_DIR_ENV, RunDir
 from slurmft.slurm.client import Job, JobState, Node, SlurmError
-from slurmft.watch import detect
+from slurmft.watch import detect, resubmit
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
+from slurmft.watch.resolve import current_user
 from slurmft.watch.runview import JournalTail, read_done, read_heartbeats
 from slurmft.watch.state import (
     DOING, DONE, FINISHED, GAVE_UP, LOST, RECOVERING, SKIP, TODO, WATCHING, Recovery, RunState,
@@ -31,6 +34,8 @@ from slurmft.watch.state import (
 log = logging.getLogger(__name__)
 Listener = Callable[[str, Mapping[str, Any]], None]
 _TERMINAL = (FINISHED, GAVE_UP, LOST)
+# Cycles in which to try saving a job's submission (accounting lags the controller by seconds).
+CAPTURE_TRIES = 10
 
 
 def fit_exclusions(job: Job, nodes: Mapping[str, Node], wanted: list[str]) -> tuple[list[str], list[str]]:
@@ -67,6 +72,7 @@ class RunWatch:
         self._last_beat_time: dict[str, float] = {}
         self._job: Job | None = None
         self.recorder = recorder
+        self._capture_tries = 0
 
     @property
     def job_id(self) -> str:
@@ -130,6 +136,8 @@ class RunWatch:
         obs = self.observe(job, nodes, now)
         if self.recorder is not None:
             self.recorder(obs, self.memory(), self.tail.offset)
+        if job is not None and not job.state.finished:
+            self._save_submission(job)
         if self.state.phase == RECOVERING:
             self._advance(obs)
         else:
@@ -150,7 +158,8 @@ class RunWatch:
                 self._warn(finding, obs)
         acting = next((f for f in findings if f.action in (detect.RECOVER, detect.EXPEDITE,
                                                           detect.GIVE_UP, detect.FINISH,
-                                                          detect.SET_DOWN)), None)
+                                                          detect.SET_DOWN, detect.RESUBMIT)),
+                      None)
         if acting is None:
             return
         if acting.action == detect.FINISH:
@@ -158,6 +167,9 @@ class RunWatch:
             self.emit(journal.RUN_FINISHED, how=acting.cause, detail=acting.evidence,
                       state=job.state.value if job else None, exit_code=job.exit_code if job else None)
             self.state.phase = FINISHED
+            return
+        if acting.action == detect.RESUBMIT:
+            self._resubmit(acting, obs)
             return
         if acting.action == detect.GIVE_UP:
             self._detected(acting, obs)
@@ -170,11 +182,6 @@ class RunWatch:
         key = f"{finding.cause}:{job.job_id if job else self.job_id}:{job.restart_count if job else ''}"
         if finding.cause == detect.CHECKPOINT_OVERDUE:
             key += f":{obs.summary.newest_commit_step()}"
-        if finding.cause == detect.REQUEUED and job is None:
-            self.emit(journal.WATCH_WARNING, what="forgotten", detail=finding.evidence, nodes=[])
-            self.state.phase = LOST
-            self.state.reason = finding.evidence
-            return
         if self.state.warn_once(key):
             self.emit(journal.WATCH_WARNING, what=finding.cause, detail=finding.evidence,
                       nodes=list(finding.nodes))
@@ -258,6 +265,78 @@ class RunWatch:
         self.state.recovery = None
         self.state.reason = why
 
+    # -- a job Slurm has forgotten --------------------------------------------------------------
+
+    def _save_submission(self, job: Job) -> None:
+        """At first sight: save the job's submit line and batch script (for a resubmission)."""
+        if self._capture_tries >= CAPTURE_TRIES or resubmit.load_record(self.run_dir) is not None:
+            return
+        self._capture_tries += 1
+        client = self.actor.client
+        try:
+            line = client.submit_line(job.job_id)
+            if line is None:  # accounting lags the controller: next cycle
+                raise resubmit.ResubmitError("accounting has no submit line for it")
+            script = client.batch_script(job.job_id)
+            resubmit.save_record(self.run_dir, job.job_id, line,
+                                 str(job.work_dir or self.run_dir.root), script)
+        except (SlurmError, resubmit.ResubmitError, OSError) as exc:
+            if self._capture_tries >= CAPTURE_TRIES:
+                self.emit(journal.WATCH_WARNING, what="no_resubmit", nodes=[],
+                          detail=f"cannot save the job's submission, so it cannot be resubmitted "
+                                 f"should Slurm forget it: {exc}")
+
+    def _resubmit(self, finding: Finding, obs: RunObservation) -> None:
+        st = self.state
+        record = resubmit.load_record(self.run_dir)
+        self._detected(finding, obs)
+        if record is None or record.job_id != self.job_id:
+            why = "no submission was saved for it (a watcher never saw it while Slurm knew it)"
+            self.emit(journal.WATCH_WARNING, what="forgotten", nodes=[],
+                      detail=f"{finding.evidence}; cannot resubmit: {why}")
+            st.phase, st.reason = LOST, f"{finding.evidence}; {why}"
+            return
+        why = self._limit_reached(finding.cause, obs.summary.newest_commit_step())
+        if why is not None:
+            self._give_up(finding.cause, why, None)
+            return
+        found = self._resubmitted_before(st.resubmit_started) if st.resubmit_started else None
+        client = self.actor.client
+        if found is None:
+            try:
+                argv = resubmit.resubmit_argv(record, resubmit.SubmitRecord.paths(self.run_dir)[1],
+                                              self.run_dir.root, sorted(st.node_faults))
+            except resubmit.ResubmitError as exc:
+                self._give_up(finding.cause, f"cannot resubmit: {exc}", None)
+                return
+            st.resubmit_started = obs.now
+            self._save()
+            env = {**os.environ, RUN_DIR_ENV: str(self.run_dir.root)}
+            try:
+                found = self.actor.resubmit(argv, Path(record.work_dir), env, finding.cause)
+            except SlurmError:
+                return  # journaled by the actor; tried again next cycle
+        old = self.job_id
+        st.job_id, st.resubmit_started = found, None
+        st.last_restart_count, st.recovery = None, None
+        st.restarts += 1
+        st.restarts_by_cause[finding.cause] = st.restarts_by_cause.get(finding.cause, 0) + 1
+        st.ckpt_at_recovery.append(obs.summary.newest_commit_step())
+        self.emit(journal.JOB_RESUBMITTED, old_job_id=old, new_job_id=found)
+
+    def _resubmitted_before(self, since: float) -> str | None:
+        """A job this run dir names that was submitted since ``since`` (a resubmission whose
+        watcher died before saving the new id)."""
+        try:
+            jobs = self.actor.client.user_jobs(current_user())
+        except SlurmError:
+            return None
+        for job in jobs.values():
+            submitted = job.submit_time.timestamp() if job.submit_time else 0
+            if job.run_dir is not None and Path(job.run_dir) == self.run_dir.root and submitted >= since - 5:
+                return job.job_id
+        return None
+
     # -- recovering -----------------------------------------------------------------------------
 
     def _advance(self, obs: RunObservation) -> None:
@@ -265,9 +344,8 @@ class RunWatch:
         if rec is None:
             st.phase = WATCHING
             return
-        if job is None:
-            self._warn(Finding(detect.REQUEUED, detect.WARN, "Slurm forgot the job during its "
-                               "recovery"), obs)
+        if job is None:  # forgotten mid-recovery: start over as a resubmission
+            st.phase, st.recovery = WATCHING, None
             return
         if rec.requeue in (TODO, DOING):
             if job.state is JobState.PENDING or job.restart_count > rec.restart_count:

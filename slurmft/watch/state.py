@@ -65,6 +65,7 @@ class RunState:
     recovery: Recovery | None = None
     warned: list[str] = field(default_factory=list)
     reason: str = ""
+    resubmit_started: float | None = None  # intent: a resubmission may be in flight since then
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

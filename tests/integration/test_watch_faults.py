@@ -237,3 +237,31 @@ def test_bad_input_is_one_line_and_touches_nothing(slurm_cluster, tmp_path):
     job = client.job(held)
     assert job.state is JobState.PENDING and job.restart_count == 0 and not job.excluded_nodes
     assert sorted(p.name for p in not_a_run.iterdir()) == ["precious.txt"]
+
+
+@pytest.mark.timeout(120)
+def test_saved_submission_resubmits_the_same_job_on_real_slurm(slurm_cluster, tmp_path):
+    """What a forgotten job's resubmission sends, checked against the real controller: the job
+    itself cannot be made to age out of the controller here (MinJobAge=600 s)."""
+    from slurmft.watch import resubmit
+
+    client = CliSlurmClient(env=slurm_cluster.env)
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --job-name=resub\ntrue\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    original = client.submit(script, ["--steps", "40"], sbatch_options=[
+        "--hold", "--nodes=1-2", f"--output={work}/out.log", f"--chdir={work}"])
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    line = observe_until(client, original, lambda j: client.submit_line(original) is not None, 30,
+                         "accounting's submit line") and client.submit_line(original)
+    resubmit.save_record(run, original, line, str(work), client.batch_script(original))
+    record = resubmit.load_record(run)
+    argv = resubmit.resubmit_argv(record, resubmit.SubmitRecord.paths(run)[1], run.root, ["n3"])
+    new = client.resubmit(argv, cwd=work, env={**os.environ, **slurm_cluster.env})
+    job = client.job(new)
+    assert new != original and job.state is JobState.PENDING and job.reason in ("JobHeldUser", "JobHeldAdmin")
+    assert job.name == "resub"
+    assert job.run_dir == run.root and "n3" in job.excluded_nodes
+    assert job.work_dir == work

@@ -11,9 +11,11 @@ import time
 import pytest
 
 from slurmft import exitcodes
+from slurmft.rundir import RunDir
 from slurmft.slurm.client import JobState
+from slurmft.watch import resubmit
 
-from train_job_support import TINY_ARGS, kill_ranks, losses, submit
+from train_job_support import TEMPLATE, TINY_ARGS, kill_ranks, losses, submit
 from watch_support import WatcherProc, events_until, observe_until, of
 
 pytestmark = pytest.mark.integration
@@ -70,6 +72,10 @@ def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_p
         assert of(events, "run_finished")
         steps = losses([e for e in events if e.kind == "loss" and e.get("restart_count") == 1])
         assert sorted(steps) == list(range(max(committed) + 1, 41))
+        # Saved at first sight, should Slurm ever forget the job: its submit line and script.
+        record = resubmit.load_record(RunDir(run))
+        assert record is not None and record.job_id == job.job_id
+        assert resubmit.saved_script(RunDir(run)) == TEMPLATE.read_bytes()
     finally:
         watcher.kill()
 

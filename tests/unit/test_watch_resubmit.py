@@ -1,0 +1,122 @@
+"""Resubmitting a job Slurm has forgotten: what is saved at first sight, the new sbatch line,
+and no second submission after a watcher restart.
+
+SUBMIT_LINE is accounting's record of a real submission (``sacct -X -P -o SubmitLine`` on the
+devcluster, Slurm 22.05.8, captured 2026-11-24 from tests/integration/test_watch_recovery.py),
+with the temporary paths replaced by ``{work}``/``{repo}``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from slurmft.journal import read_events
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import Job, JobState
+from slurmft.watch import resubmit
+from slurmft.watch.config import WatchConfig
+from slurmft.watch.runwatch import RunWatch
+from slurmft.watch.state import RunState
+
+from test_watch_runwatch import NODES, T0, RecordingClient, job
+
+SUBMIT_LINE = ("sbatch --parsable --nodes=2 --output={work}/run-job.out --chdir={work} "
+               "{repo}/sbatch_templates/train.sbatch {repo}/examples/train_gpt.py --tiny "
+               "--global-batch 12 --heartbeat-every 2 --ckpt-every 5 --step-sleep 0.1 --steps 40")
+SCRIPT = "#!/bin/bash\n#SBATCH --requeue\necho train\n"
+
+
+@pytest.fixture
+def site(tmp_path):
+    repo, work = tmp_path / "repo", tmp_path / "work"
+    (repo / "sbatch_templates").mkdir(parents=True)
+    (repo / "sbatch_templates" / "train.sbatch").write_text(SCRIPT)
+    work.mkdir()
+    run = RunDir(work / "run")
+    run.root.mkdir()
+    return run, SUBMIT_LINE.format(work=work, repo=repo), work
+
+
+class ResubmitClient(RecordingClient):
+    def __init__(self, line: str) -> None:
+        super().__init__()
+        self.line = line
+        self.queue: dict[str, Job] = {}
+
+    def submit_line(self, job_id):
+        return self.line
+
+    def batch_script(self, job_id):
+        return SCRIPT
+
+    def resubmit(self, argv, *, cwd, env=None):
+        self._call("resubmit", tuple(argv), str(cwd), env.get("SLURMFT_RUN_DIR"))
+        return "42"
+
+    def user_jobs(self, user):
+        return self.queue
+
+
+def test_the_new_submission_keeps_options_and_arguments_and_uses_the_saved_script(site):
+    run, line, work = site
+    resubmit.save_record(run, "7", line, str(work), SCRIPT)
+    record = resubmit.load_record(run)
+    saved = resubmit.SubmitRecord.paths(run)[1]
+    assert saved.read_text() == SCRIPT and record.script_index == 5
+    argv = resubmit.resubmit_argv(record, saved, run.root, ["n3", "n1"])
+    assert argv[:3] == ["--nodes=2", f"--output={work}/run-job.out", f"--chdir={work}"]
+    assert argv[3:5] == [f"--comment=SLURMFT_RUN_DIR={run.root}", "--exclude=n[1,3]"]
+    assert argv[5] == str(saved) and argv[6].endswith("examples/train_gpt.py")
+    assert argv[-2:] == ["--steps", "40"] and "--parsable" not in argv
+
+
+@pytest.mark.parametrize("line, message", [
+    ("srun --nodes=2 x", "not an sbatch command"),
+    ("sbatch 'unclosed", "cannot parse"),
+    ("sbatch --nodes=2 --output=out.log other.sh", "cannot find the batch script"),
+])
+def test_a_submit_line_that_cannot_be_replayed_is_refused_naming_why(site, line, message):
+    run, _, work = site
+    with pytest.raises(resubmit.ResubmitError, match=message):
+        resubmit.save_record(run, "7", line, str(work), SCRIPT)
+
+
+def test_forgotten_job_is_resubmitted_once_and_followed(site):
+    run, line, work = site
+    client = ResubmitClient(line)
+    w = RunWatch(run, RunState(job_id="7"), client, WatchConfig())
+    w.step(job(work_dir=work), NODES, T0)  # first sight: submission saved
+    assert resubmit.load_record(run) is not None
+    w.state.node_faults = {"n2": 1}
+    w.step(None, NODES, T0 + 900)  # forgotten, run not DONE
+    kinds = [c[0] for c in client.calls]
+    assert kinds == ["resubmit"]
+    argv = client.calls[0][1]
+    assert "--exclude=n2" in argv and client.calls[0][3] == str(run.root)
+    assert w.job_id == "42" and w.state.phase == "watching"
+    resub = [e for e in read_events(run.events) if e.kind == "job_resubmitted"][0]
+    assert (resub.get("old_job_id"), resub.get("new_job_id")) == ("7", "42")
+
+
+def test_a_resubmission_in_flight_when_the_watcher_died_is_found_not_repeated(site):
+    run, line, work = site
+    client = ResubmitClient(line)
+    resubmit.save_record(run, "7", line, str(work), SCRIPT)
+    state = RunState(job_id="7", resubmit_started=T0 + 100)
+    client.queue = {"43": Job(job_id="43", name="t", state=JobState.PENDING, run_dir=run.root,
+                              submit_time=datetime.fromtimestamp(T0 + 101, tz=timezone.utc))}
+    w = RunWatch(run, state, client, WatchConfig())
+    w.step(None, NODES, T0 + 200)
+    assert client.calls == [] and w.job_id == "43"
+
+
+def test_forgotten_job_without_a_saved_submission_is_reported_lost(site):
+    run, _, _ = site
+    client = ResubmitClient(None)
+    w = RunWatch(run, RunState(job_id="7"), client, WatchConfig())
+    w.step(None, NODES, T0)
+    assert client.calls == [] and w.state.phase == "lost"
+    warning = [e for e in read_events(run.events) if e.kind == "watch_warning"][0]
+    assert "cannot resubmit" in warning.get("detail")
