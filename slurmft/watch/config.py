@@ -26,8 +26,11 @@ class WatchConfig:
     straggler_factor: float = 1.5
     straggler_window: int = 3
     exclude_stragglers: bool = False
-    # Warn when no checkpoint was committed for this factor x the run's usual interval.
+    # Warn when no checkpoint was committed for this factor x the run's usual interval (and at
+    # least checkpoint_overdue_min_s: a run that checkpoints every few seconds is not "overdue"
+    # after a few more).
     checkpoint_overdue_factor: float = 2.0
+    checkpoint_overdue_min_s: float = 120.0
     # Giving up: restarts in total, per cause, and consecutive restarts with no newer checkpoint.
     max_restarts: int = 50
     max_restarts_per_cause: int = 20
@@ -52,7 +55,7 @@ class WatchConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        non_negative = ("silent_node_stale_s", "hang_timeout_s", "startup_grace_s", "pending_warn_s", "start_now_delay_s")
+        non_negative = ("checkpoint_overdue_min_s", "silent_node_stale_s", "hang_timeout_s", "startup_grace_s", "pending_warn_s", "start_now_delay_s")
         for name in non_negative:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -300,7 +300,7 @@ def detect_checkpoint_overdue(obs: RunObservation, config: WatchConfig) -> Findi
     usual = statistics.median(gaps)
     started = _ts(job, "start_time") or commits[-1][0]
     since = obs.now - max(commits[-1][0], started)
-    if since <= config.checkpoint_overdue_factor * usual:
+    if since <= max(config.checkpoint_overdue_factor * usual, config.checkpoint_overdue_min_s):
         return None
     return Finding(CHECKPOINT_OVERDUE, WARN, f"no checkpoint committed for {since:.0f} s (usual "
                    f"interval {usual:.0f} s; newest step {commits[-1][1]})")

@@ -28,6 +28,7 @@ def job_to_json(job: Job) -> dict[str, Any]:
     data = dataclasses.asdict(job)
     data["state"] = job.state.value
     data["flags"] = sorted(job.flags)
+    data["nodes"], data["excluded_nodes"] = list(job.nodes), list(job.excluded_nodes)
     for key in ("submit_time", "eligible_time", "start_time", "end_time"):
         data[key] = _ts(getattr(job, key))
     for key in ("work_dir", "run_dir"):
