@@ -21,6 +21,8 @@ app = typer.Typer(
 _COMMANDS: list[tuple[str, str]] = [
     ("ckpt", "ckpt"),
     ("devcluster", "devcluster"),
+    ("interval", "interval"),
+    ("status", "status"),
     ("sweep", "sweep"),
     ("watch", "watch"),
 ]

@@ -1,0 +1,149 @@
+"""``slurmft status JOBID|RUN_DIR``: what a run went through and where it stands, from its journal
+(and Slurm): segments, faults with their times and lost work, ETTR, restarts by cause,
+checkpoint loads, and what the watcher is waiting for.
+
+A TARGET that names an existing directory or contains ``/`` is a run dir (Slurm is then asked,
+best effort, about the job the journal names last); anything else must be a job id, whose run
+dir comes from its job comment and must be owned by the job's user. Exit codes: 0 shown;
+2 bad input (no such job, not a run dir, bad option); 4 Slurm could not be reached to look up
+a JOBID.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from slurmft.config import ConfigError, load_section
+
+EXIT_OK, EXIT_USAGE, EXIT_SLURM = 0, 2, 4
+
+
+def _fail(code: int, message: str) -> typer.Exit:
+    print(f"slurmft status: {message}", file=sys.stderr, flush=True)
+    return typer.Exit(code)
+
+
+def _looks_like_run_dir(target: str) -> bool:
+    return "/" in target or Path(target).is_dir()
+
+
+def _events_of(run_dir: Path):
+    from slurmft.rundir import RunDir
+    from slurmft.status import JournalUnreadable, read_journal
+
+    events_path = RunDir(run_dir).events
+    if not events_path.exists() and not events_path.is_symlink():
+        raise _fail(EXIT_USAGE, f"{run_dir} is not a slurmft run dir (it has no {events_path.name})")
+    try:
+        return read_journal(events_path)
+    except JournalUnreadable as exc:
+        raise _fail(EXIT_USAGE, f"cannot read the run's journal: {exc}")
+
+
+def _lookup_job(client, job_id: str):
+    """The job for a JOBID target, or a clear exit."""
+    from slurmft.slurm.client import JobNotFound, SlurmError, SlurmUnavailable
+
+    try:
+        return client.job(job_id)
+    except JobNotFound:
+        raise _fail(EXIT_USAGE, f"job {job_id} does not exist (neither the controller nor "
+                    "accounting knows it)")
+    except SlurmUnavailable as exc:
+        raise _fail(EXIT_SLURM, f"cannot reach Slurm to look up job {job_id}: {exc}")
+    except SlurmError as exc:
+        raise _fail(EXIT_USAGE, f"job {job_id}: {exc}")
+
+
+def _best_effort_job(client, events):
+    """(the Slurm job the journal names last, or None; a note when Slurm was not answered)."""
+    from slurmft.slurm import validate
+    from slurmft.slurm.client import SlurmError
+
+    ids = [str(e.get("job_id")) for e in events if e.kind == "segment_start" and e.get("job_id")]
+    ids += [str(e.get("new_job_id")) for e in events if e.kind == "job_resubmitted" and e.get("new_job_id")]
+    if not ids:
+        return None, ""
+    try:
+        return client.job(validate.job_id(ids[-1])), ""
+    except SlurmError as exc:
+        return None, f"Slurm could not tell about job {ids[-1]}: {str(exc).splitlines()[0][:120]}"
+
+
+def status(
+    target: str = typer.Argument(..., metavar="JOBID|RUN_DIR", help="A job id, or a run directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for scripts)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the timeline into this PNG "
+                                        "(needs matplotlib: pip install 'slurmft[plot]')."),
+    no_slurm: bool = typer.Option(False, "--no-slurm", help="With a RUN_DIR: do not ask Slurm."),
+    config: Optional[Path] = typer.Option(None, "--config", help="slurmft.toml to read \\[slurm] from."),
+) -> None:
+    """Show a run's segments, faults (fault -> detected -> requeued -> running -> back), lost
+    work, ETTR, restarts by cause, checkpoint loads, and what it is waiting for."""
+    from slurmft.slurm.cli import CliSlurmClient
+    from slurmft.slurm.config import SlurmConfig
+    from slurmft.status import build_report, report_dict
+
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise _fail(EXIT_USAGE, f"--plot {plot}: the file name must end in .png")
+    if plot is not None and not plot.absolute().parent.is_dir():
+        raise _fail(EXIT_USAGE, f"--plot {plot}: its directory does not exist")
+    try:
+        slurm_cfg = load_section(SlurmConfig, "slurm", config_file=config)
+    except (ConfigError, ValueError) as exc:
+        raise _fail(EXIT_USAGE, str(exc))
+    note = ""
+    if _looks_like_run_dir(target):
+        run_dir = Path(target)
+        if not run_dir.is_dir():
+            raise _fail(EXIT_USAGE, f"run dir {run_dir} is not a directory")
+        events = _events_of(run_dir)
+        job = None
+        if not no_slurm:
+            quick = CliSlurmClient(dataclasses.replace(slurm_cfg, retries=0,
+                                                       timeout=min(slurm_cfg.timeout, 10.0)))
+            job, note = _best_effort_job(quick, events)
+    else:
+        from slurmft.slurm import validate
+        from slurmft.slurm.client import InvalidArgument
+        from slurmft.watch.resolve import ResolveError, run_dir_for
+
+        try:
+            job_id = validate.job_id(target)
+        except InvalidArgument:
+            raise _fail(EXIT_USAGE, f"{target!r} is neither a job id nor a run directory")
+        job = _lookup_job(CliSlurmClient(slurm_cfg), job_id)
+        try:
+            run_dir = run_dir_for(job, None)
+        except ResolveError as exc:
+            raise _fail(EXIT_USAGE, f"{exc} (or give the run dir instead of the job id)")
+        events = _events_of(run_dir)
+    report = build_report(events, job, now=time.time())
+    if plot is not None:
+        from slurmft.status_plot import PlotUnavailable, write_plot
+
+        try:
+            write_plot(report, events, plot)
+        except PlotUnavailable as exc:
+            raise _fail(EXIT_USAGE, str(exc))
+    if as_json:
+        out = report_dict(report)
+        out["run_dir"] = str(run_dir.resolve())
+        out["note"] = note
+        print(json.dumps(out, sort_keys=True, allow_nan=False))
+    else:
+        from slurmft.status_render import render
+
+        render(report, run_dir, note)
+        if plot is not None:
+            print(f"timeline written to {plot}")
+
+
+app = status

@@ -1,0 +1,417 @@
+"""What a run's journal says about it: segments, faults and what each one cost, ETTR, restarts by
+cause, checkpoint loads, and where the run stands now. Pure: ``build_report(events, job, now)``
+turns journal events (and, when known, the Slurm job) into a ``Report``; nothing here reads a
+file or calls Slurm except ``read_journal``, the bounded reader of ``events.jsonl``.
+
+Definitions (``slurmft status`` shows them; docs/architecture.md repeats them):
+
+- A *segment* is one run of the training process: ``segment_start`` to ``segment_end`` (absent
+  when the process was killed), keyed by (job id, restart count). Its loss events are its steps.
+- A step's *duration* is the time since the previous loss event of the same segment; a
+  segment's first step (which also pays for start-up and checkpoint load) is given the median
+  step duration of its segment.
+- A step is *redone* when a later loss event has the same step number (a restart from an older
+  checkpoint, or a guard rollback); only its last run is *productive*.
+- *ETTR* = productive step time / wall time from the first segment start to the run's end (or
+  now, for a run still going).
+- A *fault* is every interruption between two segments (and a fault the watcher detected after
+  the last segment started). Its times: fault -> detected -> requeued -> running -> back, where
+  *back* is the first loss event of the next segment past its restored step; the *work lost* is
+  the steps between the restored step and the last step reached before the fault.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from slurmft import exitcodes, journal
+from slurmft.journal import Event, parse_line
+from slurmft.slurm.client import Job
+
+# A weeks-long run journals one loss line (~150 bytes) per step: this bounds about 3 M steps.
+MAX_JOURNAL_BYTES = 512 * 1024 * 1024
+MAX_LINE = 64 * 1024
+RECENT_WARNINGS = 5
+
+
+class JournalUnreadable(ValueError):
+    """The run dir's journal is missing, not a regular file, or cannot be read."""
+
+
+def read_journal(path: Path) -> list[Event]:
+    """Every event of ``events.jsonl`` in file order. The file is the run owner's: it is opened
+    without following a symlink or blocking on a FIFO, must be a regular file, and is read up to
+    ``MAX_JOURNAL_BYTES``; a line that is not an event is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise JournalUnreadable(f"{path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise JournalUnreadable(f"{path} is not a regular file")
+        if info.st_size > MAX_JOURNAL_BYTES:
+            raise JournalUnreadable(f"{path} is {info.st_size} bytes, more than the "
+                                    f"{MAX_JOURNAL_BYTES} this reads")
+        events = []
+        for raw in fh:
+            if len(raw) > MAX_LINE or not raw.strip():
+                continue
+            try:
+                event = parse_line(raw.decode("utf-8", errors="replace"))
+            except RecursionError:
+                event = None
+            if event is not None:
+                events.append(event)
+    return events
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+def _key(event: Event) -> tuple[str, int] | None:
+    job, restart = event.get("job_id"), _int(event.get("restart_count"))
+    if not isinstance(job, (str, int)) or restart is None:
+        return None
+    return str(job), restart
+
+
+@dataclass
+class Segment:
+    job_id: str
+    restart_count: int
+    start: float
+    end: float | None = None
+    exit_code: int | None = None
+    outcome: str = ""
+    reason: str = ""
+    world_size: int | None = None
+    num_nodes: int | None = None
+    nodelist: str = ""
+    restored_step: int | None = None
+    load_s: float | None = None
+    load_bytes: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    last_step_time: float | None = None
+    steps: int = 0
+    median_step_s: float | None = None
+
+    @property
+    def load_bandwidth(self) -> float | None:
+        """Bytes per second of the checkpoint load, when the segment journaled both."""
+        if self.load_s and self.load_bytes is not None and self.load_s > 0:
+            return self.load_bytes / self.load_s
+        return None
+
+
+@dataclass
+class Fault:
+    cause: str
+    job_id: str
+    restart_count: int              # of the segment the fault ended (or hit)
+    fault_time: float | None = None
+    detected: float | None = None
+    requeued: float | None = None
+    running: float | None = None
+    back: float | None = None
+    evidence: str = ""
+    nodes: list[str] = field(default_factory=list)
+    last_step: int | None = None    # the last step reached before the fault
+    restored_step: int | None = None
+    steps_lost: int | None = None
+    lost_s: float | None = None
+    restarted: bool = False         # a next segment started after it
+    recovered: bool = False         # training got back past its restored step
+
+    @property
+    def downtime_s(self) -> float | None:
+        """Fault to training back at the restored step (the time to recover)."""
+        if self.back is None or self.fault_time is None:
+            return None
+        return self.back - self.fault_time
+
+
+@dataclass
+class Report:
+    job_id: str | None
+    segments: list[Segment]
+    faults: list[Fault]
+    restarts_by_cause: dict[str, int]
+    productive_s: float
+    wall_s: float
+    ettr: float | None
+    steps_done: int | None
+    steps_redone: int
+    redone_s: float
+    checkpoints: int
+    last_checkpoint_step: int | None
+    last_checkpoint_time: float | None
+    mean_checkpoint_blocking_s: float | None
+    state: str
+    waiting_for: str
+    warnings: list[dict[str, Any]]
+    slurm: dict[str, Any] | None
+    first_time: float | None
+    now: float
+
+    @property
+    def restarts(self) -> int:
+        return max(len(self.segments) - 1, 0)
+
+
+def _steps(events: Sequence[Event]) -> tuple[dict[tuple[str, int], list[tuple[int, float, float, int]]], set[int]]:
+    """Per segment key, one row per loss event: (step, time, duration, event index); and the
+    indices of loss events that a later run of the same step superseded (redone work)."""
+    per_seg: dict[tuple[str, int], list[tuple[int, float, int]]] = {}
+    last_index: dict[int, int] = {}
+    for index, event in enumerate(events):
+        if event.kind != journal.LOSS:
+            continue
+        step, key = _int(event.get("step")), _key(event)
+        if step is None or key is None:
+            continue
+        per_seg.setdefault(key, []).append((step, event.time, index))
+        last_index[step] = index
+    rows_by_seg: dict[tuple[str, int], list[tuple[int, float, float, int]]] = {}
+    for key, rows in per_seg.items():
+        gaps = [max(b[1] - a[1], 0.0) for a, b in zip(rows, rows[1:])]
+        median = statistics.median(gaps) if gaps else 0.0
+        rows_by_seg[key] = [(step, when, median if i == 0 else gaps[i - 1], index)
+                            for i, (step, when, index) in enumerate(rows)]
+    superseded = {i for rows in per_seg.values() for step, _, i in rows if last_index[step] != i}
+    return rows_by_seg, superseded
+
+
+def _segments(events: Sequence[Event], steps) -> list[Segment]:
+    segments: dict[tuple[str, int], Segment] = {}
+    for event in events:
+        key = _key(event)
+        if key is None:
+            continue
+        if event.kind == journal.SEGMENT_START and key not in segments:
+            segments[key] = Segment(
+                job_id=key[0], restart_count=key[1], start=event.time,
+                world_size=_int(event.get("world_size")), num_nodes=_int(event.get("num_nodes")),
+                nodelist=str(event.get("nodelist") or ""),
+                restored_step=_int(event.get("restored_step")),
+                load_s=_num(event.get("load_s")), load_bytes=_int(event.get("load_bytes")))
+        elif event.kind == journal.SEGMENT_END and key in segments:
+            seg = segments[key]
+            seg.end, seg.exit_code = event.time, _int(event.get("exit_code"))
+            seg.outcome, seg.reason = str(event.get("outcome") or ""), str(event.get("reason") or "")
+    for key, seg in segments.items():
+        rows = steps.get(key, [])
+        if rows:
+            seg.first_step, seg.steps = rows[0][0], len(rows)
+            seg.last_step, seg.last_step_time = rows[-1][0], rows[-1][1]
+            gaps = [row[2] for row in rows[1:]]
+            seg.median_step_s = statistics.median(gaps) if gaps else None
+    return sorted(segments.values(), key=lambda s: s.start)
+
+
+def _cause_without_watcher(events: Sequence[Event], seg: Segment) -> str:
+    """What ended a segment when no watcher journaled a detection: the job's own words."""
+    key = (seg.job_id, seg.restart_count)
+    if any(e.kind == journal.PREEMPTION and _key(e) == key for e in events):
+        return "preempted"
+    if seg.exit_code == exitcodes.HANG:
+        return "hang"
+    if seg.exit_code == exitcodes.REQUEUE:
+        return "preempted"
+    if seg.exit_code is not None and seg.exit_code != exitcodes.OK:
+        return "crash"
+    if any(e.kind == journal.REQUEUE_REQUEST and _key(e) == key for e in events):
+        return "requeue_request"
+    return "unknown"
+
+
+def _in(event: Event, lo: float, hi: float | None) -> bool:
+    return event.time >= lo and (hi is None or event.time < hi)
+
+
+def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) -> Fault | None:
+    """The fault that ended ``seg``: every segment followed by another, and the last one when it
+    ended with a failure or the watcher detected something after it started; None otherwise."""
+    window = [e for e in events if _in(e, seg.start, nxt.start if nxt else None)]
+    detections = [e for e in window if e.kind == journal.FAULT_DETECTED]
+    if nxt is None and not detections and (seg.end is None or seg.exit_code == exitcodes.OK):
+        return None
+    detection = detections[0] if detections else None
+    fault_time = _num(detection.get("fault_time")) if detection else None
+    if fault_time is None:
+        fault_time = seg.end if seg.end is not None else (detection.time if detection else None)
+    fault = Fault(
+        cause=str(detection.get("cause") or "unknown") if detection else _cause_without_watcher(events, seg),
+        job_id=seg.job_id, restart_count=seg.restart_count, fault_time=fault_time,
+        detected=detection.time if detection else None,
+        evidence=str(detection.get("evidence") or "") if detection else seg.reason,
+        nodes=[str(n) for n in (detection.get("nodes") or [])] if detection else [])
+    after = detection.time if detection else seg.start
+    for e in window:
+        if e.time < after:
+            continue
+        if (fault.requeued is None and e.kind == journal.RECOVERY_ACTION
+                and e.get("action") in ("requeue", "resubmit") and e.get("ok")):
+            fault.requeued = e.time
+        elif fault.running is None and e.kind == journal.JOB_RUNNING:
+            fault.running = _num(e.get("start_time")) or e.time
+    if fault.requeued is None:  # the job requeued itself (preemption)
+        own = [e for e in window if e.kind == journal.TEMPLATE and e.get("action") == "requeue"
+               and _key(e) == (seg.job_id, seg.restart_count)]
+        fault.requeued = own[0].time if own else None
+    # Every loss event of the segment came before the fault that ended it.
+    rows = steps.get((seg.job_id, seg.restart_count), [])
+    fault.last_step = rows[-1][0] if rows else None
+    if nxt is not None:
+        fault.restarted = True
+        fault.running = fault.running or nxt.start
+        fault.restored_step = nxt.restored_step
+        restored = nxt.restored_step or 0
+        back = [r for r in steps.get((nxt.job_id, nxt.restart_count), []) if r[0] > restored]
+        if back:
+            fault.back, fault.recovered = back[0][1], True
+        if fault.last_step is not None:
+            fault.steps_lost = max(fault.last_step - restored, 0)
+            fault.lost_s = sum(r[2] for r in rows if r[0] > restored)
+    return fault
+
+
+def _state(events: Sequence[Event], segments: Sequence[Segment], faults: Sequence[Fault],
+           job: Job | None) -> tuple[str, str]:
+    """(where the run stands, what the watcher or the run is waiting for)."""
+    watcher = [e for e in events if e.kind in (
+        journal.FAULT_DETECTED, journal.RECOVERY_ACTION, journal.JOB_RUNNING, journal.GAVE_UP,
+        journal.RUN_FINISHED, journal.JOB_RESUBMITTED)]
+    last = watcher[-1] if watcher else None
+    slurm = ""
+    if job is not None:
+        slurm = f"; Slurm: {job.state.value}"
+        if job.reason and job.reason != "None":
+            slurm += f" ({job.reason})"
+    seg = segments[-1] if segments else None
+    over = "nothing: the run is over"
+    if last is not None and last.kind == journal.RUN_FINISHED:
+        how = last.get("state") or last.get("how")
+        code = last.get("exit_code")
+        return f"finished ({how}{'' if code is None else f', exit {code}'}){slurm}", over
+    if last is not None and last.kind == journal.GAVE_UP:
+        held = " and held the job" if last.get("held") else ""
+        return (f"gave up{held}: {last.get('reason')}{slurm}",
+                "a person: fix the cause, `scontrol release` the job, and watch it again")
+    if seg is not None and seg.exit_code == exitcodes.OK and seg.end is not None:
+        return f"finished at step {seg.last_step}{slurm}", over
+    if last is not None and last.kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION):
+        detected_at = max(e.time for e in watcher if e.kind == journal.FAULT_DETECTED) \
+            if any(e.kind == journal.FAULT_DETECTED for e in watcher) else 0.0
+        done = {e.get("action") for e in watcher
+                if e.kind == journal.RECOVERY_ACTION and e.get("ok") and e.time >= detected_at}
+        cause = faults[-1].cause if faults else last.get("cause")
+        if "start_now" in done:
+            wait = "Slurm to start the job (its start time is set to now)"
+        elif "requeue" in done or (last.kind == journal.FAULT_DETECTED and last.get("action") == "expedite"):
+            wait = "the job to be PENDING, then the bad nodes excluded and a start now"
+        else:
+            wait = "the requeue (the watcher retries it each cycle)"
+        return f"recovering from {cause}{slurm}", wait
+    if faults and faults[-1].restarted and not faults[-1].recovered:
+        f = faults[-1]
+        return (f"restarted after {f.cause}{slurm}",
+                f"training to get past its restored step {f.restored_step}")
+    if job is not None and job.state.value == "PENDING":
+        return f"pending{slurm}", "Slurm to schedule the job"
+    if seg is not None and seg.end is None:
+        return f"training at step {seg.last_step}{slurm}", "the next fault (if a watcher runs)"
+    if seg is not None:
+        own = any(e.kind == journal.TEMPLATE and e.get("action") == "requeue"
+                  and _key(e) == (seg.job_id, seg.restart_count) for e in events)
+        if own:
+            return (f"requeued by the job itself ({seg.outcome}){slurm}",
+                    "Slurm to start it again (~120 s unless `slurmft watch` starts it now)")
+        return (f"segment ended: {seg.outcome or 'no end recorded'}{slurm}",
+                "the watcher to act on it (is `slurmft watch` running?)")
+    return f"not started{slurm}", "the job to start training"
+
+
+def _job_dict(job: Job) -> dict[str, Any]:
+    return {"job_id": job.job_id, "state": job.state.value, "reason": job.reason,
+            "restart_count": job.restart_count, "nodes": list(job.nodes),
+            "excluded_nodes": list(job.excluded_nodes), "exit_code": job.exit_code,
+            "user": job.user, "partition": job.partition,
+            "submit_time": job.submit_time.timestamp() if job.submit_time else None,
+            "start_time": job.start_time.timestamp() if job.start_time else None}
+
+
+def build_report(events: Sequence[Event], job: Job | None = None, *, now: float) -> Report:
+    """The run's report from its journal events (file order) and, when known, its Slurm job."""
+    steps, superseded = _steps(events)
+    segments = _segments(events, steps)
+    faults = [f for f in (_fault(events, steps, seg, segments[i + 1] if i + 1 < len(segments) else None)
+                          for i, seg in enumerate(segments)) if f is not None]
+    productive = redone_s = 0.0
+    redone = 0
+    for rows in steps.values():
+        for _, _, duration, index in rows:
+            if index in superseded:
+                redone, redone_s = redone + 1, redone_s + duration
+            else:
+                productive += duration
+    first = segments[0].start if segments else None
+    finishing = [e.time for e in events if e.kind == journal.RUN_FINISHED]
+    last_seg = segments[-1] if segments else None
+    if finishing:
+        end = finishing[-1]
+    elif last_seg is not None and last_seg.exit_code == exitcodes.OK and last_seg.end is not None:
+        end = last_seg.end
+    else:
+        end = now
+    wall = max(end - first, 0.0) if first is not None else 0.0
+    commits = [e for e in events if e.kind == journal.CHECKPOINT_COMMITTED
+               and _int(e.get("step")) is not None]
+    blocking = [b for b in (_num(e.get("blocking_s")) for e in commits) if b is not None]
+    causes: dict[str, int] = {}
+    for f in faults:
+        if f.restarted:
+            causes[f.cause] = causes.get(f.cause, 0) + 1
+    state, waiting = _state(events, segments, faults, job)
+    warnings = [{"time": e.time, "what": e.get("what"), "detail": e.get("detail"),
+                 "nodes": e.get("nodes") or []}
+                for e in events if e.kind == journal.WATCH_WARNING][-RECENT_WARNINGS:]
+    return Report(
+        job_id=job.job_id if job else (segments[-1].job_id if segments else None),
+        segments=segments, faults=faults,
+        restarts_by_cause=dict(sorted(causes.items(), key=lambda kv: (-kv[1], kv[0]))),
+        productive_s=productive, wall_s=wall, ettr=(productive / wall) if wall > 0 else None,
+        steps_done=max((r[0] for rows in steps.values() for r in rows), default=None),
+        steps_redone=redone, redone_s=redone_s,
+        checkpoints=len(commits),
+        last_checkpoint_step=_int(commits[-1].get("step")) if commits else None,
+        last_checkpoint_time=commits[-1].time if commits else None,
+        mean_checkpoint_blocking_s=statistics.fmean(blocking) if blocking else None,
+        state=state, waiting_for=waiting, warnings=warnings,
+        slurm=_job_dict(job) if job else None, first_time=first, now=now)
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """The report as one JSON-ready object (what ``slurmft status --json`` prints)."""
+    from dataclasses import asdict
+
+    out = asdict(report)
+    out["restarts"] = report.restarts
+    for seg_out, seg in zip(out["segments"], report.segments):
+        seg_out["load_bandwidth_bytes_per_s"] = seg.load_bandwidth
+    for fault_out, fault in zip(out["faults"], report.faults):
+        fault_out["downtime_s"] = fault.downtime_s
+    return out

@@ -1,0 +1,126 @@
+"""The terminal view of a ``slurmft.status.Report``: a few rich tables a person reads at a glance
+(where the run stands first, then the numbers, then segments and faults). Times of day are UTC;
+the steps of a fault are shown as seconds after the fault."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from slurmft.status import Report
+
+
+def clock(t: float | None) -> str:
+    return "-" if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S")
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = float(seconds)
+    if abs(seconds) < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if abs(seconds) < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def after(t: float | None, origin: float | None) -> str:
+    if t is None or origin is None:
+        return "-"
+    return f"+{duration(t - origin)}" if t >= origin else f"-{duration(origin - t)}"
+
+
+def size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1000
+    return f"{n:.1f}TB"
+
+
+def _summary(report: Report, run_dir: Path, note: str) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("run dir", escape(str(run_dir)))
+    grid.add_row("job", str(report.job_id or "-"))
+    grid.add_row("state", escape(report.state))
+    grid.add_row("waiting for", escape(report.waiting_for))
+    if note:
+        grid.add_row("note", escape(note))
+    ettr = "-" if report.ettr is None else f"{report.ettr:.1%}"
+    grid.add_row("ETTR", f"{ettr}  (productive {duration(report.productive_s)} of "
+                         f"{duration(report.wall_s)} since the first start)")
+    grid.add_row("steps", f"{report.steps_done if report.steps_done is not None else '-'} reached, "
+                          f"{report.steps_redone} redone ({duration(report.redone_s)})")
+    causes = ", ".join(f"{c} {n}" for c, n in report.restarts_by_cause.items()) or "none"
+    grid.add_row("restarts", f"{report.restarts}  ({causes})")
+    if report.checkpoints:
+        age = None if report.last_checkpoint_time is None else report.now - report.last_checkpoint_time
+        blocking = ("" if report.mean_checkpoint_blocking_s is None
+                    else f", mean blocking {duration(report.mean_checkpoint_blocking_s)}")
+        grid.add_row("checkpoints", f"{report.checkpoints} committed, newest step "
+                                    f"{report.last_checkpoint_step} ({duration(age)} ago){blocking}")
+    else:
+        grid.add_row("checkpoints", "none committed")
+    return grid
+
+
+def _segments(report: Report) -> Table:
+    table = Table(title="segments", title_justify="left")
+    for name in ("#", "job.restart", "start (UTC)", "ran", "nodes", "ranks", "steps",
+                 "restored", "load", "load rate", "ended"):
+        table.add_column(name, overflow="fold")
+    for i, seg in enumerate(report.segments):
+        end = seg.end if seg.end is not None else (seg.last_step_time if seg.last_step_time else None)
+        steps = "-" if seg.first_step is None else f"{seg.first_step}-{seg.last_step}"
+        ended = seg.outcome or ("running" if i == len(report.segments) - 1 and seg.end is None
+                                else "killed (no end recorded)")
+        table.add_row(str(i), f"{seg.job_id}.{seg.restart_count}", clock(seg.start),
+                      duration(None if end is None else end - seg.start),
+                      escape(seg.nodelist) or "-", str(seg.world_size or "-"), steps,
+                      "-" if seg.restored_step is None else str(seg.restored_step),
+                      duration(seg.load_s),
+                      "-" if seg.load_bandwidth is None else f"{size(seg.load_bandwidth)}/s", escape(ended))
+    return table
+
+
+def _faults(report: Report) -> Table:
+    table = Table(title="faults (times after the fault)", title_justify="left")
+    for name in ("#", "cause", "fault (UTC)", "detected", "requeued", "running", "back",
+                 "steps lost", "time lost", "nodes", "evidence"):
+        table.add_column(name, overflow="fold")
+    for i, f in enumerate(report.faults):
+        lost = "-" if f.steps_lost is None else f"{f.steps_lost} ({f.last_step}->{f.restored_step})"
+        table.add_row(str(i), escape(f.cause), clock(f.fault_time), after(f.detected, f.fault_time),
+                      after(f.requeued, f.fault_time), after(f.running, f.fault_time),
+                      after(f.back, f.fault_time), lost, duration(f.lost_s),
+                      escape(",".join(f.nodes)) or "-", escape(f.evidence) or "-")
+    return table
+
+
+def render(report: Report, run_dir: Path, note: str = "", console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(_summary(report, run_dir, note))
+    if report.segments:
+        console.print(_segments(report))
+    if report.faults:
+        console.print(_faults(report))
+    for w in report.warnings:
+        nodes = f" [{','.join(map(str, w['nodes']))}]" if w["nodes"] else ""
+        console.print(f"[yellow]warning[/] {clock(w['time'])} "
+                      + escape(f"{w['what']}{nodes}: {w['detail']}"))

@@ -1,0 +1,179 @@
+"""``slurmft.status``: the report built from journals constructed here and from a real journal
+captured on the devcluster (tests/fixtures/journal/, see its README)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from slurmft.journal import Event, encode_event
+from slurmft.status import JournalUnreadable, build_report, read_journal, report_dict
+
+pytestmark = pytest.mark.timeout(60)
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "journal" / "preempt_crash.events.jsonl"
+T0 = 1_700_000_000.0
+
+
+class J:
+    """A journal built event by event; every event is stamped with the current segment."""
+
+    def __init__(self, job_id: str = "100") -> None:
+        self.events: list[Event] = []
+        self.job_id, self.restart = job_id, 0
+
+    def add(self, t: float, kind: str, **fields) -> "J":
+        stamped = {"job_id": self.job_id, "restart_count": self.restart, **fields}
+        self.events.append(Event(kind=kind, time=T0 + t, fields=stamped))
+        return self
+
+    def steps(self, t: float, first: int, last: int, every: float = 1.0) -> float:
+        for step in range(first, last + 1):
+            self.add(t, "loss", step=step, loss=1.0, samples=0, world_size=2)
+            t += every
+        return t - every
+
+
+def node_down_run() -> J:
+    """Segment 0: steps 1-10 (1 s each), checkpoint 5; n2 dies after step 10; the watcher
+    detects, requeues, excludes n2, starts it now; segment 1 restores 5 and finishes at 15."""
+    j = J()
+    j.add(0, "segment_start", world_size=4, num_nodes=2, nodelist="n[1-2]", restored_step=None)
+    j.steps(1, 1, 5)
+    j.add(5.1, "checkpoint_committed", step=5, blocking_s=0.5, total_s=2.0, bytes_written=100)
+    j.steps(6, 6, 10)
+    j.add(30, "fault_detected", cause="node_down", evidence="n2 DOWN", nodes=["n2"], fault_time=T0 + 12,
+          state="RUNNING", action="recover")
+    j.add(31, "recovery_action", action="requeue", cause="node_down", nodes=[], ok=True, detail="")
+    j.restart = 1
+    j.add(33, "recovery_action", action="exclude", cause="node_down", nodes=["n2"], ok=True, detail="")
+    j.add(35, "recovery_action", action="start_now", cause="node_down", nodes=[], ok=True, detail="")
+    j.add(36, "job_running", nodes=["n1", "n3"], start_time=T0 + 35.5)
+    j.add(40, "segment_start", world_size=4, num_nodes=2, nodelist="n[1,3]", restored_step=5,
+          load_s=2.0, load_bytes=4_000_000_000)
+    j.steps(45, 6, 15)
+    j.add(54.5, "segment_end", exit_code=0, outcome="OK (0)", reason="finished at step 15", step=15)
+    j.add(56, "run_finished", state="COMPLETED", exit_code=0, how="finished")
+    return j
+
+
+def test_fault_times_lost_work_and_ettr_of_a_constructed_run():
+    report = build_report(node_down_run().events, now=T0 + 1000)
+    assert [s.restored_step for s in report.segments] == [None, 5]
+    (fault,) = report.faults
+    assert fault.cause == "node_down" and fault.nodes == ["n2"]
+    assert (fault.fault_time, fault.detected, fault.requeued, fault.running, fault.back) == \
+        (T0 + 12, T0 + 30, T0 + 31, T0 + 35.5, T0 + 45)
+    assert fault.downtime_s == 33
+    assert (fault.last_step, fault.restored_step, fault.steps_lost) == (10, 5, 5)
+    assert fault.lost_s == pytest.approx(5.0)  # steps 6-10, one second each
+    # productive: steps 1-5 of segment 0 and 6-15 of segment 1, 1 s each; wall: first start to
+    # run_finished (the run is over: `now` does not count).
+    assert report.steps_redone == 5 and report.redone_s == pytest.approx(5.0)
+    assert report.productive_s == pytest.approx(15.0) and report.wall_s == pytest.approx(56.0)
+    assert report.ettr == pytest.approx(15 / 56)
+    assert report.restarts == 1 and report.restarts_by_cause == {"node_down": 1}
+    assert report.segments[1].load_bandwidth == pytest.approx(2e9)
+    assert report.state.startswith("finished (COMPLETED, exit 0)")
+    assert report.last_checkpoint_step == 5 and report.mean_checkpoint_blocking_s == 0.5
+
+
+def test_a_guard_rollback_counts_its_repeated_steps_as_redone():
+    j = J()
+    j.add(0, "segment_start", world_size=1, num_nodes=1, nodelist="n1", restored_step=None)
+    t = j.steps(1, 1, 6)
+    j.add(t + 0.1, "rollback", from_step=7, to_step=4)
+    j.steps(t + 1, 5, 8)
+    report = build_report(j.events, now=T0 + 100)
+    assert report.steps_redone == 2 and report.steps_done == 8  # steps 5 and 6 ran twice
+    assert report.faults == [] and report.restarts == 0
+    assert report.state.startswith("training at step 8")
+
+
+@pytest.mark.parametrize("tail,state,waiting", [
+    ([("fault_detected", dict(cause="hang", action="recover", fault_time=None, nodes=[]))],
+     "recovering from hang", "the requeue"),
+    ([("fault_detected", dict(cause="hang", action="recover", fault_time=None, nodes=[])),
+      ("recovery_action", dict(action="requeue", cause="hang", ok=True, nodes=[]))],
+     "recovering from hang", "to be PENDING"),
+    ([("fault_detected", dict(cause="hang", action="recover", fault_time=None, nodes=[])),
+      ("recovery_action", dict(action="requeue", cause="hang", ok=True, nodes=[])),
+      ("recovery_action", dict(action="start_now", cause="hang", ok=True, nodes=[]))],
+     "recovering from hang", "Slurm to start the job"),
+    ([("fault_detected", dict(cause="crash", action="recover", fault_time=None, nodes=[])),
+      ("gave_up", dict(cause="crash", reason="crash loop: no newer checkpoint", restarts=3, held=True))],
+     "gave up and held the job: crash loop", "a person"),
+    ([("segment_end", dict(exit_code=85, outcome="REQUEUE (85)", reason="preempted")),
+      ("template", dict(action="requeue", exclude=""))],
+     "requeued by the job itself", "~120 s unless `slurmft watch`"),
+    ([("segment_end", dict(exit_code=1, outcome="exit 1", reason="boom"))],
+     "segment ended: exit 1", "is `slurmft watch` running?"),
+])
+def test_where_the_run_stands_and_what_it_waits_for(tail, state, waiting):
+    j = J()
+    j.add(0, "segment_start", world_size=2, num_nodes=1, nodelist="n1", restored_step=None)
+    t = j.steps(1, 1, 3)
+    for i, (kind, fields) in enumerate(tail):
+        j.add(t + 1 + i, kind, **fields)
+    report = build_report(j.events, now=T0 + 100)
+    assert report.state.startswith(state), report.state
+    assert waiting in report.waiting_for, report.waiting_for
+
+
+def test_a_restart_without_a_watcher_takes_its_cause_from_the_job():
+    j = J()
+    j.add(0, "segment_start", world_size=2, num_nodes=1, nodelist="n1", restored_step=None)
+    j.steps(1, 1, 4)
+    j.add(4.5, "segment_end", exit_code=87, outcome="HANG (87)", reason="step 5 hung")
+    j.restart = 1
+    j.add(10, "segment_start", world_size=2, num_nodes=1, nodelist="n1", restored_step=None)
+    j.steps(12, 1, 2)
+    report = build_report(j.events, now=T0 + 20)
+    (fault,) = report.faults
+    assert fault.cause == "hang" and fault.detected is None and fault.fault_time == T0 + 4.5
+    assert fault.running == T0 + 10 and fault.back == T0 + 12 and fault.steps_lost == 4
+    assert report.restarts_by_cause == {"hang": 1}
+    assert report.state.startswith("training at step 2")
+
+
+def test_the_captured_journal_of_a_preempted_then_crashed_run():
+    events = read_journal(FIXTURE)
+    report = build_report(events, now=events[-1].time + 60)
+    assert [(s.restart_count, s.restored_step, s.first_step, s.last_step) for s in report.segments] == \
+        [(0, None, 1, 9), (1, 9, 10, 24), (2, 20, 21, 40)]
+    preempted, crash = report.faults
+    assert (preempted.cause, preempted.steps_lost, preempted.restored_step) == ("preempted", 0, 9)
+    assert (crash.cause, crash.last_step, crash.restored_step, crash.steps_lost) == ("crash", 24, 20, 4)
+    for fault in report.faults:  # every time is there, in the order the recovery happened
+        assert fault.recovered and None not in (fault.fault_time, fault.detected, fault.requeued,
+                                                fault.running, fault.back)
+        assert fault.fault_time <= fault.detected <= fault.running <= fault.back
+    assert preempted.requeued < preempted.detected  # the job requeued itself; the watcher expedited
+    assert crash.detected <= crash.requeued <= crash.running
+    assert report.restarts_by_cause == {"crash": 1, "preempted": 1}
+    assert report.steps_done == 40 and report.steps_redone == 4
+    assert 0 < report.productive_s + report.redone_s < report.wall_s and 0 < report.ettr < 1
+    assert report.checkpoints == 9 and report.last_checkpoint_step == 40
+    assert report.state.startswith("finished (COMPLETED, exit 0)")
+    assert [w["what"] for w in report.warnings] == ["checkpoint_overdue"] * 2
+    data = report_dict(report)
+    assert data["restarts"] == 2 and data["faults"][1]["downtime_s"] == pytest.approx(crash.downtime_s)
+
+
+def test_read_journal_skips_torn_lines_and_refuses_what_is_not_a_regular_file(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(encode_event("loss", {"step": 1}, now=T0) + b'{"v":1,"t":1,"kind":"lo'
+                     + b"\n" + b"x" * 70_000 + b"\n" + encode_event("loss", {"step": 2}, now=T0 + 1))
+    assert [e.get("step") for e in read_journal(path)] == [1, 2]
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(path)
+    with pytest.raises(JournalUnreadable, match="link.jsonl"):
+        read_journal(link)
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(JournalUnreadable, match="not a regular file"):
+        read_journal(fifo)
+    with pytest.raises(JournalUnreadable, match="No such file"):
+        read_journal(tmp_path / "missing.jsonl")
