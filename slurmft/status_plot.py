@@ -10,13 +10,13 @@ how it ended, with markers at each fault's detected / requeued / running times.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Sequence
 
 from slurmft import journal
 from slurmft.journal import Event
+from slurmft.rundir import atomic_write_bytes
 from slurmft.status import Report
 
 
@@ -41,15 +41,26 @@ def _pyplot():
 
 
 def write_plot(report: Report, events: Sequence[Event], path: Path) -> None:
-    """Draw the timeline into ``path`` (PNG), written atomically (temp file, then rename)."""
+    """Draw the timeline into ``path`` (PNG), written atomically (temp name, fsync, rename)."""
     plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1]})
+    buf = io.BytesIO()
+    try:
+        _draw(top, bottom, report, events)
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+    atomic_write_bytes(Path(path), buf.getvalue())
+
+
+def _draw(top, bottom, report: Report, events: Sequence[Event]) -> None:
     origin = report.first_time if report.first_time is not None else report.now
     span = max(report.now if report.faults or not report.segments else 0.0, *(
         (s.end or s.last_step_time or s.start) for s in report.segments), origin) - origin
     unit, scale = ("seconds", 1.0) if span < 600 else ("minutes", 60.0) if span < 36000 else ("hours", 3600.0)
     minutes = lambda t: (t - origin) / scale  # noqa: E731
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 6), sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 1]})
     by_segment: dict[tuple[str, int], list[tuple[float, int]]] = {}
     for e in events:
         step, job, restart = e.get("step"), e.get("job_id"), e.get("restart_count")
@@ -88,18 +99,3 @@ def write_plot(report: Report, events: Sequence[Event], path: Path) -> None:
     bottom.set_xlabel(f"{unit} since the first segment started")
     if report.faults:
         bottom.legend(loc="upper left", fontsize=8, ncol=3)
-    fig.tight_layout()
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format="png", dpi=100)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    finally:
-        plt.close(fig)

@@ -1,0 +1,55 @@
+"""deploy/systemd/slurmft-watch@.service: runs `slurmft watch <instance>`, restarts it only on
+the exits that a restart can fix (the watch command's own exit codes), and is a unit systemd
+itself accepts without a complaint (``systemd-analyze verify``, where systemd is installed)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurmft.commands import watch
+
+pytestmark = pytest.mark.timeout(60)
+
+UNIT = Path(__file__).resolve().parents[2] / "deploy" / "systemd" / "slurmft-watch@.service"
+
+
+def _unit() -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str
+    parser.read_string(UNIT.read_text())
+    return parser
+
+
+def test_it_watches_the_instance_and_restarts_only_what_a_restart_can_fix():
+    service = _unit()["Service"]
+    argv = service["ExecStart"].split()
+    assert argv[0].startswith("%h/") and argv[0].endswith("/slurmft")
+    assert argv[1:3] == ["watch", "%i"]
+    assert service["Restart"] == "on-failure"
+    prevent = {int(code) for code in service["RestartPreventExitStatus"].split()}
+    assert prevent == {watch.EXIT_USAGE, watch.EXIT_LOCKED}
+    assert watch.EXIT_SLURM not in prevent  # Slurm unreachable at start: try again later
+    assert _unit()["Install"]["WantedBy"] == "default.target"  # a --user unit
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_systemd_accepts_the_unit_without_a_warning(tmp_path):
+    home = tmp_path / "home"
+    exe = home / ".local" / "bin" / "slurmft"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    units = tmp_path / "units"
+    units.mkdir()
+    shutil.copy(UNIT, units / UNIT.name)
+    (units / "slurmft-watch@123.service").symlink_to(UNIT.name)
+    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", "slurmft-watch@123.service"],
+                          cwd=units, env={**os.environ, "HOME": str(home)}, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
