@@ -81,3 +81,31 @@ def test_a_job_that_does_not_exist_or_names_no_run_dir(slurm_cluster, tmp_path):
         assert f"job {job_id} names no run dir" in result.stderr
     finally:
         client.cancel(job_id)
+
+
+@pytest.mark.timeout(120)
+def test_the_watchers_on_event_hook_gets_each_event_as_json(slurm_cluster, tmp_path):
+    """The real ``slurmft watch --once --on-event CMD`` on a job that completed: the hook is
+    handed the watcher's ``run_finished`` event on stdin."""
+    run = tmp_path / "run"
+    run.mkdir()
+    script = tmp_path / "ok.sh"
+    script.write_text("#!/bin/bash\nexit 0\n")
+    client = CliSlurmClient(env=slurm_cluster.env)
+    job_id = client.submit(script, env={**os.environ, **slurm_cluster.env},
+                           sbatch_options=["--nodes=1", f"--output={tmp_path}/job.out",
+                                           f"--comment=SLURMFT_RUN_DIR={run}"])
+    deadline = time.monotonic() + 60
+    while client.job(job_id).state.value != "COMPLETED":
+        assert time.monotonic() < deadline, f"job {job_id} did not complete"
+        time.sleep(0.3)
+    got = tmp_path / "events.out"
+    hook = f"{sys.executable} -c 'import sys; open(\"{got}\", \"a\").write(sys.stdin.read())'"
+    watch = subprocess.run([sys.executable, "-m", "slurmft.cli", "watch", job_id, "--once",
+                            "--on-event", hook], env={**os.environ, **slurm_cluster.env},
+                           capture_output=True, text=True, timeout=60)
+    assert watch.returncode == 0, watch.stderr
+    events = [json.loads(line) for line in got.read_text().splitlines()]
+    assert [e["kind"] for e in events] == ["run_finished"]
+    assert events[0]["job_id"] == job_id and events[0]["run_dir"] == str(run)
+    assert events[0]["state"] == "COMPLETED" and events[0]["exit_code"] == 0
