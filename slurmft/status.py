@@ -244,7 +244,8 @@ def _in(event: Event, lo: float, hi: float | None) -> bool:
 
 def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) -> Fault | None:
     """The fault that ended ``seg``: every segment followed by another, and the last one when it
-    ended with a failure or the watcher detected something after it started; None otherwise."""
+    ended with a failure or the watcher detected something after it started; None otherwise.
+    ``events`` need not hold the loss events (``steps`` has them)."""
     window = [e for e in events if _in(e, seg.start, nxt.start if nxt else None)]
     detections = [e for e in window if e.kind == journal.FAULT_DETECTED]
     if nxt is None and not detections and (seg.end is None or seg.exit_code == exitcodes.OK):
@@ -358,7 +359,8 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float)
     """The run's report from its journal events (file order) and, when known, its Slurm job."""
     steps, superseded = _steps(events)
     segments = _segments(events, steps)
-    faults = [f for f in (_fault(events, steps, seg, segments[i + 1] if i + 1 < len(segments) else None)
+    others = [e for e in events if e.kind != journal.LOSS]  # a weeks-long run: mostly losses
+    faults = [f for f in (_fault(others, steps, seg, segments[i + 1] if i + 1 < len(segments) else None)
                           for i, seg in enumerate(segments)) if f is not None]
     productive = redone_s = 0.0
     redone = 0
@@ -385,7 +387,7 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float)
     for f in faults:
         if f.restarted:
             causes[f.cause] = causes.get(f.cause, 0) + 1
-    state, waiting = _state(events, segments, faults, job)
+    state, waiting = _state(others, segments, faults, job)
     warnings = [{"time": e.time, "what": e.get("what"), "detail": e.get("detail"),
                  "nodes": e.get("nodes") or []}
                 for e in events if e.kind == journal.WATCH_WARNING][-RECENT_WARNINGS:]
