@@ -27,11 +27,12 @@ import stat
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from slurmft import exitcodes, journal
 from slurmft.journal import Event, parse_line
 from slurmft.slurm.client import Job
+from slurmft.status_state import run_state, waiting_from_watcher, watcher_view
 
 # A weeks-long run journals one loss line (~150 bytes) per step: this bounds about 3 M steps.
 MAX_JOURNAL_BYTES = 512 * 1024 * 1024
@@ -164,6 +165,7 @@ class Report:
     waiting_for: str
     warnings: list[dict[str, Any]]
     slurm: dict[str, Any] | None
+    watcher: dict[str, Any] | None   # from <run_dir>/watch/state.json, when there is one
     first_time: float | None
     now: float
 
@@ -290,62 +292,6 @@ def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) ->
     return fault
 
 
-def _state(events: Sequence[Event], segments: Sequence[Segment], faults: Sequence[Fault],
-           job: Job | None) -> tuple[str, str]:
-    """(where the run stands, what the watcher or the run is waiting for)."""
-    watcher = [e for e in events if e.kind in (
-        journal.FAULT_DETECTED, journal.RECOVERY_ACTION, journal.JOB_RUNNING, journal.GAVE_UP,
-        journal.RUN_FINISHED, journal.JOB_RESUBMITTED)]
-    last = watcher[-1] if watcher else None
-    slurm = ""
-    if job is not None:
-        slurm = f"; Slurm: {job.state.value}"
-        if job.reason and job.reason != "None":
-            slurm += f" ({job.reason})"
-    seg = segments[-1] if segments else None
-    over = "nothing: the run is over"
-    if last is not None and last.kind == journal.RUN_FINISHED:
-        how = last.get("state") or last.get("how")
-        code = last.get("exit_code")
-        return f"finished ({how}{'' if code is None else f', exit {code}'}){slurm}", over
-    if last is not None and last.kind == journal.GAVE_UP:
-        held = " and held the job" if last.get("held") else ""
-        return (f"gave up{held}: {last.get('reason')}{slurm}",
-                "a person: fix the cause, `scontrol release` the job, and watch it again")
-    if seg is not None and seg.exit_code == exitcodes.OK and seg.end is not None:
-        return f"finished at step {seg.last_step}{slurm}", over
-    if last is not None and last.kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION):
-        detected_at = max(e.time for e in watcher if e.kind == journal.FAULT_DETECTED) \
-            if any(e.kind == journal.FAULT_DETECTED for e in watcher) else 0.0
-        done = {e.get("action") for e in watcher
-                if e.kind == journal.RECOVERY_ACTION and e.get("ok") and e.time >= detected_at}
-        cause = faults[-1].cause if faults else last.get("cause")
-        if "start_now" in done:
-            wait = "Slurm to start the job (its start time is set to now)"
-        elif "requeue" in done or (last.kind == journal.FAULT_DETECTED and last.get("action") == "expedite"):
-            wait = "the job to be PENDING, then the bad nodes excluded and a start now"
-        else:
-            wait = "the requeue (the watcher retries it each cycle)"
-        return f"recovering from {cause}{slurm}", wait
-    if faults and faults[-1].restarted and not faults[-1].recovered:
-        f = faults[-1]
-        return (f"restarted after {f.cause}{slurm}",
-                f"training to get past its restored step {f.restored_step}")
-    if job is not None and job.state.value == "PENDING":
-        return f"pending{slurm}", "Slurm to schedule the job"
-    if seg is not None and seg.end is None:
-        return f"training at step {seg.last_step}{slurm}", "the next fault (if a watcher runs)"
-    if seg is not None:
-        own = any(e.kind == journal.TEMPLATE and e.get("action") == "requeue"
-                  and _key(e) == (seg.job_id, seg.restart_count) for e in events)
-        if own:
-            return (f"requeued by the job itself ({seg.outcome}){slurm}",
-                    "Slurm to start it again (~120 s unless `slurmft watch` starts it now)")
-        return (f"segment ended: {seg.outcome or 'no end recorded'}{slurm}",
-                "the watcher to act on it (is `slurmft watch` running?)")
-    return f"not started{slurm}", "the job to start training"
-
-
 def _job_dict(job: Job) -> dict[str, Any]:
     return {"job_id": job.job_id, "state": job.state.value, "reason": job.reason,
             "restart_count": job.restart_count, "nodes": list(job.nodes),
@@ -355,8 +301,10 @@ def _job_dict(job: Job) -> dict[str, Any]:
             "start_time": job.start_time.timestamp() if job.start_time else None}
 
 
-def build_report(events: Sequence[Event], job: Job | None = None, *, now: float) -> Report:
-    """The run's report from its journal events (file order) and, when known, its Slurm job."""
+def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
+                 watch_state: Mapping[str, Any] | None = None) -> Report:
+    """The run's report from its journal events (file order) and, when known, its Slurm job and
+    the watcher's saved state (the JSON of ``watch/state.json``)."""
     steps, superseded = _steps(events)
     segments = _segments(events, steps)
     others = [e for e in events if e.kind != journal.LOSS]  # a weeks-long run: mostly losses
@@ -387,7 +335,13 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float)
     for f in faults:
         if f.restarted:
             causes[f.cause] = causes.get(f.cause, 0) + 1
-    state, waiting = _state(others, segments, faults, job)
+    state, waiting = run_state(others, segments, faults, job)
+    watcher = watcher_view(watch_state)
+    if watcher is not None:
+        waiting = waiting_from_watcher(watcher) or waiting
+        if watcher["phase"] == "lost" and not state.startswith(("finished", "gave up")):
+            state = f"lost: {watcher['reason'] or 'Slurm no longer knows the job'}"
+            waiting = "a person: resubmit the job (its run dir resumes from the newest checkpoint)"
     warnings = [{"time": e.time, "what": e.get("what"), "detail": e.get("detail"),
                  "nodes": e.get("nodes") or []}
                 for e in events if e.kind == journal.WATCH_WARNING][-RECENT_WARNINGS:]
@@ -403,7 +357,7 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float)
         last_checkpoint_time=commits[-1].time if commits else None,
         mean_checkpoint_blocking_s=statistics.fmean(blocking) if blocking else None,
         state=state, waiting_for=waiting, warnings=warnings,
-        slurm=_job_dict(job) if job else None, first_time=first, now=now)
+        slurm=_job_dict(job) if job else None, watcher=watcher, first_time=first, now=now)
 
 
 def report_dict(report: Report) -> dict[str, Any]:

@@ -60,6 +60,10 @@ def _summary(report: Report, run_dir: Path, note: str) -> Table:
     grid.add_row("job", str(report.job_id or "-"))
     grid.add_row("state", escape(report.state))
     grid.add_row("waiting for", escape(report.waiting_for))
+    if report.watcher is not None:
+        w = report.watcher
+        saved = f"{w['phase']}, {w['restarts'] or 0} restarts" + (f": {w['reason']}" if w["reason"] else "")
+        grid.add_row("watcher", escape(f"{saved} (its saved state; it may not be running now)"))
     if note:
         grid.add_row("note", escape(note))
     ettr = "-" if report.ettr is None else f"{report.ettr:.1%}"

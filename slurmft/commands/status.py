@@ -125,7 +125,11 @@ def status(
         except ResolveError as exc:
             raise _fail(EXIT_USAGE, f"{exc} (or give the run dir instead of the job id)")
         events = _events_of(run_dir)
-    report = build_report(events, job, now=time.time())
+    from slurmft.rundir import RunDir
+    from slurmft.watch.runview import read_small_json
+
+    report = build_report(events, job, now=time.time(),
+                          watch_state=read_small_json(RunDir(run_dir).watch_state))
     if plot is not None:
         from slurmft.status_plot import PlotUnavailable, write_plot
 

@@ -177,3 +177,43 @@ def test_read_journal_skips_torn_lines_and_refuses_what_is_not_a_regular_file(tm
         read_journal(fifo)
     with pytest.raises(JournalUnreadable, match="No such file"):
         read_journal(tmp_path / "missing.jsonl")
+
+
+def _saved(phase: str, **recovery) -> dict:
+    """The watcher's watch/state.json, as the watcher itself writes it."""
+    from slurmft.watch.state import Recovery, RunState
+
+    rec = Recovery(cause="node_down", evidence="n2 DOWN", fault_time=T0, detect_time=T0 + 1,
+                   restart_count=0, **recovery) if recovery else None
+    return RunState(job_id="100", phase=phase, restarts=1, recovery=rec, reason="").to_json()
+
+
+@pytest.mark.parametrize("saved,waiting", [
+    (_saved("recovering", exclude=["n2"], requeue="doing"), "the requeue"),
+    (_saved("recovering", exclude=["n2"], requeue="done", exclude_step="todo"),
+     "the job to be PENDING, then excluding n2 and a start now"),
+    (_saved("recovering", requeue="done", exclude_step="skip", start_now="todo", start_now_attempts=2),
+     "the job to be PENDING, then a start now (2 refused so far)"),
+    (_saved("recovering", requeue="done", exclude_step="done", start_now="done"),
+     "Slurm to start the job"),
+])
+def test_what_a_recovering_watcher_waits_for_comes_from_its_saved_state(saved, waiting):
+    j = J()
+    j.add(0, "segment_start", world_size=2, num_nodes=2, nodelist="n[1-2]", restored_step=None)
+    t = j.steps(1, 1, 3)
+    j.add(t + 5, "fault_detected", cause="node_down", action="recover", fault_time=T0 + t, nodes=["n2"])
+    report = build_report(j.events, now=T0 + 100, watch_state=saved)
+    assert report.state.startswith("recovering from node_down")
+    assert report.waiting_for.startswith(waiting), report.waiting_for
+    assert report.watcher["phase"] == "recovering" and report.watcher["restarts"] == 1
+
+
+def test_a_run_the_watcher_found_forgotten_by_slurm_says_so():
+    j = J()
+    j.add(0, "segment_start", world_size=2, num_nodes=1, nodelist="n1", restored_step=None)
+    j.steps(1, 1, 3)
+    saved = {**_saved("lost"), "reason": "Slurm forgot job 100 and it is not DONE"}
+    report = build_report(j.events, now=T0 + 100, watch_state=saved)
+    assert report.state == "lost: Slurm forgot job 100 and it is not DONE"
+    assert "resubmit" in report.waiting_for
+    assert build_report(j.events, now=T0 + 100, watch_state={"phase": 3}).watcher is None

@@ -87,3 +87,13 @@ def test_a_journal_that_is_a_symlink_is_refused(tmp_path):
     (run / "events.jsonl").symlink_to(FIXTURE)
     result = invoke(run, "--no-slurm")
     assert result.exit_code == 2 and "cannot read the run's journal" in result.output
+
+
+def test_the_watchers_saved_state_is_read_from_the_run_dir(run_dir):
+    from slurmft.rundir import RunDir
+    from slurmft.watch.state import RunState, save_state
+
+    save_state(RunDir(run_dir), RunState(job_id="1", phase="finished", restarts=2))
+    data = json.loads(invoke(run_dir, "--json", "--no-slurm").stdout)
+    assert data["watcher"] == {"phase": "finished", "restarts": 2, "reason": ""}
+    assert "finished, 2 restarts (its saved state" in invoke(run_dir, "--no-slurm").stdout

@@ -1,0 +1,109 @@
+"""Where a run stands now and what it (or its watcher) is waiting for, for ``slurmft status``:
+from the last journal events, the Slurm job when known, and the watcher's saved state
+(``watch/state.json``, the run owner's file: read defensively). Pure."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from slurmft import exitcodes, journal
+from slurmft.journal import Event
+from slurmft.slurm.client import Job
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _key(event: Event) -> tuple[str, int] | None:
+    job, restart = event.get("job_id"), _int(event.get("restart_count"))
+    if not isinstance(job, (str, int)) or restart is None:
+        return None
+    return str(job), restart
+
+
+def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence[Any],
+           job: Job | None) -> tuple[str, str]:
+    """(where the run stands, what the watcher or the run is waiting for)."""
+    watcher = [e for e in events if e.kind in (
+        journal.FAULT_DETECTED, journal.RECOVERY_ACTION, journal.JOB_RUNNING, journal.GAVE_UP,
+        journal.RUN_FINISHED, journal.JOB_RESUBMITTED)]
+    last = watcher[-1] if watcher else None
+    slurm = ""
+    if job is not None:
+        slurm = f"; Slurm: {job.state.value}"
+        if job.reason and job.reason != "None":
+            slurm += f" ({job.reason})"
+    seg = segments[-1] if segments else None
+    over = "nothing: the run is over"
+    if last is not None and last.kind == journal.RUN_FINISHED:
+        how = last.get("state") or last.get("how")
+        code = last.get("exit_code")
+        return f"finished ({how}{'' if code is None else f', exit {code}'}){slurm}", over
+    if last is not None and last.kind == journal.GAVE_UP:
+        held = " and held the job" if last.get("held") else ""
+        return (f"gave up{held}: {last.get('reason')}{slurm}",
+                "a person: fix the cause, `scontrol release` the job, and watch it again")
+    if seg is not None and seg.exit_code == exitcodes.OK and seg.end is not None:
+        return f"finished at step {seg.last_step}{slurm}", over
+    if last is not None and last.kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION):
+        detected_at = max(e.time for e in watcher if e.kind == journal.FAULT_DETECTED) \
+            if any(e.kind == journal.FAULT_DETECTED for e in watcher) else 0.0
+        done = {e.get("action") for e in watcher
+                if e.kind == journal.RECOVERY_ACTION and e.get("ok") and e.time >= detected_at}
+        cause = faults[-1].cause if faults else last.get("cause")
+        if "start_now" in done:
+            wait = "Slurm to start the job (its start time is set to now)"
+        elif "requeue" in done or (last.kind == journal.FAULT_DETECTED and last.get("action") == "expedite"):
+            wait = "the job to be PENDING, then the bad nodes excluded and a start now"
+        else:
+            wait = "the requeue (the watcher retries it each cycle)"
+        return f"recovering from {cause}{slurm}", wait
+    if faults and faults[-1].restarted and not faults[-1].recovered:
+        f = faults[-1]
+        return (f"restarted after {f.cause}{slurm}",
+                f"training to get past its restored step {f.restored_step}")
+    if job is not None and job.state.value == "PENDING":
+        return f"pending{slurm}", "Slurm to schedule the job"
+    if seg is not None and seg.end is None:
+        return f"training at step {seg.last_step}{slurm}", "the next fault (if a watcher runs)"
+    if seg is not None:
+        own = any(e.kind == journal.TEMPLATE and e.get("action") == "requeue"
+                  and _key(e) == (seg.job_id, seg.restart_count) for e in events)
+        if own:
+            return (f"requeued by the job itself ({seg.outcome}){slurm}",
+                    "Slurm to start it again (~120 s unless `slurmft watch` starts it now)")
+        return (f"segment ended: {seg.outcome or 'no end recorded'}{slurm}",
+                "the watcher to act on it (is `slurmft watch` running?)")
+    return f"not started{slurm}", "the job to start training"
+
+
+def watcher_view(saved: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The parts of the watcher's saved state (``watch/state.json``) a person needs, read
+    defensively (the file is the run owner's)."""
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("phase"), str):
+        return None
+    rec = saved.get("recovery") if isinstance(saved.get("recovery"), Mapping) else None
+    view: dict[str, Any] = {"phase": saved["phase"], "restarts": _int(saved.get("restarts")),
+                            "reason": str(saved.get("reason") or "")}
+    if rec is not None:
+        view["recovery"] = {k: rec.get(k) for k in ("cause", "requeue", "exclude_step", "start_now",
+                                                    "start_now_attempts")}
+        view["recovery"]["exclude"] = [str(n) for n in rec.get("exclude") or []][:64]
+    return view
+
+
+def waiting_from_watcher(view: Mapping[str, Any]) -> str | None:
+    """What a recovering watcher does next, from the steps its state records as done."""
+    rec = view.get("recovery")
+    if view.get("phase") != "recovering" or not isinstance(rec, Mapping):
+        return None
+    if rec.get("requeue") in ("todo", "doing"):
+        return "the requeue (the watcher retries it each cycle)"
+    if rec.get("exclude_step") in ("todo", "doing"):
+        nodes = ",".join(rec.get("exclude") or [])
+        return f"the job to be PENDING, then excluding {nodes} and a start now"
+    if rec.get("start_now") != "done":
+        tries = rec.get("start_now_attempts") or 0
+        return "the job to be PENDING, then a start now" + (f" ({tries} refused so far)" if tries else "")
+    return "Slurm to start the job (its start time is set to now)"
