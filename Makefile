@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[train,dev]"
+	$(PIP) install -q -e ".[train,dev,plot]"
 	touch $@
 
 # The main job: a real training job on a throwaway devcluster, preempted, requeued, resumed.
