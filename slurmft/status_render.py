@@ -22,6 +22,8 @@ def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = float(seconds)
+    if seconds == 0:
+        return "0s"
     if abs(seconds) < 1:
         return f"{seconds * 1000:.0f}ms"
     if abs(seconds) < 60:

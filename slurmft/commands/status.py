@@ -85,8 +85,10 @@ def status(
     no_slurm: bool = typer.Option(False, "--no-slurm", help="With a RUN_DIR: do not ask Slurm."),
     config: Optional[Path] = typer.Option(None, "--config", help="slurmft.toml to read \\[slurm] from."),
 ) -> None:
-    """Show a run's segments, faults (fault -> detected -> requeued -> running -> back), lost
-    work, ETTR, restarts by cause, checkpoint loads, and what it is waiting for."""
+    """Show a run's timeline, what each fault cost, its ETTR, and what it is waiting for.
+
+    Per fault: fault -> detected -> requeued -> running -> back, and the steps it cost.
+    """
     from slurmft.slurm.cli import CliSlurmClient
     from slurmft.slurm.config import SlurmConfig
     from slurmft.status import build_report, report_dict

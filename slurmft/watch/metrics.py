@@ -18,6 +18,11 @@ The API the watch loop calls (every method is cheap and thread-safe; ``job`` is 
     m.serve(port)                          # HTTP on 127.0.0.1:port (returns the bound port)
     m.write_textfile(path)                 # atomic: temp name, fsync, rename
 
+Wired into the loop: ``RunWatch(..., listeners=[m.on_event])`` and
+``Watcher(..., on_cycle=lambda r: m.cycle(r.duration_s, observed=r.observed))``; the checkpoint
+step and age come from the journal summary's newest commit; ETTR from ``slurmft.status``
+(``build_report(...).ettr``: it reads the whole journal, so not every cycle).
+
 Metrics (per-run ones are labelled ``slurm_job``: ``job`` is Prometheus's own target label):
   slurmft_watch_faults_total{slurm_job,cause}              faults detected
   slurmft_watch_restarts_total{slurm_job,cause}            restarts (running again after a fault)
