@@ -14,10 +14,14 @@ import io
 from pathlib import Path
 from typing import Sequence
 
-from slurmft import journal
+from slurmft import exitcodes, journal
 from slurmft.journal import Event
 from slurmft.rundir import atomic_write_bytes
 from slurmft.status import Report
+
+
+# Segment bars by how the segment ended: done, saved and requeued, anything else is red.
+_SEGMENT_COLOURS = {exitcodes.OK: "tab:green", exitcodes.REQUEUE: "tab:orange"}
 
 
 class PlotUnavailable(RuntimeError):
@@ -57,10 +61,9 @@ def write_plot(report: Report, events: Sequence[Event], path: Path) -> None:
 
 def _draw(top, bottom, report: Report, events: Sequence[Event]) -> None:
     origin = report.first_time if report.first_time is not None else report.now
-    span = max(report.now if report.faults or not report.segments else 0.0, *(
-        (s.end or s.last_step_time or s.start) for s in report.segments), origin) - origin
+    span = report.wall_s  # to the run's end, or now for a run still going
     unit, scale = ("seconds", 1.0) if span < 600 else ("minutes", 60.0) if span < 36000 else ("hours", 3600.0)
-    minutes = lambda t: (t - origin) / scale  # noqa: E731
+    x = lambda t: (t - origin) / scale  # noqa: E731
     by_segment: dict[tuple[str, int], list[tuple[float, int]]] = {}
     for e in events:
         step, job, restart = e.get("step"), e.get("job_id"), e.get("restart_count")
@@ -69,26 +72,26 @@ def _draw(top, bottom, report: Report, events: Sequence[Event]) -> None:
     for i, seg in enumerate(report.segments):
         rows = by_segment.get((seg.job_id, seg.restart_count), [])
         if rows:
-            top.plot([minutes(t) for t, _ in rows], [s for _, s in rows], lw=1.5,
+            top.plot([x(t) for t, _ in rows], [s for _, s in rows], lw=1.5,
                      label=f"segment {i} ({seg.job_id}.{seg.restart_count})")
         end = seg.end or seg.last_step_time or report.now
-        ok = seg.exit_code == 0
-        colour = "tab:green" if ok else ("tab:blue" if seg.end is None and i == len(report.segments) - 1
-                                         else "tab:red")
-        bottom.barh(0, minutes(end) - minutes(seg.start), left=minutes(seg.start), height=0.5,
+        colour = _SEGMENT_COLOURS.get(seg.exit_code, "tab:red")
+        if seg.end is None and i == len(report.segments) - 1:
+            colour = "tab:blue"  # still running (or killed and not yet seen as such)
+        bottom.barh(0, x(end) - x(seg.start), left=x(seg.start), height=0.5,
                     color=colour, alpha=0.6)
     for f in report.faults:
         if f.fault_time is None:
             continue
         until = f.back or f.running or f.detected or f.fault_time
-        top.axvspan(minutes(f.fault_time), minutes(until), color="tab:red", alpha=0.15)
-        top.annotate(f.cause, (minutes(f.fault_time), top.get_ylim()[1]), fontsize=8,
+        top.axvspan(x(f.fault_time), x(until), color="tab:red", alpha=0.15)
+        top.annotate(f.cause, (x(f.fault_time), top.get_ylim()[1]), fontsize=8,
                      rotation=90, va="top", ha="right")
-        bottom.axvline(minutes(f.fault_time), color="tab:red", lw=1)
+        bottom.axvline(x(f.fault_time), color="tab:red", lw=1)
         for attr, marker, colour in _MARKERS:
             when = getattr(f, attr)
             if when is not None:
-                bottom.plot([minutes(when)], [0], marker=marker, color=colour, ls="none",
+                bottom.plot([x(when)], [0], marker=marker, color=colour, ls="none",
                             label=attr if f is report.faults[0] else None)
     ettr = "-" if report.ettr is None else f"{report.ettr:.1%}"
     top.set_title(f"job {report.job_id}: {report.restarts} restarts, ETTR {ettr}")
