@@ -67,8 +67,9 @@ def _best_effort_job(client, events):
     from slurmft.slurm import validate
     from slurmft.slurm.client import SlurmError
 
-    ids = [str(e.get("job_id")) for e in events if e.kind == "segment_start" and e.get("job_id")]
-    ids += [str(e.get("new_job_id")) for e in events if e.kind == "job_resubmitted" and e.get("new_job_id")]
+    ids = [str(e.get("new_job_id") if e.kind == "job_resubmitted" else e.get("job_id"))
+           for e in events if (e.kind == "segment_start" and e.get("job_id"))
+           or (e.kind == "job_resubmitted" and e.get("new_job_id"))]
     if not ids:
         return None, ""
     try:

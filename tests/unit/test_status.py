@@ -217,3 +217,37 @@ def test_a_run_the_watcher_found_forgotten_by_slurm_says_so():
     assert report.state == "lost: Slurm forgot job 100 and it is not DONE"
     assert "resubmit" in report.waiting_for
     assert build_report(j.events, now=T0 + 100, watch_state={"phase": 3}).watcher is None
+
+
+def test_a_run_resubmitted_by_the_watcher_names_the_new_job():
+    j = J("100")
+    j.add(0, "segment_start", world_size=2, num_nodes=1, nodelist="n1", restored_step=None)
+    t = j.steps(1, 1, 6)
+    j.add(t + 50, "fault_detected", cause="requeued", action="recover", fault_time=None, nodes=[])
+    j.add(t + 51, "recovery_action", action="resubmit", cause="requeued", ok=True, nodes=[], detail="")
+    j.add(t + 52, "job_resubmitted", old_job_id="100", new_job_id="205")
+    report = build_report(j.events, now=T0 + 200)
+    assert report.state == "resubmitted as job 205 (Slurm had forgotten job 100)"
+    assert report.waiting_for.startswith("Slurm to start job 205")
+    j.job_id = "205"
+    j.add(t + 70, "segment_start", world_size=2, num_nodes=1, nodelist="n1", restored_step=5)
+    j.steps(t + 72, 6, 8)
+    report = build_report(j.events, now=T0 + 200)
+    (fault,) = report.faults
+    assert (fault.requeued, fault.running, fault.back) == (T0 + t + 51, T0 + t + 70, T0 + t + 72)
+    assert fault.steps_lost == 1 and report.job_id == "205"
+    assert report.state == "training at step 8"
+
+
+def test_a_recovery_the_journal_shows_no_end_of_is_over_once_a_new_segment_trains():
+    """E.g. a watcher killed between the start now and its job_running line."""
+    j = J()
+    j.add(0, "segment_start", world_size=2, num_nodes=1, nodelist="n1", restored_step=None)
+    t = j.steps(1, 1, 4)
+    j.add(t + 5, "fault_detected", cause="crash", action="recover", fault_time=T0 + t, nodes=[])
+    j.add(t + 6, "recovery_action", action="requeue", cause="crash", ok=True, nodes=[], detail="")
+    j.restart = 1
+    j.add(t + 20, "segment_start", world_size=2, num_nodes=1, nodelist="n1", restored_step=None)
+    j.steps(t + 22, 1, 2)
+    report = build_report(j.events, now=T0 + 100)
+    assert report.state == "training at step 2" and report.faults[0].running == T0 + t + 20
