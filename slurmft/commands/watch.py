@@ -108,6 +108,10 @@ def watch(
     operator: bool = typer.Option(False, "--operator", help="Set a silent node of a watched job DOWN "
                                   "at once (needs Slurm operator rights) instead of waiting for "
                                   "SlurmdTimeout."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus "
+                                               "metrics on 127.0.0.1:PORT."),
+    textfile: Optional[Path] = typer.Option(None, "--textfile", help="Write the metrics to this "
+                                            "node_exporter textfile (*.prom) every cycle."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every event to stderr."),
     record: Optional[Path] = typer.Option(None, "--record", hidden=True,
                                           help="Append every observation to this JSONL file "
@@ -150,12 +154,28 @@ def watch(
         raise _fail(EXIT_USAGE, "--run-dir names the run dir of ONE job; give one JOBID with it")
     if on_event is not None and not hook:
         raise _fail(EXIT_USAGE, "--on-event is empty")
+    if metrics_port is not None and not 0 < metrics_port < 65536:
+        raise _fail(EXIT_USAGE, f"--metrics-port {metrics_port} is not a TCP port (1-65535)")
+    if textfile is not None and (textfile.suffix != ".prom" or not textfile.parent.is_dir()):
+        raise _fail(EXIT_USAGE, f"--textfile {textfile}: must end in .prom, in an existing directory")
 
     listeners = []
     if hook:
         from slurmft.watch.notify import run_hook
 
         listeners.append(lambda kind, event: run_hook(hook, {"kind": kind, **event}, timeout_s=10.0))
+    metrics = None
+    if metrics_port is not None or textfile is not None:
+        from slurmft.watch.metrics import MetricsError, WatchMetrics
+        from slurmft.watch.metrics_feed import MetricsFeed
+
+        metrics = WatchMetrics()
+        listeners.append(metrics.on_event)
+        if metrics_port is not None:
+            try:
+                metrics.serve(metrics_port)
+            except MetricsError as exc:
+                raise _fail(EXIT_USAGE, str(exc))
     recorder = None
     if record is not None:
         from slurmft.watch.record import Recorder
@@ -178,8 +198,9 @@ def watch(
                 runs.append(factory.make(job))
             except WatchStartError as exc:
                 raise _fail(exc.code, str(exc))
+        on_cycle = MetricsFeed(metrics, textfile).after_cycle if metrics is not None else None
         watcher = Watcher(client, runs, poll_s=cfg.poll_s, user=user,
-                          adopt=factory.adopt if all_jobs else None)
+                          adopt=factory.adopt if all_jobs else None, on_cycle=on_cycle)
         try:
             if once:
                 result = watcher.cycle()
@@ -195,6 +216,8 @@ def watch(
                   + (f" ({run.state.reason})" if run.state.reason else ""))
     finally:
         factory.release()
+        if metrics is not None:
+            metrics.stop()
 
 
 app = watch

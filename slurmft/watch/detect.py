@@ -174,17 +174,29 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
         prev_key = (job.job_id, restart - 1)
         allocation = memory.last_nodes
         troubled = bad_nodes(allocation, obs.nodes)
+        ended = _previous_end(obs, prev_key)
         if prev_key in summary.self_requeues or summary.outcome(*prev_key) == exitcodes.REQUEUE:
             request = summary.requeue_requests.get(prev_key)
             exclude = request.get("exclude") if request is not None else None
             nodes = tuple(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else ()
-            return Finding(PREEMPTED, EXPEDITE, "the job saved and requeued itself", nodes)
+            return Finding(PREEMPTED, EXPEDITE, "the job saved and requeued itself", nodes, ended)
         if troubled:
             return Finding(NODE_FAIL, EXPEDITE, "Slurm requeued the job: "
-                           + "; ".join(e for _, _, e in troubled), tuple(n for n, _, _ in troubled))
+                           + "; ".join(e for _, _, e in troubled), tuple(n for n, _, _ in troubled),
+                           ended)
         return Finding(REQUEUED, EXPEDITE, f"the job was requeued (restart {restart}) by Slurm or "
-                       "an admin")
+                       "an admin", (), ended)
     return None
+
+
+def _previous_end(obs: RunObservation, key: tuple[str, int]) -> float | None:
+    """When the segment ``key`` stopped: its recorded end, else its newest heartbeat (a node
+    death ends a segment without a word)."""
+    end = obs.summary.segment_ends.get(key)
+    if end is not None:
+        return end.time
+    beats = [b.time for b in obs.beats.values() if b.job_id == key[0] and b.restart_count == key[1]]
+    return max(beats) if beats else None
 
 
 def detect_nodes(obs: RunObservation) -> Finding | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from slurmft.slurm.client import Job, JobNotFound, JobState, SlurmClient, SlurmError
@@ -22,6 +22,7 @@ class CycleResult:
     observed: bool
     duration_s: float
     error: str = ""
+    runs: list = field(default_factory=list)  # the runs stepped this cycle
 
 
 class Watcher:
@@ -54,7 +55,7 @@ class Watcher:
                 jobs = self.client.jobs([r.job_id for r in active])
             nodes = self.client.nodes()
         except SlurmError as exc:
-            result = CycleResult(False, time.monotonic() - started, str(exc))
+            result = CycleResult(False, time.monotonic() - started, str(exc), active)
             if self.controller_ok is not False:
                 log.warning("could not observe Slurm (nothing is acted on until it answers): %s", exc)
             self.controller_ok = False
@@ -73,7 +74,7 @@ class Watcher:
                 if job is False:
                     continue
             run.step(job, nodes, now)
-        result = CycleResult(True, time.monotonic() - started)
+        result = CycleResult(True, time.monotonic() - started, runs=active)
         self._report(result)
         return result
 

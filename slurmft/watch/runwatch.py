@@ -73,6 +73,7 @@ class RunWatch:
         self._job: Job | None = None
         self.recorder = recorder
         self._capture_tries = 0
+        self._started = False
 
     @property
     def job_id(self) -> str:
@@ -133,6 +134,10 @@ class RunWatch:
         if not self.active:
             return
         self._job = job
+        if not self._started:
+            self._started = True
+            self.emit(journal.WATCH_STARTED, pid=os.getpid(), host=os.uname().nodename,
+                      user=current_user(), phase=self.state.phase)
         obs = self.observe(job, nodes, now)
         if self.recorder is not None:
             self.recorder(obs, self.memory(), self.tail.offset)

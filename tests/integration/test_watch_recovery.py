@@ -48,7 +48,9 @@ def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_p
     client = job.client
     observe_until(client, job.job_id, lambda j: j.run_dir is not None, 60, "run dir comment",
                   context=job.log_text)
-    watcher = WatcherProc(slurm_cluster, [job.job_id], tmp_path / "crash-watch.log", run_dir=run)
+    prom = tmp_path / "watch.prom"
+    watcher = WatcherProc(slurm_cluster, [job.job_id], tmp_path / "crash-watch.log",
+                          "--textfile", str(prom), run_dir=run)
     ctx = _context(job, watcher)
     try:
         events_until(run, lambda ev: 10 in _committed(ev) and any(
@@ -69,6 +71,11 @@ def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_p
         assert watcher.wait(30) == 0, ctx()
         events = job.events()
         _assert_resumed_from_newest(events)
+        metrics = prom.read_text()
+        for line in (f'slurmft_watch_faults_total{{cause="crash",slurm_job="{job.job_id}"}} 1.0',
+                     f'slurmft_watch_restarts_total{{cause="crash",slurm_job="{job.job_id}"}} 1.0',
+                     "slurmft_watch_controller_reachable 1.0"):
+            assert line in metrics, metrics
         assert of(events, "run_finished")
         steps = losses([e for e in events if e.kind == "loss" and e.get("restart_count") == 1])
         assert sorted(steps) == list(range(max(committed) + 1, 41))

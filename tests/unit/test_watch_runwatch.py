@@ -92,7 +92,8 @@ def test_crash_is_requeued_once_then_started_now_after_the_delay(run):
     assert client.calls[-1] == ("start_now", "7", ())
     w.step(replace(job(restart=1), start_time=at(16)), NODES, T0 + 17)
     kinds = [e.kind for e in read_events(run.events)]
-    assert kinds == ["fault_detected", "recovery_action", "recovery_action", "job_running"]
+    assert kinds == ["watch_started", "fault_detected", "recovery_action", "recovery_action",
+                     "job_running"]
     assert w.state.phase == "watching" and w.state.restarts_by_cause == {"crash": 1}
 
 

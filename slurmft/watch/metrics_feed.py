@@ -1,0 +1,56 @@
+"""Feeds ``WatchMetrics`` after each poll cycle: cycle time and controller health, each run's
+newest checkpoint and its age (from the journal summary the run already keeps), ETTR now and
+then (``slurmft.status`` reads the whole journal, so not every cycle), and the textfile."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from slurmft.watch.loop import CycleResult
+from slurmft.watch.metrics import WatchMetrics
+
+log = logging.getLogger(__name__)
+
+
+class MetricsFeed:
+    def __init__(self, metrics: WatchMetrics, textfile: Path | None, *, ettr_every_s: float = 300.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.metrics = metrics
+        self.textfile = textfile
+        self.ettr_every_s = ettr_every_s
+        self.clock = clock
+        self._ettr_at: dict[str, float] = {}
+        self._textfile_failed = False
+
+    def after_cycle(self, result: CycleResult) -> None:
+        now = self.clock()
+        self.metrics.cycle(result.duration_s, observed=result.observed)
+        for run in result.runs:
+            commits = run.tail.summary.commits
+            if commits:
+                when, step, _ = commits[-1]
+                self.metrics.set_checkpoint(run.job_id, step, max(0.0, now - when))
+            if now - self._ettr_at.get(run.job_id, float("-inf")) >= self.ettr_every_s:
+                self._ettr_at[run.job_id] = now
+                self.metrics.set_ettr(run.job_id, self._ettr(run, now))
+        if self.textfile is not None:
+            try:
+                self.metrics.write_textfile(self.textfile)
+                self._textfile_failed = False
+            except OSError as exc:
+                if not self._textfile_failed:
+                    log.error("cannot write the metrics textfile %s: %s", self.textfile, exc)
+                self._textfile_failed = True
+
+    @staticmethod
+    def _ettr(run, now: float) -> float | None:
+        from slurmft.status import JournalUnreadable, build_report, read_journal
+
+        try:
+            return build_report(read_journal(run.run_dir.events), now=now).ettr
+        except (JournalUnreadable, OSError, ValueError) as exc:
+            log.warning("job %s: no ETTR this time: %s", run.job_id, exc)
+            return None
