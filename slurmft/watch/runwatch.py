@@ -36,6 +36,8 @@ Listener = Callable[[str, Mapping[str, Any]], None]
 _TERMINAL = (FINISHED, GAVE_UP, LOST)
 # Cycles in which to try saving a job's submission (accounting lags the controller by seconds).
 CAPTURE_TRIES = 10
+# A job still waiting for its BeginTime this long after StartTime=now gets it again (at most 3x).
+RESEND_START_NOW_S = 10.0
 
 
 def fit_exclusions(job: Job, nodes: Mapping[str, Node], wanted: list[str]) -> tuple[list[str], list[str]]:
@@ -406,13 +408,22 @@ class RunWatch:
                     return
             rec.exclude_step = DONE
             self._save()
-        if rec.start_now != DONE and obs.now - rec.pending_since >= self.config.start_now_delay_s:
+        if rec.start_now == TODO and "EXPEDITING" in job.flags:
+            # 26.05, job submitted with --requeue=expedite: Slurm restarts it at once by itself.
+            rec.start_now = SKIP
+            self.emit(journal.RECOVERY_ACTION, action="expedite", cause=rec.cause, nodes=[], ok=True,
+                      detail="Slurm's expedited requeue (EXPEDITING): no StartTime=now needed")
+        if (rec.start_now == DONE and job.reason == "BeginTime" and rec.start_now_attempts < 3
+                and obs.now - (rec.start_now_at or obs.now) > RESEND_START_NOW_S):
+            rec.start_now = TODO  # still held back by the requeue delay: the update did not stick
+            rec.start_now_attempts += 1
+        if rec.start_now == TODO and obs.now - rec.pending_since >= self.config.start_now_delay_s:
             try:
                 self.actor.start_now(job.job_id, rec.cause)
-                rec.start_now = DONE
+                rec.start_now, rec.start_now_at = DONE, obs.now
             except SlurmError:
                 rec.start_now_attempts += 1  # e.g. "Job credential revoked" right after a requeue
-        if (not rec.warned_pending and rec.start_now == DONE
+        if (not rec.warned_pending and rec.start_now in (DONE, SKIP)
                 and obs.now - rec.pending_since > self.config.pending_warn_s):
             rec.warned_pending = True
             self.emit(journal.WATCH_WARNING, what="stuck_pending", nodes=[],

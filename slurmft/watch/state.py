@@ -48,6 +48,7 @@ class Recovery:
     requeued_at: float | None = None
     pending_since: float | None = None
     start_now_attempts: int = 0
+    start_now_at: float | None = None
     warned_pending: bool = False
 
 

@@ -264,3 +264,27 @@ def test_without_operator_mode_a_silent_node_is_left_to_slurm(run):
     silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
     w.step(job(), silent, T0 + 100)
     assert client.calls == []
+
+
+def test_expedited_requeue_on_26_05_needs_no_start_now(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    w.step(job(JobState.PENDING, restart=1, nodes=(), flags=frozenset({"EXPEDITING"})), NODES, T0 + 6)
+    assert client.calls == [("requeue", "7")]
+    actions = [e.get("action") for e in read_events(run.events) if e.kind == "recovery_action"]
+    assert actions == ["requeue", "expedite"]
+
+
+def test_start_now_is_sent_again_when_the_job_still_waits_for_its_begin_time(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    held = job(JobState.PENDING, restart=1, nodes=(), reason="BeginTime")
+    w.step(held, NODES, T0 + 6)
+    w.step(held, NODES, T0 + 12)
+    assert [c[0] for c in client.calls] == ["requeue", "start_now"]
+    w.step(held, NODES, T0 + 20)
+    assert [c[0] for c in client.calls] == ["requeue", "start_now", "start_now"]
