@@ -76,6 +76,14 @@ class Job:
     work_dir: Path | None = None
     run_dir: Path | None = None
     requeue_allowed: bool = True
+    # Slurm's own number for this job; differs from job_id (``<array id>_<task>``) for an array
+    # task, whose processes see it as $SLURM_JOB_ID. Empty where a backend does not say.
+    raw_job_id: str = ""
+
+    @property
+    def ids(self) -> frozenset[str]:
+        """Every id under which the job's own processes may name it (journal, heartbeats)."""
+        return frozenset(i for i in (self.job_id, self.raw_job_id) if i)
 
     @property
     def completing(self) -> bool:

@@ -138,6 +138,7 @@ def job_from_squeue(rec: Mapping[str, Any], where: Where) -> Job:
     requeue = rec.get("requeue", True)
     return Job(
         job_id=_job_id(rec, where),
+        raw_job_id=str(number(rec, "job_id", where)),
         name=text(rec, "name", where),
         state=state,
         flags=flags,
@@ -185,6 +186,7 @@ def job_from_sacct(rec: Mapping[str, Any], where: Where) -> Job:
     count = number(rec, "allocation_nodes", where) or len(nodes)
     return Job(
         job_id=_job_id(rec, where),
+        raw_job_id=str(number(rec, "job_id", where)),
         name=text(rec, "name", where),
         state=state,
         flags=frozenset(f.upper() for f in rec.get("flags") or () if isinstance(f, str)) | flags,
@@ -249,7 +251,7 @@ def parse_sacct_text(output: str, command: str = "sacct -P") -> list[Job]:
         nodes = expand_nodes(f["NodeList"], where.key("NodeList"))
         count = int(f["NNodes"]) if f["NNodes"].isdigit() else len(nodes)
         jobs.append(Job(
-            job_id=f["JobIDRaw"], name=f["JobName"], state=state, flags=flags,
+            job_id=f["JobIDRaw"], raw_job_id=f["JobIDRaw"], name=f["JobName"], state=state, flags=flags,
             reason=_reason(f["Reason"]), nodes=nodes, node_count=len(nodes) or count,
             min_nodes=count, max_nodes=count, restart_count=-1, exit_code=code, exit_signal=sig,
             submit_time=_epoch(f["Submit"], where.key("Submit")),

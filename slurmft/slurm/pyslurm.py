@@ -52,7 +52,7 @@ def job_from_pyslurm(obj: Any) -> Job:
     count = obj.num_nodes or 0
     reason = obj.state_reason or ""
     return Job(
-        job_id=str(obj.id), name=obj.name or "", state=state, flags=flags,
+        job_id=str(obj.id), raw_job_id=str(obj.id), name=obj.name or "", state=state, flags=flags,
         reason="" if reason in _NO_REASON else reason,
         nodes=nodes, node_count=len(nodes) or count, min_nodes=count,
         max_nodes=max(obj.max_nodes or 0, count),

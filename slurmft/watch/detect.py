@@ -133,19 +133,19 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
                        "the run is not DONE")
     restart = job.restart_count
     summary = obs.summary
-    if job.state is JobState.COMPLETED or done_for(obs.done, job.job_id) and job.state.finished:
+    if job.state is JobState.COMPLETED or done_for(obs.done, job.ids) and job.state.finished:
         return Finding(FINISHED, FINISH, f"job {job.state.value}, exit {job.exit_code}"
                        + (", run dir DONE" if obs.done is not None else ""))
     if job.state is JobState.CANCELLED:
         return Finding(CANCELLED, FINISH, "cancelled (by its owner or an admin): left cancelled")
     if job.state.finished:
         end = _ts(job, "end_time") or obs.now
-        if summary.no_requeue(job.job_id, restart):
+        if summary.no_requeue(job.ids, restart):
+            reason = summary.find(summary.segment_ends, job.ids, restart).get("reason")
             return Finding(NO_REQUEUE, GIVE_UP, f"the job exited {exitcodes.NO_REQUEUE} (do not "
-                           f"requeue): {summary.segment_ends[(job.job_id, restart)].get('reason')}",
-                           fault_time=end)
-        outcome = summary.outcome(job.job_id, restart)
-        request = summary.requeue_requests.get((job.job_id, restart))
+                           f"requeue): {reason}", fault_time=end)
+        outcome = summary.outcome(job.ids, restart)
+        request = summary.find(summary.requeue_requests, job.ids, restart)
         if request is not None or outcome == exitcodes.REQUEUE:
             exclude = request.get("exclude") if request is not None else None
             nodes = tuple(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else ()
@@ -171,12 +171,12 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
     requeued = job.state is JobState.PENDING and (
         (previous is not None and restart > previous) or (previous is None and restart > 0))
     if requeued:
-        prev_key = (job.job_id, restart - 1)
+        prev = restart - 1
         allocation = memory.last_nodes
         troubled = bad_nodes(allocation, obs.nodes)
-        ended = _previous_end(obs, prev_key)
-        if prev_key in summary.self_requeues or summary.outcome(*prev_key) == exitcodes.REQUEUE:
-            request = summary.requeue_requests.get(prev_key)
+        ended = _previous_end(obs, job.ids, prev)
+        if summary.self_requeued(job.ids, prev) or summary.outcome(job.ids, prev) == exitcodes.REQUEUE:
+            request = summary.find(summary.requeue_requests, job.ids, prev)
             exclude = request.get("exclude") if request is not None else None
             nodes = tuple(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else ()
             return Finding(PREEMPTED, EXPEDITE, "the job saved and requeued itself", nodes, ended)
@@ -189,13 +189,13 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
     return None
 
 
-def _previous_end(obs: RunObservation, key: tuple[str, int]) -> float | None:
-    """When the segment ``key`` stopped: its recorded end, else its newest heartbeat (a node
-    death ends a segment without a word)."""
-    end = obs.summary.segment_ends.get(key)
+def _previous_end(obs: RunObservation, ids, restart: int) -> float | None:
+    """When the segment (job, ``restart``) stopped: its recorded end, else its newest heartbeat
+    (a node death ends a segment without a word)."""
+    end = obs.summary.find(obs.summary.segment_ends, ids, restart)
     if end is not None:
         return end.time
-    beats = [b.time for b in obs.beats.values() if b.job_id == key[0] and b.restart_count == key[1]]
+    beats = [b.time for b in obs.beats.values() if b.job_id in ids and b.restart_count == restart]
     return max(beats) if beats else None
 
 
@@ -225,7 +225,7 @@ def detect_silent_node(obs: RunObservation, config: WatchConfig) -> Finding | No
     if not silent:
         return None
     beats = [b.time for b in obs.beats.values()
-             if b.job_id == job.job_id and b.restart_count == job.restart_count]
+             if b.job_id in job.ids and b.restart_count == job.restart_count]
     if not beats or obs.now - max(beats) <= config.silent_node_stale_s:
         return None
     return Finding(NODE_DOWN, SET_DOWN, f"{','.join(silent)} not responding and every heartbeat "
@@ -243,7 +243,7 @@ def hang_timeout(memory: Memory, config: WatchConfig) -> float:
 def _hang_suspects(obs: RunObservation, memory: Memory, job: Job) -> tuple[str, ...]:
     """Nodes of the allocation whose ranks did NOT report a watchdog timeout while others did:
     in a collective, the ranks that time out are the ones left waiting for the culprit."""
-    reported = obs.summary.hang_nodes.get((job.job_id, job.restart_count), set())
+    reported = obs.summary.find(obs.summary.hang_nodes, job.ids, job.restart_count) or set()
     allocation = job.nodes or memory.last_nodes
     if not reported:
         return ()
@@ -259,7 +259,7 @@ def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fin
     started = _ts(job, "start_time")
     timeout = hang_timeout(memory, config)
     beats = [b for b in obs.beats.values() if b.node in job.nodes
-             and b.job_id == job.job_id and b.restart_count == job.restart_count]
+             and b.job_id in job.ids and b.restart_count == job.restart_count]
     if beats:  # the segment trains: the start-up grace is over
         newest = max(b.time for b in beats)
     elif started is None:

@@ -122,13 +122,14 @@ def read_done(run_dir: RunDir) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {}
 
 
-def done_for(done: dict[str, Any] | None, job_id: str) -> bool:
+def done_for(done: dict[str, Any] | None, ids) -> bool:
     """Whether a DONE marker says this job's run is finished (a marker naming another job is
     an earlier run's: a later run in the same dir may train further)."""
     if done is None:
         return False
     named = done.get("job_id")
-    return named is None or str(named) == str(job_id)
+    ids = {ids} if isinstance(ids, str) else set(ids)
+    return named is None or str(named) in ids
 
 
 @dataclass
@@ -180,14 +181,28 @@ class JournalSummary:
             if isinstance(node, str):
                 self.hang_nodes.setdefault(key, set()).add(node)
 
-    def outcome(self, job_id: str, restart_count: int) -> int | None:
+    @staticmethod
+    def find(mapping: dict, ids, restart_count: int):
+        """``mapping[(id, restart)]`` for the first of the job's ``ids`` that has an entry (an
+        array task's processes name it by its own number, Slurm by ``<array>_<task>``)."""
+        for job_id in ([ids] if isinstance(ids, str) else sorted(ids)):
+            value = mapping.get((str(job_id), restart_count))
+            if value is not None:
+                return value
+        return None
+
+    def outcome(self, ids, restart_count: int) -> int | None:
         """The exit code the segment (job, restart) recorded, if any."""
-        event = self.segment_ends.get((str(job_id), restart_count))
+        event = self.find(self.segment_ends, ids, restart_count)
         code = None if event is None else event.get("exit_code")
         return code if isinstance(code, int) and not isinstance(code, bool) else None
 
-    def no_requeue(self, job_id: str, restart_count: int) -> bool:
-        return self.outcome(job_id, restart_count) == exitcodes.NO_REQUEUE
+    def no_requeue(self, ids, restart_count: int) -> bool:
+        return self.outcome(ids, restart_count) == exitcodes.NO_REQUEUE
+
+    def self_requeued(self, ids, restart_count: int) -> bool:
+        ids = [ids] if isinstance(ids, str) else ids
+        return any((str(i), restart_count) in self.self_requeues for i in ids)
 
     def newest_commit_step(self) -> int | None:
         return self.commits[-1][1] if self.commits else None

@@ -124,7 +124,7 @@ class RunWatch:
         if job is None or job.state is not JobState.RUNNING:
             return
         for beat in beats.values():
-            if beat.job_id != job.job_id or beat.restart_count != job.restart_count:
+            if beat.job_id not in job.ids or beat.restart_count != job.restart_count:
                 continue
             if beat.recent_step_s is not None and beat.recent_step_s > (self.state.max_step_s or 0):
                 self.state.max_step_s = beat.recent_step_s

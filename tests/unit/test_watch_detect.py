@@ -61,7 +61,7 @@ def test_recorded_evidence_names_what_was_seen():
 def test_job_records_round_trip():
     line = (FIXTURES / "node_death" / "records.jsonl").read_text().splitlines()[0]
     data = json.loads(line)["job"]
-    assert job_to_json(job_from_json(data)) == data
+    assert job_to_json(job_from_json(data)) == {"raw_job_id": "", **data}  # recorded before it existed
 
 
 # -- edge cases -----------------------------------------------------------------------------
@@ -141,3 +141,21 @@ def test_cancelled_job_is_finished_not_recovered():
 def test_completing_job_is_not_an_end():
     job = running(flags=frozenset({"COMPLETING"}))
     assert detect.detect(obs(job, beats=[beat("n1", T0 - 1000)]), Memory(), WatchConfig()) == []
+
+
+def test_an_array_task_is_matched_by_its_own_number_in_beats_and_journal():
+    from datetime import datetime, timezone
+
+    from slurmft import journal
+    from slurmft.journal import Event
+
+    task = Job(job_id="123_4", raw_job_id="127", name="t", state=JobState.RUNNING,
+               nodes=("n1",), start_time=datetime.fromtimestamp(T0, tz=timezone.utc))
+    fresh = Beat("n1", "127", 0, 10, T0 + 95, 1.0, None)
+    assert detect.detect_hang(obs(task, beats=[fresh]), Memory(), WatchConfig(hang_timeout_s=30)) is None
+    summary = JournalSummary()
+    summary.add(Event(journal.SEGMENT_END, T0 + 99, {"job_id": "127", "restart_count": 0,
+                                                     "exit_code": 86, "reason": "NaNs"}))
+    ended = Job(job_id="123_4", raw_job_id="127", name="t", state=JobState.FAILED, exit_code=86)
+    finding = detect.detect_end(obs(ended, summary=summary), Memory())
+    assert (finding.cause, finding.action) == ("no_requeue", "give_up")
