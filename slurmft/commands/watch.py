@@ -7,8 +7,10 @@ Exit codes: 0 every watched run ended (finished, gave up, or was forgotten by Sl
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -118,6 +120,7 @@ def watch(
                                                "(detector test fixtures)."),
 ) -> None:
     """Watch jobs and bring every failed run back: requeue, exclude bad nodes, start now, hold."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where is it stuck?
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="slurmft-watch %(asctime)s %(levelname)s %(message)s")
     from slurmft.slurm import validate

@@ -149,9 +149,10 @@ class RunWatch:
             self._advance(obs)
         else:
             self._watch(obs)
-        if job is not None and self.active:
-            if job.state is JobState.RUNNING and not job.completing:
-                self.state.last_nodes = list(job.nodes)
+        if job is not None and self.active and job.state is JobState.RUNNING and not job.completing:
+            # Only a settled, running job: a requeued job is briefly shown COMPLETING with its new
+            # restart count, and remembering that count would hide the requeue from detect_end.
+            self.state.last_nodes = list(job.nodes)
             if self.state.phase == WATCHING:
                 self.state.last_restart_count = job.restart_count
         self._save()

@@ -106,6 +106,6 @@ def test_the_watchers_on_event_hook_gets_each_event_as_json(slurm_cluster, tmp_p
                            capture_output=True, text=True, timeout=60)
     assert watch.returncode == 0, watch.stderr
     events = [json.loads(line) for line in got.read_text().splitlines()]
-    assert [e["kind"] for e in events] == ["run_finished"]
-    assert events[0]["job_id"] == job_id and events[0]["run_dir"] == str(run)
-    assert events[0]["state"] == "COMPLETED" and events[0]["exit_code"] == 0
+    assert [e["kind"] for e in events] == ["watch_started", "run_finished"]
+    assert events[-1]["job_id"] == job_id and events[-1]["run_dir"] == str(run)
+    assert events[-1]["state"] == "COMPLETED" and events[-1]["exit_code"] == 0

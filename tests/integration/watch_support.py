@@ -49,6 +49,9 @@ class WatcherProc:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc.poll() is None:
+            if sig == signal.SIGKILL:  # leave its stacks in the log first (faulthandler on USR1)
+                os.kill(self.proc.pid, signal.SIGUSR1)
+                time.sleep(0.3)
             os.killpg(self.proc.pid, sig)
             self.proc.wait(10)
         self._fh.close()

@@ -288,3 +288,15 @@ def test_start_now_is_sent_again_when_the_job_still_waits_for_its_begin_time(run
     assert [c[0] for c in client.calls] == ["requeue", "start_now"]
     w.step(held, NODES, T0 + 20)
     assert [c[0] for c in client.calls] == ["requeue", "start_now", "start_now"]
+
+
+def test_slurm_requeue_seen_first_as_completing_is_still_expedited(run):
+    """22.05 after a node failure: the requeued job shows COMPLETING with its new restart count
+    for a cycle or two before it is PENDING (seen on the devcluster)."""
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    down = {**NODES, "n2": Node("n2", NodeState.DOWN, frozenset({"NOT_RESPONDING"}), "Not responding")}
+    w.step(job(restart=1, flags=frozenset({"COMPLETING"})), down, T0 + 25)
+    w.step(job(JobState.PENDING, restart=1, nodes=()), down, T0 + 27)
+    assert client.calls == [("exclude", "7", ("n2",)), ("start_now", "7", ())]
