@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slurmft.slurm.client import SlurmClient, SlurmError
+from slurmft.slurm.client import OutcomeUnknown, SlurmClient, SlurmError
 from slurmft.sweep.config import SweepConfig
 from slurmft.sweep.decide import Action, Decision, drain_allowance, drained_by_slurmft, keep_after_race
 
 DRAINED, RESUMED, WITHDRAWN = "drained", "resumed", "drain withdrawn (race)"
+UNKNOWN = "{} may have happened (no answer, and the node could not be read back)"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    acted: str  # DRAINED, RESUMED, WITHDRAWN, or "" (nothing done)
+    acted: str  # DRAINED, RESUMED, WITHDRAWN, UNKNOWN, or "" (nothing done)
     error: str = ""  # a Slurm call failed (exit 4); what did happen is still in ``acted``
     detail: str = ""  # why a drain was withdrawn
 
@@ -30,12 +31,16 @@ def apply(decision: Decision, node: str, client: SlurmClient, cfg: SweepConfig) 
     if decision.action is Action.DRAIN:
         try:
             client.drain(node, decision.reason)
+        except OutcomeUnknown as exc:
+            return Outcome(UNKNOWN.format("drain"), _err(exc))
         except SlurmError as exc:
             return Outcome("", f"drain failed: {_err(exc)}")
         return _guard_after_drain(node, client, cfg)
     if decision.action is Action.RESUME:
         try:
             client.resume(node)
+        except OutcomeUnknown as exc:
+            return Outcome(UNKNOWN.format("resume"), _err(exc))
         except SlurmError as exc:
             return Outcome("", f"resume failed: {_err(exc)}")
         return Outcome(RESUMED)

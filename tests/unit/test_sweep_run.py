@@ -271,3 +271,18 @@ def test_what_happened_after_a_drain_is_what_is_reported(tmp_path, slurm, acted,
     assert (error in report.outcome.error) if error else report.outcome.error == ""
     doc = json.loads((tmp_path / "reports" / "n1.json").read_text())
     assert doc["acted"] == acted
+
+
+def test_a_drain_that_may_have_happened_is_not_reported_as_not_done(tmp_path):
+    from slurmft.slurm.client import OutcomeUnknown
+
+    class NoAnswer(MemorySlurm):
+        def drain(self, node, reason):
+            super().drain(node, reason)
+            raise OutcomeUnknown("scontrol update: no answer within 20 s; and re-reading the "
+                                 "state to check failed too")
+
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    report = sweep(SweepRequest("n1"), cfg, hc, NoAnswer())
+    assert report.outcome.acted == "drain may have happened (no answer, and the node could not be read back)"
+    assert "OutcomeUnknown: scontrol update: no answer" in report.outcome.error
