@@ -271,8 +271,13 @@ class CliSlurmClient:
 
     def set_down(self, node: str, reason: str) -> None:
         """Mark ``node`` DOWN with ``reason`` (cleaned and cut like a drain reason)."""
-        self._run(["scontrol", "update", f"NodeName={validate.node_name(node)}", "State=DOWN",
-                   f"Reason={validate.reason(reason)}"])
+        name, text = validate.node_name(node), validate.reason(reason)
+
+        def down() -> bool:
+            now = self.nodes([name]).get(name)
+            return now is not None and now.down
+        self._change(["scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={text}"],
+                     down)
 
     def resume(self, node: str) -> None:
         """Return a drained/down node to service; a node already in service is left as is

@@ -138,3 +138,17 @@ def test_a_drain_that_got_no_answer_is_read_back_not_sent_again():
         c.drain("n2", "slurmft: node_disk: full")
     assert [call[2] for call in replay.calls if call[:2] == ("scontrol", "update")] == [
         "NodeName=n3", "NodeName=n2", "NodeName=n2"]
+
+
+def test_set_down_that_got_no_answer_is_read_back():
+    from slurmft.slurm.client import OutcomeUnknown
+
+    sinfo = (FIX / "2205/sinfo_drain_down.json").read_text()  # n4 is DOWN
+
+    def answer(argv):
+        if argv[:2] == ("scontrol", "update"):
+            return OutcomeUnknown("scontrol update: no answer within 20 s")
+        return sinfo
+    c, replay = client("22.05.8", answer)
+    c.set_down("n4", "slurmft: watch: silent")
+    assert [call[2] for call in replay.calls if call[:2] == ("scontrol", "update")] == ["NodeName=n4"]
