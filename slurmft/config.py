@@ -8,17 +8,25 @@ and unknown keys are rejected with the list of valid ones.
 Layering:
   * defaults are the dataclass defaults;
   * ``slurmft.toml``: the file named by ``--config`` or ``$SLURMFT_CONFIG``, else ``./slurmft.toml``
-    when present; one TOML table per component (``[sweep]``, ``[checkpoint]``...);
+    when present; one TOML table per component (``[sweep]``, ``[checkpoint]``...); a table that
+    is not in ``SECTIONS`` is rejected (a misspelt ``[sweeep]`` must not be silently ignored);
   * environment: ``SLURMFT_<SECTION>_<FIELD>`` (upper case), parsed as the field's type; only
     these strings are split on commas for list fields (a TOML list stays a list, and a TOML string
-    given for a list field is an error);
+    given for a list field is an error); a variable naming the loaded section and a field it
+    does not have is rejected with the valid ones;
   * CLI flags: passed by the command as ``overrides`` (``None`` means "not given").
+
+Root never reads a config from its working directory: as root, the file is the explicit one
+(``--config`` / ``$SLURMFT_CONFIG``) or ``SYSTEM_CONFIG``, and it must be owned by root and not
+writable by others, nor may any directory above it be (the config names commands that the
+sweeper runs as root).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import sys
 import types
 import typing
@@ -34,27 +42,58 @@ T = TypeVar("T")
 
 CONFIG_ENV = "SLURMFT_CONFIG"
 DEFAULT_CONFIG_NAME = "slurmft.toml"
+SYSTEM_CONFIG = Path("/etc/slurmft/slurmft.toml")
+
+# Every table slurmft.toml may hold, one per component's config dataclass. A component that
+# adds a section adds its name here (tests/unit/test_config.py checks every load_section call).
+SECTIONS = ("checkpoint", "guards", "health_dcgm", "health_external", "health_gpu",
+            "health_node", "health_xid", "slurm", "sweep", "watch")
 
 
 class ConfigError(ValueError):
     """A configuration value, key or file is wrong; the message names it."""
 
 
-def find_config_file(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """The config file to read: explicit path, then $SLURMFT_CONFIG, then ./slurmft.toml if present."""
+def find_config_file(explicit: str | os.PathLike[str] | None = None, *,
+                     root: bool | None = None) -> Path | None:
+    """The config file to read: explicit path, then $SLURMFT_CONFIG, then ./slurmft.toml if
+    present (as root: ``SYSTEM_CONFIG`` if present, never the working directory). ``root``
+    defaults to whether this process runs as root; as root the file must pass
+    ``check_root_owned``."""
+    if root is None:
+        root = os.geteuid() == 0
+    path: Path | None = None
     if explicit is not None:
         path = Path(explicit)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        return path
-    env = os.environ.get(CONFIG_ENV)
-    if env:
-        path = Path(env)
+    elif os.environ.get(CONFIG_ENV):
+        path = Path(os.environ[CONFIG_ENV])
         if not path.is_file():
             raise ConfigError(f"config file {path} (from ${CONFIG_ENV}) does not exist")
-        return path
-    local = Path(DEFAULT_CONFIG_NAME)
-    return local if local.is_file() else None
+    else:
+        default = SYSTEM_CONFIG if root else Path(DEFAULT_CONFIG_NAME)
+        path = default if default.is_file() else None
+    if root and path is not None:
+        check_root_owned(path)
+    return path
+
+
+def check_root_owned(path: Path) -> None:
+    """A file root may read its config from: it and every directory above it owned by root and
+    not writable by group or others (a sticky directory such as /tmp excepted); else whoever
+    can write there could make root's sweeper run their commands."""
+    real = Path(os.path.realpath(path))
+    for where in (real, *real.parents):
+        st = os.stat(where)
+        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+        if st.st_uid != 0:
+            raise ConfigError(f"config file {path}: {where} is owned by uid {st.st_uid}; as root, "
+                              "slurmft reads only a config that root owns, in directories root owns")
+        if st.st_mode & 0o022 and not sticky_dir:
+            raise ConfigError(f"config file {path}: {where} is writable by group or others "
+                              f"(mode {stat.S_IMODE(st.st_mode):o}); as root, slurmft reads only "
+                              "a config that no one else can change")
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -80,25 +119,45 @@ def load_section(
     values: dict[str, Any] = {}
     path = find_config_file(config_file)
     if path is not None:
-        table = read_toml(path).get(section, {})
+        document = read_toml(path)
+        check_sections(document, path, also=section)
+        table = document.get(section, {})
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}] in {path} must be a table")
         values.update(table)
     env = os.environ if environ is None else environ
-    prefix = f"SLURMFT_{section.upper()}_"
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     from_env = set()
-    for key, raw in env.items():
-        if key.startswith(prefix):
-            field = key[len(prefix):].lower()
-            if field in names:
-                values[field] = raw
-                from_env.add(field)
+    for key, field in section_env(env, section):
+        if field not in names:
+            raise ConfigError(f"{key}: [{section}] has no key {field!r}; valid keys: "
+                              f"{', '.join(sorted(names))} (as SLURMFT_{section.upper()}_<KEY>)")
+        values[field] = env[key]
+        from_env.add(field)
     for key, value in (overrides or {}).items():
         if value is not None:
             values[key] = value
             from_env.discard(key)
     return from_mapping(cls, values, section, env_keys=frozenset(from_env))
+
+
+def check_sections(document: Mapping[str, Any], path: Path, also: str = "") -> None:
+    """Every top-level key of a config file is a known section (``also``: the one being loaded)."""
+    valid = sorted({*SECTIONS, also} - {""})
+    for key in document:
+        if key not in valid:
+            raise ConfigError(f"config file {path}: unknown section [{key}]; valid sections: "
+                              f"{', '.join(valid)}")
+
+
+def section_env(env: Mapping[str, str], section: str) -> list[tuple[str, str]]:
+    """(variable, field) for each ``SLURMFT_<SECTION>_<FIELD>`` of ``section``; a variable of a
+    longer section name with the same start (``health`` vs ``health_gpu``) is not its."""
+    prefix = f"SLURMFT_{section.upper()}_"
+    longer = [f"SLURMFT_{s.upper()}_" for s in SECTIONS
+              if s != section and s.upper().startswith(f"{section.upper()}_")]
+    return [(key, key[len(prefix):].lower()) for key in sorted(env)
+            if key.startswith(prefix) and not any(key.startswith(p) for p in longer)]
 
 
 def from_mapping(cls: type[T], data: Mapping[str, Any], section: str, *,

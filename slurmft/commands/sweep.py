@@ -4,10 +4,15 @@ Run as root on each compute node (cron via ``bin/slurmft-sweep-cron``, or Slurm'
 HealthCheckProgram via ``bin/slurmft-healthcheck``). Exit codes:
 
   0  healthy (warnings and skipped checks allowed)
-  1  unhealthy: at least one check failed (drained, already drained, or the guard refused)
+  1  unhealthy, or not proven healthy: a check failed (drained, already drained, or the guard
+     refused or withdrew the drain), or slurmft's drain is kept because a check behind it
+     could not run
   2  usage or configuration error (nothing gathered, drained or resumed)
   3  another sweep for this node is running (nothing done)
-  4  Slurm could not be read, or the drain/resume failed (checks still reported)
+  4  a Slurm call failed: the nodes could not be read, or a drain/resume (or the guard's re-read
+     after a drain) failed; what was done is on the log line (``acted=``) and in the report
+  5  the sweep ran and acted as its log line says, but writing its state, report or metrics
+     textfile failed (``write_errors=``)
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import typer
 
 from slurmft.config import ConfigError, load_section
 
-EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_LOCKED, EXIT_SLURM = 0, 1, 2, 3, 4
+EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_LOCKED, EXIT_SLURM, EXIT_WRITE = 0, 1, 2, 3, 4, 5
 
 
 def default_node_name() -> str:
@@ -62,7 +67,10 @@ def _print_table(report) -> None:  # report: SweepReport
     else:
         acted = report.outcome.acted or ("nothing (dry run)" if report.dry_run else "nothing")
         console.print(f"decision: {d.action.value} — {d.why}" + (f"\nreason: {d.reason}" if d.reason else ""))
-        console.print(f"acted: {acted}" + (f"  error: {report.outcome.error}" if report.outcome.error else ""))
+        console.print(f"acted: {acted}" + (f" ({report.outcome.detail})" if report.outcome.detail else "")
+                      + (f"  error: {report.outcome.error}" if report.outcome.error else ""))
+    for error in report.write_errors:
+        console.print(f"write failed: {error}")
 
 
 def app(
@@ -80,6 +88,7 @@ def app(
     from slurmft.slurm.client import InvalidArgument
     from slurmft.slurm.validate import node_name
     from slurmft.sweep.config import SweepConfig
+    from slurmft.sweep.decide import Action
     from slurmft.sweep.lock import LockHeld
     from slurmft.sweep.run import SweepRequest, sweep
 
@@ -99,7 +108,7 @@ def app(
     except LockHeld as exc:
         _log(f"node={node or default_node_name()} skipped: {exc}")
         raise typer.Exit(EXIT_LOCKED)
-    except OSError as exc:  # state/report/textfile dir not writable, lock file not creatable
+    except OSError as exc:  # the lock file not creatable: before anything was gathered or done
         _log(f"error: {exc.filename or ''}: {exc.strerror or exc}")
         raise typer.Exit(EXIT_USAGE)
 
@@ -111,7 +120,11 @@ def app(
     _log(f"node={report.node} status={report.status.value} "
          f"action={d.action.value if d else 'none'} acted={report.outcome.acted or 'nothing'}"
          + (f" reason={d.reason!r}" if d and d.reason else "")
-         + (f" error={report.outcome.error or report.slurm_error!r}" if report.outcome.error or report.slurm_error else ""))
+         + (f" error={report.outcome.error or report.slurm_error!r}" if report.outcome.error or report.slurm_error else "")
+         + (f" write_errors={'; '.join(report.write_errors)!r}" if report.write_errors else ""))
     if report.slurm_error or report.outcome.error:
         raise typer.Exit(EXIT_SLURM)
-    raise typer.Exit(EXIT_HEALTHY if report.healthy else EXIT_UNHEALTHY)
+    if report.write_errors:
+        raise typer.Exit(EXIT_WRITE)
+    kept = d is not None and d.action is Action.KEEP
+    raise typer.Exit(EXIT_HEALTHY if report.healthy and not kept else EXIT_UNHEALTHY)

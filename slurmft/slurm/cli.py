@@ -16,15 +16,20 @@ Where data comes from:
   * ``job_history(id)``: ``sacct -D`` (every run); on 22.05 ``sacct -P`` text, whose exit codes
     are right (22.05's sacct JSON reports exit 3 as SUCCESS/0).
   * ``nodes()``: 23.02+ ``scontrol --json show nodes``; 22.05 ``sinfo --json``.
+
+Every call that changes state runs with ``idempotent=False``: after a timeout it is not sent
+again blindly; the job or node is re-read to learn whether it happened (``policy``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from slurmft.slurm import policy, validate
-from slurmft.slurm.client import InvalidArgument, Job, JobNotFound, JobState, Node, SlurmError, SlurmInfo
+from slurmft.slurm.client import (
+    InvalidArgument, Job, JobNotFound, JobState, Node, OutcomeUnknown, SlurmError, SlurmInfo,
+)
 from slurmft.slurm.config import SlurmConfig
 from slurmft.slurm.parse_jobs import SACCT_TEXT_FIELDS, parse_sacct, parse_sacct_text, parse_squeue
 from slurmft.slurm.parse_nodes import parse_nodes
@@ -46,6 +51,10 @@ class CliSlurmClient:
     def _run(self, argv: Sequence[str], **kwargs) -> Result:
         """Every command this client runs passes here (tests count the calls)."""
         return self._runner.run(argv, **kwargs)
+
+    def _change(self, argv: Sequence[str], happened: Callable[[], bool]) -> None:
+        """Run a state change; after no answer, ``happened()`` on re-read state decides."""
+        policy.change_confirmed(lambda: self._run(argv, idempotent=False), happened)
 
     def info(self) -> SlurmInfo:
         """Release (from ``sinfo --version``) and the data_parser in use (cached)."""
@@ -204,7 +213,11 @@ class CliSlurmClient:
             argv.append(f"--signal={validate.signal_name(signal)}")
         if batch_only:
             argv.append("--batch")
-        self._run([*argv, validate.job_id(job_id)])
+        job_id = validate.job_id(job_id)
+        if signal is not None:  # a signal's delivery cannot be read back: never sent twice
+            self._run([*argv, job_id], idempotent=False)
+            return
+        self._change([*argv, job_id], lambda: policy.gone_or_ending(self.jobs, job_id))
 
     def requeue(self, job_id: str) -> bool:
         """Requeue unless the job completed successfully, decided from its state
@@ -214,7 +227,8 @@ class CliSlurmClient:
         job_id = validate.job_id(job_id)
 
         def run_requeue(incomplete: bool) -> None:
-            self._run(["scontrol", "requeue", *(["Incomplete"] if incomplete else []), job_id])
+            self._run(["scontrol", "requeue", *(["Incomplete"] if incomplete else []), job_id],
+                      idempotent=False)
 
         return policy.requeue_by_state(lambda: self.job(job_id), run_requeue, wait_s=self.config.timeout)
 
@@ -234,31 +248,49 @@ class CliSlurmClient:
             argv.append(f"ExcNodeList={policy.merged_exclusions(job, extra)}")
         if start_now:
             argv.append("StartTime=now")
-        self._run(argv)
+        self._change(argv, lambda: policy.pending_update_done(self.job(job_id), extra, start_now))
 
     def hold(self, job_id: str) -> None:
-        self._run(["scontrol", "hold", validate.job_id(job_id)])
+        job_id = validate.job_id(job_id)
+        self._change(["scontrol", "hold", job_id], lambda: self.job(job_id).reason in policy.HELD_REASONS)
 
     def release(self, job_id: str) -> None:
-        self._run(["scontrol", "release", validate.job_id(job_id)])
+        job_id = validate.job_id(job_id)
+        self._change(["scontrol", "release", job_id],
+                     lambda: self.job(job_id).reason not in policy.HELD_REASONS)
 
     def drain(self, node: str, reason: str) -> None:
         """Drain ``node``; ``reason`` is cleaned and cut (``validate.reason``)."""
-        argv = ["scontrol", "update", f"NodeName={validate.node_name(node)}", "State=DRAIN",
-                f"Reason={validate.reason(reason)}"]
-        self._run(argv)
+        name, text = validate.node_name(node), validate.reason(reason)
+        argv = ["scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason={text}"]
+
+        def drained() -> bool:
+            now = self.nodes([name]).get(name)
+            return now is not None and now.drained and now.reason == text
+        self._change(argv, drained)
 
     def set_down(self, node: str, reason: str) -> None:
         """Mark ``node`` DOWN with ``reason`` (cleaned and cut like a drain reason)."""
-        self._run(["scontrol", "update", f"NodeName={validate.node_name(node)}", "State=DOWN",
-                   f"Reason={validate.reason(reason)}"])
+        name, text = validate.node_name(node), validate.reason(reason)
+
+        def down() -> bool:
+            now = self.nodes([name]).get(name)
+            return now is not None and now.down
+        self._change(["scontrol", "update", f"NodeName={name}", "State=DOWN", f"Reason={text}"],
+                     down)
 
     def resume(self, node: str) -> None:
         """Return a drained/down node to service; a node already in service is left as is
         (Slurm says "Invalid node state specified" for it)."""
         name = validate.node_name(node)
+
+        def in_service() -> bool:
+            now = self.nodes([name]).get(name)
+            return now is not None and not now.drained and not now.down
         try:
-            self._run(["scontrol", "update", f"NodeName={name}", "State=RESUME"])
+            self._change(["scontrol", "update", f"NodeName={name}", "State=RESUME"], in_service)
+        except OutcomeUnknown:
+            raise
         except SlurmError as exc:
             current = self.nodes([name]).get(name)
             if "Invalid node state" not in str(exc) or current is None or current.drained or current.down:

@@ -131,6 +131,11 @@ class SlurmUnavailable(SlurmError):
     """The controller could not be reached (or timed out) after the retries: "could not observe"."""
 
 
+class OutcomeUnknown(SlurmUnavailable):
+    """A call that changes Slurm's state got no answer (timed out, "Socket timed out"): it may or
+    may not have taken effect. Never retried blindly: the state is re-read to decide."""
+
+
 class JobNotFound(SlurmError):
     """Slurm says the job id does not exist (anymore)."""
 

@@ -7,17 +7,21 @@ Both backends (CLI, pyslurm) act on the same :class:`Job` values, so the rules l
   * a job shown as COMPLETING (on 22.05 without its base state) is waited on, briefly, until
     its state says what it is;
   * an ``ExcNodeList`` update replaces the list, so new exclusions are merged with the job's
-    current ones before the update.
+    current ones before the update;
+  * a change that got no answer (``OutcomeUnknown``) is never simply sent again: the state is
+    re-read and the change is repeated only if it did not happen (a requeue is known to have
+    happened when the job's restart count went up or it is PENDING).
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from typing import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Callable, Mapping, Sequence
 
 from slurmft.slurm import validate
-from slurmft.slurm.client import Job, JobState, SlurmError, SlurmUnavailable
+from slurmft.slurm.client import Job, JobNotFound, JobState, OutcomeUnknown, SlurmError, SlurmUnavailable
 
 
 class RequeueAction(enum.Enum):
@@ -50,15 +54,95 @@ def requeue_action(job: Job) -> RequeueAction:
     return RequeueAction.IMPOSSIBLE
 
 
+# How many times a change is sent when each attempt ends without an answer and the re-read
+# shows it did not happen.
+CHANGE_ATTEMPTS = 2
+
+
+def change_confirmed(change: Callable[[], None], happened: Callable[[], bool], *,
+                     attempts: int = CHANGE_ATTEMPTS) -> None:
+    """Make a state change that may get no answer: after ``OutcomeUnknown`` re-read the state;
+    done when ``happened()``, else send it again (``attempts`` in all). Raises the last
+    OutcomeUnknown when it never did, or when the re-read itself fails."""
+    unknown: OutcomeUnknown | None = None
+    for _ in range(attempts):
+        try:
+            change()
+            return
+        except OutcomeUnknown as exc:
+            unknown = exc
+        except SlurmError:
+            # Refused, e.g. "Invalid node state": the earlier send, still queued in the
+            # controller when the state was re-read, may have landed since.
+            if unknown is None or not _quietly(happened):
+                raise
+            return
+        try:
+            if happened():
+                return
+        except SlurmError as exc:
+            raise OutcomeUnknown(f"{unknown}; re-reading the state to check failed too: {exc}") from None
+    assert unknown is not None
+    raise unknown
+
+
+def _quietly(happened: Callable[[], bool]) -> bool:
+    try:
+        return happened()
+    except SlurmError:
+        return False
+
+
 def requeue_by_state(fetch: Callable[[], Job], requeue: Callable[[bool], None], *, wait_s: float,
-                     sleep: Callable[[float], None] = time.sleep) -> bool:
+                     sleep: Callable[[float], None] = time.sleep,
+                     attempts: int = CHANGE_ATTEMPTS) -> bool:
     """Requeue the job ``fetch`` returns, deciding from its state; ``requeue(incomplete)`` runs
     Slurm's requeue. True when requeued or already pending, False when it completed successfully.
-    A job still COMPLETING after ``wait_s`` raises SlurmUnavailable (try again next cycle)."""
+    A job still COMPLETING after ``wait_s`` raises SlurmUnavailable (try again next cycle). A
+    requeue that got no answer counts as done once the re-read job shows a higher restart count
+    (or PENDING); otherwise it is decided again from the state, ``attempts`` requeues in all."""
     deadline = time.monotonic() + wait_s
     job = fetch()
+    before = job.restart_count
+    unknown: OutcomeUnknown | None = None
+    sent = 0
+
+    def send(incomplete: bool) -> str:
+        """"sent", "unknown" (no answer) or "done" (refused, but an earlier send landed)."""
+        nonlocal unknown, sent, deadline
+        sent += 1
+        deadline = time.monotonic() + wait_s  # a job it ends is COMPLETING for a while
+        try:
+            requeue(incomplete)
+            return "sent"
+        except OutcomeUnknown as exc:
+            unknown = exc
+            return "unknown"
+        except SlurmError:
+            # e.g. "Job is pending execution": the send that got no answer was still queued in
+            # the controller when the job was re-read, and has landed since.
+            if sent > 1 and _quietly(lambda: fetch().restart_count > before):
+                return "done"
+            raise
+
+    def refetch() -> Job:
+        try:
+            return fetch()
+        except SlurmError as exc:
+            if unknown is None:
+                raise
+            raise OutcomeUnknown(f"{unknown}; re-reading the job to check failed too: {exc}") from None
+
     while True:
         action = requeue_action(job)
+        if unknown is not None and job.restart_count > before:
+            return True  # the requeue that got no answer did happen
+        if unknown is not None and action is not RequeueAction.WAIT:
+            if action is RequeueAction.ALREADY_PENDING:
+                return True
+            if sent >= attempts:
+                raise unknown
+            unknown = None
         if action is RequeueAction.ALREADY_PENDING:
             return True
         if action is RequeueAction.REFUSE_COMPLETED:
@@ -69,18 +153,48 @@ def requeue_by_state(fetch: Callable[[], Job], requeue: Callable[[bool], None], 
             raise SlurmError(f"job {job.job_id}: submitted with --no-requeue, Slurm will not requeue it")
         if action is RequeueAction.WAIT:
             if time.monotonic() > deadline:
+                if unknown is not None:
+                    raise OutcomeUnknown(f"{unknown}; and job {job.job_id} is still COMPLETING "
+                                         f"after {wait_s:g} s") from None
                 raise SlurmUnavailable(f"could not decide: job {job.job_id} still COMPLETING after {wait_s:g} s")
             sleep(0.5)
-            job = fetch()
+            job = refetch()
             continue
         if action is RequeueAction.PLAIN:
-            requeue(False)
+            if send(False) != "unknown":
+                return True
+            job = refetch()
+            continue
+        landed = send(True)  # Incomplete: a no-op should the job have finished meanwhile
+        if landed == "done":
             return True
-        requeue(True)  # Incomplete: a no-op should the job have finished meanwhile
-        job = fetch()
-        if not job.state.finished:
+        job = refetch()
+        if landed == "sent" and not job.state.finished:
             return True
-        # It finished before the requeue landed: decide again (FAILED -> plain, COMPLETED -> False).
+        # It finished before the requeue landed (decide again: FAILED -> plain, COMPLETED ->
+        # False), or it got no answer (decided at the top of the loop).
+
+
+# How the re-read state shows that a change that got no answer happened.
+HELD_REASONS = frozenset({"JobHeldAdmin", "JobHeldUser"})
+
+
+def gone_or_ending(jobs: Callable[[Sequence[str]], Mapping[str, Job]], job_id: str) -> bool:
+    """A cancel happened: the controller forgot the job, or shows it finished or completing."""
+    try:
+        job = jobs([job_id]).get(job_id)
+    except JobNotFound:
+        return True
+    return job is None or job.state.finished or job.completing
+
+
+def pending_update_done(job: Job, exclude: Sequence[str], start_now: bool) -> bool:
+    """An ExcNodeList and/or StartTime=now update shows in the re-read job."""
+    excluded = set(job.excluded_nodes) >= set(exclude)
+    if not start_now or job.state is not JobState.PENDING:
+        return excluded
+    soon = datetime.now(timezone.utc) + timedelta(seconds=2)
+    return excluded and job.eligible_time is not None and job.eligible_time <= soon
 
 
 def merged_exclusions(job: Job, extra: Sequence[str]) -> str:

@@ -8,12 +8,17 @@ a stand-in module in the unit tests. What it delegates to the CLI backend, and w
   * ``submit`` (sbatch semantics: script + args + environment) and ``job_history`` (sacct);
   * ``requeue``: pyslurm offers no "Incomplete" requeue flag, and a plain requeue that races a
     job's successful completion would requeue a COMPLETED job -- the CLI path cannot.
-Calls run in a worker thread with the configured timeout and the same retry policy as the CLI.
+Each call runs in its own daemon thread, bounded by the configured timeout, with the CLI's retry
+policy for reads. A libslurm call that never returns is abandoned, not waited on, so it cannot
+block the calls after it; past ``MAX_HUNG`` such calls the client refuses new ones (the process
+should be restarted). A call that changes state (drain, resume, hold, release, modify, cancel,
+signal) is never retried blindly after a timeout: the state is re-read (``policy``), as in the
+CLI backend.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -21,15 +26,20 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from slurmft.slurm import policy, validate
 from slurmft.slurm.cli import CliSlurmClient
-from slurmft.slurm.client import InvalidArgument, Job, JobNotFound, JobState, Node, SlurmError, SlurmInfo, SlurmUnavailable
+from slurmft.slurm.client import (
+    InvalidArgument, Job, JobNotFound, JobState, Node, OutcomeUnknown, SlurmError, SlurmInfo,
+    SlurmUnavailable,
+)
 from slurmft.slurm.config import SlurmConfig
 from slurmft.slurm.jobstate import job_state, node_state
 from slurmft.slurm.jsonshape import Where, timestamp_value
 from slurmft.slurm.parse_jobs import expand_nodes, finished_fields, run_dir_from_comment
-from slurmft.slurm.runner import classify_message, is_transient, retrying
+from slurmft.slurm.runner import classify_message, is_transient, may_have_happened, retrying
 
 T = TypeVar("T")
 _NO_REASON = {"", "None", "(null)"}
+# libslurm calls that never returned (their threads are abandoned) before new calls are refused.
+MAX_HUNG = 4
 
 
 class _Transient(Exception):
@@ -91,25 +101,59 @@ class PyslurmClient:
         self.config = config
         self._cli = cli
         self._sleep = sleep
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pyslurm")
+        self._hung: list[threading.Thread] = []
 
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one pyslurm call with timeout and retries; map RPCError to the typed errors."""
-        def attempt() -> T:
-            future = self._pool.submit(fn)
+    def _bounded(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` in a daemon thread of its own; TimeoutError after ``config.timeout``."""
+        self._hung = [t for t in self._hung if t.is_alive()]
+        if len(self._hung) >= MAX_HUNG:
+            raise SlurmUnavailable(f"could not observe: pyslurm {what}: {len(self._hung)} earlier "
+                                   "libslurm calls never returned; not starting another "
+                                   "(restart this process, or set [slurm] backend = 'cli')")
+        box: dict[str, Any] = {}
+
+        def run() -> None:
             try:
-                return future.result(timeout=self.config.timeout)
-            except concurrent.futures.TimeoutError:
-                raise _Transient(f"no answer within {self.config.timeout:g} s") from None
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"pyslurm-{what}", daemon=True)
+        thread.start()
+        thread.join(self.config.timeout)
+        if thread.is_alive():
+            self._hung.append(thread)
+            raise TimeoutError(f"no answer within {self.config.timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _call(self, what: str, fn: Callable[[], T], *, idempotent: bool = True) -> T:
+        """Run one pyslurm call with timeout and (for reads) retries; map RPCError to the typed
+        errors. ``idempotent=False``: no answer raises OutcomeUnknown, never a second send."""
+        def attempt() -> T:
+            try:
+                return self._bounded(what, fn)
+            except TimeoutError as exc:
+                if not idempotent:
+                    raise OutcomeUnknown(f"pyslurm {what}: {exc}; not retried (it may have taken "
+                                         "effect)") from None
+                raise _Transient(str(exc)) from None
             except self._ps.RPCError as exc:
                 text = str(exc)
-                if is_transient(text, idempotent=True):
+                if is_transient(text, idempotent=idempotent):
                     raise _Transient(text) from None
+                if not idempotent and may_have_happened(text):
+                    raise OutcomeUnknown(f"pyslurm {what}: {text}; not retried (it may have taken "
+                                         "effect)") from None
                 raise classify_message(text, text, where=f"pyslurm {what}") from None
         try:
             return retrying(self.config, self._sleep, _Transient)(attempt)
         except _Transient as exc:
             raise SlurmUnavailable(f"could not observe: pyslurm {what}: {exc}") from None
+
+    def _change(self, what: str, fn: Callable[[], Any], happened: Callable[[], bool]) -> None:
+        policy.change_confirmed(lambda: self._call(what, fn, idempotent=False), happened)
 
     def info(self) -> SlurmInfo:
         base = self._cli.info()
@@ -148,13 +192,15 @@ class PyslurmClient:
         return self._cli.submit(script, args, env=env, sbatch_options=sbatch_options)
 
     def cancel(self, job_id: str, *, signal: str | None = None, batch_only: bool = False) -> None:
-        job = self._ps.Job(_numeric(validate.job_id(job_id)))
+        job_id = validate.job_id(job_id)
+        job = self._ps.Job(_numeric(job_id))
         if signal is None and not batch_only:
-            self._call("Job.cancel", job.cancel)
+            self._change("Job.cancel", job.cancel, lambda: policy.gone_or_ending(self.jobs, job_id))
             return
         sig = "SIG" + validate.signal_name(signal if signal is not None else "KILL")
         steps = "batch" if batch_only else "children"
-        self._call("Job.send_signal", lambda: job.send_signal(sig, steps=steps))
+        # a signal's delivery cannot be read back: never sent twice
+        self._call("Job.send_signal", lambda: job.send_signal(sig, steps=steps), idempotent=False)
 
     def requeue(self, job_id: str) -> bool:
         return self._cli.requeue(job_id)
@@ -174,19 +220,27 @@ class PyslurmClient:
         if start_now:
             changes["begin_time"] = "now"
         desc = self._ps.JobSubmitDescription(**changes)
-        self._call("Job.modify", lambda: self._ps.Job(_numeric(job_id)).modify(desc))
+        self._change("Job.modify", lambda: self._ps.Job(_numeric(job_id)).modify(desc),
+                     lambda: policy.pending_update_done(self.job(job_id), extra, start_now))
 
     def hold(self, job_id: str) -> None:
-        job = self._ps.Job(_numeric(validate.job_id(job_id)))
-        self._call("Job.hold", job.hold)
+        job_id = validate.job_id(job_id)
+        job = self._ps.Job(_numeric(job_id))
+        self._change("Job.hold", job.hold, lambda: self.job(job_id).reason in policy.HELD_REASONS)
 
     def release(self, job_id: str) -> None:
-        job = self._ps.Job(_numeric(validate.job_id(job_id)))
-        self._call("Job.release", job.release)
+        job_id = validate.job_id(job_id)
+        job = self._ps.Job(_numeric(job_id))
+        self._change("Job.release", job.release, lambda: self.job(job_id).reason not in policy.HELD_REASONS)
 
     def drain(self, node: str, reason: str) -> None:
         name, text = validate.node_name(node), validate.reason(reason)
-        self._call("Node.modify", lambda: self._ps.Node(name).modify(self._ps.Node(state="DRAIN", reason=text)))
+
+        def drained() -> bool:
+            now = self.nodes([name]).get(name)
+            return now is not None and now.drained and now.reason == text
+        self._change("Node.modify", lambda: self._ps.Node(name).modify(
+            self._ps.Node(state="DRAIN", reason=text)), drained)
 
     def resubmit(self, argv, *, cwd, env=None) -> str:
         return self._cli.resubmit(argv, cwd=cwd, env=env)
@@ -205,4 +259,9 @@ class PyslurmClient:
 
     def resume(self, node: str) -> None:
         name = validate.node_name(node)
-        self._call("Node.modify", lambda: self._ps.Node(name).modify(self._ps.Node(state="RESUME")))
+
+        def in_service() -> bool:
+            now = self.nodes([name]).get(name)
+            return now is not None and not now.drained and not now.down
+        self._change("Node.modify", lambda: self._ps.Node(name).modify(self._ps.Node(state="RESUME")),
+                     in_service)

@@ -5,7 +5,10 @@ Every squeue/scontrol/sacct/sbatch/scancel call goes through :meth:`Runner.run` 
 Transient failures (our timeout, controller unreachable, socket timed out, slurmdbd connection
 refused) are retried with exponential backoff (tenacity); when they persist the call raises
 :class:`SlurmUnavailable` -- "could not observe", never an empty result. Permanent failures raise
-the typed error at once, carrying Slurm's own message.
+the typed error at once, carrying Slurm's own message. A call that changes state
+(``idempotent=False``: requeue, drain, update...) is retried only when the controller could not
+be reached at all; a timeout, ours or Slurm's, raises :class:`OutcomeUnknown` at once, and the
+caller re-reads the state to learn whether it happened (``policy.change_confirmed``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from slurmft.slurm.client import (
-    InvalidArgument, JobNotFound, PermissionDenied, SlurmError, SlurmUnavailable,
+    InvalidArgument, JobNotFound, OutcomeUnknown, PermissionDenied, SlurmError, SlurmUnavailable,
 )
 from slurmft.slurm.config import SlurmConfig
 
@@ -90,6 +93,11 @@ def is_transient(stderr: str, *, idempotent: bool) -> bool:
     return idempotent and bool(_TIMED_OUT.search(stderr))
 
 
+def may_have_happened(stderr: str) -> bool:
+    """Slurm's answer says the request may have reached the controller without an answer."""
+    return bool(_TIMED_OUT.search(stderr)) and not _UNREACHABLE.search(stderr)
+
+
 class Runner:
     """Runs Slurm commands for one client (one environment, one config)."""
 
@@ -127,7 +135,7 @@ class Runner:
                                   env=env, stdin=subprocess.DEVNULL, check=False)
         except subprocess.TimeoutExpired:
             if not idempotent:
-                raise SlurmUnavailable(
+                raise OutcomeUnknown(
                     f"{' '.join(argv[:2])}: no answer within {limit:g} s; not retried (it may have "
                     "taken effect)"
                 ) from None
@@ -138,6 +146,9 @@ class Runner:
         if proc.returncode != 0:
             if is_transient(proc.stderr, idempotent=idempotent):
                 raise _Transient(result.message)
+            if not idempotent and may_have_happened(proc.stderr):
+                raise OutcomeUnknown(f"{' '.join(argv[:2])}: {result.message}; not retried (it may "
+                                     "have taken effect)")
             if check:
                 raise classify(result)
         return result

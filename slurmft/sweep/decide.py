@@ -5,13 +5,16 @@ Rules, in order:
 2. Any failed check: drain with ``slurmft: <check>: <detail>``, unless the node is already drained
    (by us: nothing to do; by anyone else: left alone), or the blast-radius guard says no.
 3. No failed check (warnings and skips allowed): resume only a node whose reason starts with
-   ``slurmft:``; a drain by a human or another tool is never lifted.
+   ``slurmft:``, and only when every check behind that drain ran in this sweep and passed; a
+   check that was skipped (no NVML, unreadable /dev/kmsg) or not run keeps the drain
+   (``Action.KEEP``, saying why). A drain by a human or another tool is never lifted.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -26,6 +29,7 @@ class Action(str, enum.Enum):
     DRAIN = "drain"
     RESUME = "resume"
     BLOCKED = "blocked"  # would drain, but the blast-radius guard refused
+    KEEP = "keep"  # no check failed, but the check behind slurmft's drain could not run
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,43 @@ def drain_reason(failed: Sequence[CheckResult]) -> str:
     return one_line(f"{REASON_PREFIX} {tail}", MAX_REASON - len(more)) + more
 
 
+# "slurmft: <check>: <detail>[ (+N more)]", as drain_reason() writes it.
+_REASON = re.compile(re.escape(REASON_PREFIX) + r" (?P<check>[a-z0-9][a-z0-9_-]*): .*?(?: \(\+(?P<more>\d+) more\))?$")
+
+
+def checks_behind_drain(reason: str, recorded: Sequence[str] = ()) -> tuple[frozenset[str], bool]:
+    """The checks a slurmft drain stands for, and whether that list is complete.
+
+    ``recorded``: the failed checks the sweep saved when it drained with this very reason (the
+    state file); without that record the reason names only the first check, and one ending in
+    "(+N more)" is incomplete."""
+    found = _REASON.match(reason)
+    named = {found["check"]} if found else set()
+    if recorded:
+        return frozenset(named | set(recorded)), bool(found)
+    return frozenset(named), bool(found) and not found["more"]
+
+
+def resume_blocker(reason: str, results: Sequence[CheckResult],
+                   recorded: Sequence[str] = ()) -> str:
+    """Why slurmft's own drain must stay although no check failed ("" when it may be lifted):
+    lifting it needs proof, i.e. each check behind it ran in this sweep and did not skip."""
+    by_name = {r.check: r for r in results}
+    behind, complete = checks_behind_drain(reason, recorded)
+    if not behind:
+        return f"its reason names no check this sweep knows ({reason!r})"
+    if not complete:  # some checks behind it are unknown: every check must have run
+        behind = behind | frozenset(by_name)
+    missing = sorted(c for c in behind if c not in by_name)
+    if missing:
+        return f"{', '.join(missing)} did not run in this sweep"
+    skipped = [by_name[c] for c in sorted(behind) if by_name[c].status is Status.SKIPPED]
+    return "; ".join(f"{r.check} could not run ({r.detail})" for r in skipped)
+
+
 def decide(node: Node, results: Sequence[CheckResult], nodes: Mapping[str, Node],
-           cfg: SweepConfig) -> Decision:
+           cfg: SweepConfig, recorded: Sequence[str] = ()) -> Decision:
+    """``recorded``: the checks this node's sweeper saved as the cause of its last drain."""
     ours = drained_by_slurmft(nodes)
     allowed = drain_allowance(len(nodes), cfg)
     count = dict(drained_by_slurmft=len(ours), allowed=allowed)
@@ -77,17 +116,24 @@ def decide(node: Node, results: Sequence[CheckResult], nodes: Mapping[str, Node]
                             f"slurmft, at most {allowed} allowed; not draining", reason, **count)
         return Decision(Action.DRAIN, f"{len(failed)} check(s) failed", reason, **count)
     if node.drained and is_ours(node):
-        return Decision(Action.RESUME, "all checks pass; lifting slurmft's own drain", **count)
+        blocker = resume_blocker(node.reason, results, recorded)
+        if blocker:
+            return Decision(Action.KEEP, f"no check failed, but keeping slurmft's drain: {blocker}",
+                            **count)
+        return Decision(Action.RESUME, "every check behind slurmft's drain ran and passed; "
+                        "lifting it", **count)
     if node.drained:
         return Decision(Action.NONE, f"healthy, but drained by someone else ({node.reason}): left alone", **count)
     return Decision(Action.NONE, "healthy", **count)
 
 
-def keep_after_race(me: str, nodes_after: Mapping[str, Node], cfg: SweepConfig) -> bool:
-    """After draining ``me``: may the drain stand? Sweeps on many nodes can drain at the same
-    moment (a broken shared filesystem fails every node at once); each re-reads the nodes after
-    its drain and, if slurmft's drains now exceed the allowance, only the first ``allowed`` by
-    name keep theirs, so every racing sweep reaches the same verdict."""
-    ours = drained_by_slurmft(nodes_after)
-    allowed = drain_allowance(len(nodes_after), cfg)
-    return len(ours) <= allowed or me in ours[:allowed]
+def keep_after_race(nodes_after: Mapping[str, Node], cfg: SweepConfig) -> bool:
+    """After draining: may the drain stand? Sweeps on many nodes can drain at the same moment
+    (a broken shared filesystem fails every node at once). Each re-reads the nodes after its own
+    drain landed and keeps it only if slurmft's drains, as seen then, are within the allowance.
+
+    That makes the allowance a hard limit: of the sweeps that keep, take the one that re-read
+    last; every other keeper's drain had landed before its own re-read, so that last reader saw
+    all of them (and any not yet withdrawn) and found them within the allowance. The price is
+    that racing sweeps may all withdraw; the next sweep (cron splay) tries again."""
+    return len(drained_by_slurmft(nodes_after)) <= drain_allowance(len(nodes_after), cfg)

@@ -4,11 +4,13 @@
 Metrics (all labelled ``node``); the alert rules in ``deploy/prometheus/slurmft-alerts.yml`` use them:
   slurmft_health_check_status{check,status}   1 for the check's current status, 0 for the others
   slurmft_sweep_node_healthy                  1 when no check failed
-  slurmft_sweep_action{action}                1 for what this sweep decided (none/drain/resume/blocked)
-  slurmft_sweep_blast_radius_blocked          1 when the guard refused a drain (critical alert)
+  slurmft_sweep_action{action}                1 for what this sweep decided (none/drain/resume/blocked/keep)
+  slurmft_sweep_blast_radius_blocked          1 when the guard refused or withdrew a drain (critical alert)
   slurmft_sweep_nodes_drained_by_slurmft      nodes slurmft has drained, as this sweep saw them
   slurmft_sweep_drain_allowance               how many nodes slurmft may drain
   slurmft_sweep_slurm_error                   1 when Slurm could not be read or the action failed
+  slurmft_sweep_write_error                   1 when writing the state or the report failed (this file
+                                              is written last, so it carries the earlier failures)
   slurmft_sweep_duration_seconds, slurmft_sweep_last_run_timestamp_seconds
 """
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
 from slurmft.health.result import Status
+from slurmft.sweep.act import WITHDRAWN
 from slurmft.sweep.decide import Action
 from slurmft.sweep.report import SweepReport
 
@@ -46,13 +49,15 @@ def build_registry(report: SweepReport) -> CollectorRegistry:
     for a in Action:
         action.labels(node, a.value).set(1 if decided is a else 0)
     gauge("slurmft_sweep_blast_radius_blocked", "1 when the blast-radius guard refused a drain",
-          1 if decided is Action.BLOCKED or "race" in report.outcome.acted else 0)
+          1 if decided is Action.BLOCKED or report.outcome.acted == WITHDRAWN else 0)
     if report.decision:
         gauge("slurmft_sweep_nodes_drained_by_slurmft", "Nodes drained by slurmft, as seen by this sweep",
               report.decision.drained_by_slurmft)
         gauge("slurmft_sweep_drain_allowance", "How many nodes slurmft may drain", report.decision.allowed)
     gauge("slurmft_sweep_slurm_error", "1 when Slurm could not be read or the action failed",
           1 if (report.slurm_error or report.outcome.error) else 0)
+    gauge("slurmft_sweep_write_error", "1 when writing the sweep's state, report or textfile failed",
+          1 if report.write_errors else 0)
     gauge("slurmft_sweep_duration_seconds", "Wall time of the last sweep", report.duration_s)
     gauge("slurmft_sweep_last_run_timestamp_seconds", "When the last sweep started (Unix time)",
           report.started.timestamp())

@@ -30,6 +30,7 @@ class SweepReport:
     slurm_error: str = ""
     notes: tuple[str, ...] = ()
     fact_seconds: Mapping[str, float] = field(default_factory=dict)  # how long each source took
+    write_errors: tuple[str, ...] = ()  # state/report/textfile writes that failed (after acting)
 
     @property
     def status(self) -> Status:
@@ -54,7 +55,9 @@ class SweepReport:
                 "action": d.action.value, "why": d.why, "reason": d.reason,
                 "drained_by_slurmft": d.drained_by_slurmft, "allowed": d.allowed},
             "acted": self.outcome.acted,
+            "acted_detail": self.outcome.detail,
             "error": self.outcome.error or self.slurm_error,
+            "write_errors": list(self.write_errors),
             "notes": list(self.notes),
             "fact_seconds": {k: round(v, 4) for k, v in sorted(self.fact_seconds.items())},
         }

@@ -3,24 +3,31 @@ decide, act (unless dry-run), save state, write the report and the metrics textf
 
 A Slurm controller that cannot be read does not stop the checks: they still run and are
 reported, and nothing is acted on ("could not observe" is never "healthy").
+
+Before draining, the failed checks are saved in the state file (which checks a drain stands
+for: ``decide`` lifts it only once each of them ran and passed); the drain reason in Slurm is
+the durable record of the drain itself. Once the sweep has acted, no write failure hides what
+it did: each failed write is kept in ``SweepReport.write_errors`` and the report is returned.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from slurmft.config import ConfigError
 from slurmft.health import xid
 from slurmft.health.registry import HealthConfig, Mode, check_timeouts, plan, run_plan
+from slurmft.health.result import CheckResult, Status
 from slurmft.health.state import HealthState
 from slurmft.slurm.client import Node, SlurmClient, SlurmError
 from slurmft.slurm.validate import node_name
-from slurmft.sweep.act import Outcome, apply
+from slurmft.sweep.act import RESUMED, WITHDRAWN, Outcome, apply
 from slurmft.sweep.config import SweepConfig
-from slurmft.sweep.decide import decide
+from slurmft.sweep.decide import Action, Decision, decide
 from slurmft.sweep.lock import SweepLock
 from slurmft.sweep.metrics import write_textfile
 from slurmft.sweep.report import SweepReport, now, write_report
@@ -43,6 +50,51 @@ def state_path(cfg: SweepConfig, node: str) -> Path:
 
 def lock_path(cfg: SweepConfig, node: str) -> Path:
     return Path(cfg.state_dir) / f"sweep-{node}.lock"
+
+
+DRAIN_KEY = "drain"  # in the state file: {"reason": ..., "checks": [...], "at": ...}
+
+
+def recorded_checks(state: HealthState, node: Node) -> tuple[str, ...]:
+    """The checks saved as the cause of this node's drain, if the drain in Slurm is that one."""
+    rec = state.get(DRAIN_KEY)
+    if not isinstance(rec, dict) or rec.get("reason") != node.reason:
+        return ()
+    checks = rec.get("checks")
+    if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
+        return ()
+    return tuple(checks)
+
+
+def _attempt(what: str, write: Callable[[], object], errors: list[str]) -> None:
+    try:
+        write()
+    except OSError as exc:
+        errors.append(f"{what}: {exc.filename or ''}: {exc.strerror or exc}")
+
+
+def _act(decision: Decision, req: SweepRequest, results: list[CheckResult], state: HealthState,
+         client: SlurmClient, cfg: SweepConfig, errors: list[str]) -> Outcome:
+    if decision.action is Action.DRAIN:
+        failed = [r.check for r in results if r.status is Status.FAIL]
+        state.set(DRAIN_KEY, {"reason": decision.reason, "checks": failed, "at": now().isoformat()})
+        _attempt("state (before draining)", state.save, errors)  # a full disk still drains
+    outcome = apply(decision, req.node, client, cfg)
+    if outcome.acted in (RESUMED, WITHDRAWN):
+        state.set(DRAIN_KEY, None)
+    return outcome
+
+
+def _persist(report: SweepReport, state: HealthState, cfg: SweepConfig,
+             errors: list[str]) -> SweepReport:
+    """State, report, textfile: each attempted; every failure is carried into what follows."""
+    _attempt("state", state.save, errors)
+    report = dataclasses.replace(report, write_errors=tuple(errors))
+    _attempt("report", lambda: write_report(report, cfg.report_dir), errors)
+    report = dataclasses.replace(report, write_errors=tuple(errors))
+    if cfg.textfile_dir is not None:
+        _attempt("textfile", lambda: write_textfile(report, cfg.textfile_dir), errors)
+    return dataclasses.replace(report, write_errors=tuple(errors))
 
 
 def _nodes(client: SlurmClient) -> tuple[dict[str, Node] | None, str]:
@@ -74,16 +126,15 @@ def sweep(req: SweepRequest, cfg: SweepConfig, hc: HealthConfig, client: SlurmCl
         nodes, slurm_error = _nodes(client) if nodes is not None else (None, slurm_error)
         if nodes is not None and req.node not in nodes:
             nodes, slurm_error = None, f"node {req.node} disappeared from Slurm during the sweep"
-        decision = None if nodes is None else decide(nodes[req.node], results, nodes, cfg)
+        decision = None if nodes is None else decide(
+            nodes[req.node], results, nodes, cfg, recorded_checks(state, nodes[req.node]))
         outcome = Outcome("")
+        errors: list[str] = []
         if decision is not None and not req.dry_run:
-            outcome = apply(decision, req.node, client, cfg)
+            outcome = _act(decision, req, results, state, client, cfg, errors)
         report = SweepReport(req.node, req.mode, req.dry_run, started, time.monotonic() - t0,
                              tuple(results), decision, outcome, slurm_error, tuple(notes),
                              dict(facts.durations))
         if not req.dry_run:
-            state.save()
-            write_report(report, cfg.report_dir)
-            if cfg.textfile_dir is not None:
-                write_textfile(report, cfg.textfile_dir)
+            report = _persist(report, state, cfg, errors)
         return report

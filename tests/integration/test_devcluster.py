@@ -177,6 +177,23 @@ def test_reset_cleans_jobs_drains_and_dead_daemons(slurm_cluster: DevCluster, tm
     assert clean - started < 30
 
 
+@pytest.mark.timeout(90)
+def test_reset_after_controller_restart_with_a_drained_unregistered_node(
+        slurm_cluster: DevCluster) -> None:
+    """A controller restarted from saved state shows a drained node as UNKNOWN+DRAIN until its
+    slurmd registers, and 22.05 answers RESUME there with "Invalid node state specified" (the
+    cause of a flaky reset). reset() must wait for the node to register, not fail."""
+    env = slurm_cluster.env
+    slurm(env, "scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=test")
+    slurm_cluster.kill_node("n3")  # its slurmd cannot register until reset() starts it again
+    ctld = slurm_cluster.processes()["slurmctld"]
+    slurm(env, "scontrol", "shutdown", "slurmctld")  # saves its state (n3 drained) and exits
+    assert wait_gone([ctld], 20) == []
+    slurm_cluster.reset()
+    assert all(n.idle for n in slurm_cluster.nodes().values())
+    assert slurm_cluster.node_alive("n3")
+
+
 @pytest.mark.timeout(30)
 def test_kill_unknown_node_is_refused(devcluster: DevCluster) -> None:
     with pytest.raises(DevClusterError, match="unknown node 'n9'; this cluster has n1, n2, n3, n4"):

@@ -191,3 +191,45 @@ def test_node_death_makes_node_down_and_job_leaves_running(client, tmp_path, slu
     else:
         assert job.state is JobState.NODE_FAIL
     client.cancel(job_id)
+
+
+@pytest.mark.timeout(120)
+def test_a_requeue_the_controller_never_answers_is_read_back_not_sent_twice(slurm_cluster, tmp_path):
+    """The real controller stops answering in the middle of a requeue (slurmctld SIGSTOPped: the
+    request waits in its socket, scontrol gives up, and slurmctld carries the requeue out once it
+    runs again). The client must learn from the job that the requeue happened: True, one
+    requeue (restart count 1), no error. (Sending it again blindly got "Job is pending
+    execution" for a requeue that had succeeded.)"""
+    import os
+    import signal
+    import threading
+
+    from slurmft.slurm.config import SlurmConfig
+    from slurmft.slurm.runner import Runner
+
+    ctld = slurm_cluster.processes()["slurmctld"].pid
+    stalls: list[threading.Timer] = []
+
+    class StallDuringRequeue(Runner):
+        def run(self, argv, **kwargs):
+            if tuple(argv[:2]) == ("scontrol", "requeue") and not stalls:
+                os.kill(ctld, signal.SIGSTOP)
+                stalls.append(threading.Timer(4.0, os.kill, (ctld, signal.SIGCONT)))
+                stalls[0].start()
+            return super().run(argv, **kwargs)
+
+    config = SlurmConfig(timeout=1.5, retries=6, backoff=0.5, max_backoff=2.0)
+    plain = CliSlurmClient(env=slurm_cluster.env)
+    job_id = submit(plain, tmp_path, "exit 1")  # FAILED: a plain requeue, refused once PENDING
+    wait_for(lambda: plain.job(job_id), lambda j: j.state is JobState.FAILED, 30, f"{job_id} FAILED")
+    stalled = CliSlurmClient(config, runner=StallDuringRequeue(config, slurm_cluster.env))
+    try:
+        assert stalled.requeue(job_id) is True
+    finally:
+        for timer in stalls:
+            timer.cancel()
+        os.kill(ctld, signal.SIGCONT)
+    assert stalls, "the requeue was never sent"
+    job = wait_for(lambda: plain.job(job_id), lambda j: j.state is JobState.PENDING, 30,
+                   "requeued job PENDING")
+    assert job.restart_count == 1

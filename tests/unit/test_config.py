@@ -1,5 +1,6 @@
 """Config layering and validation: defaults < toml < environment < overrides; errors name keys."""
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,3 +129,96 @@ def test_environment_strings_are_parsed_as_numbers_and_booleans(tmp_path):
     env = {"SLURMFT_DEMO_INTERVAL": "20", "SLURMFT_DEMO_SHARE": "0.5", "SLURMFT_DEMO_DRY": "yes"}
     got = load_section(Demo, "demo", config_file=write(tmp_path, ""), environ=env)
     assert (got.interval, got.share, got.dry) == (20, 0.5, True)
+
+
+def test_unknown_section_is_rejected_with_the_valid_ones(tmp_path):
+    cfg = write(tmp_path, "[sweeep]\nmax_drain_share = 0.2\n")
+    with pytest.raises(ConfigError) as err:
+        load_section(Demo, "demo", config_file=cfg, environ={})
+    assert str(err.value) == (
+        f"config file {cfg}: unknown section [sweeep]; valid sections: checkpoint, demo, guards, "
+        "health_dcgm, health_external, health_gpu, health_node, health_xid, slurm, sweep, watch")
+
+
+def test_known_sections_of_other_components_are_accepted(tmp_path):
+    cfg = write(tmp_path, "[demo]\ninterval = 3\n[sweep]\nmax_drain_share = 0.2\n[checkpoint]\n")
+    assert load_section(Demo, "demo", config_file=cfg, environ={}).interval == 3
+
+
+def test_env_variable_of_a_known_section_with_an_unknown_field_is_rejected(tmp_path):
+    from slurmft.sweep.config import SweepConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_section(SweepConfig, "sweep", config_file=write(tmp_path, ""),
+                     environ={"SLURMFT_SWEEP_MAX_DRIAN_SHARE": "0.2"})
+    assert str(err.value) == (
+        "SLURMFT_SWEEP_MAX_DRIAN_SHARE: [sweep] has no key 'max_drian_share'; valid keys: checks, "
+        "fact_timeout_s, max_drain_share, min_drain_allowed, report_dir, state_dir, textfile_dir "
+        "(as SLURMFT_SWEEP_<KEY>)")
+
+
+def test_env_variables_of_other_sections_and_longer_section_names_are_not_this_section_s():
+    from slurmft.config import section_env
+
+    env = {"SLURMFT_HEALTH_GPU_EXPECTED_COUNT": "8", "SLURMFT_RUN_DIR": "/r", "SLURMFT_CONFIG": "x",
+           "SLURMFT_SWEEP_CHECKS": "gpu_ecc"}
+    assert section_env(env, "sweep") == [("SLURMFT_SWEEP_CHECKS", "checks")]
+    assert section_env(env, "health") == []  # no such section, but health_gpu's are not its
+    assert section_env(env, "health_gpu") == [("SLURMFT_HEALTH_GPU_EXPECTED_COUNT", "expected_count")]
+
+
+def test_every_section_a_component_loads_is_registered():
+    """A section loaded somewhere but missing from SECTIONS would be rejected in every file."""
+    import re
+
+    from slurmft.config import SECTIONS
+
+    root = Path(__file__).resolve().parents[2] / "slurmft"
+    loaded = set()
+    for source in root.rglob("*.py"):
+        text = source.read_text()
+        loaded |= set(re.findall(r'load_section\(\s*\w+,\s*"(\w+)"', text))
+        loaded |= set(re.findall(r'^SECTION = "(\w+)"', text, re.M))
+    assert loaded and loaded <= set(SECTIONS), loaded - set(SECTIONS)
+
+
+def test_root_never_reads_the_working_directory_s_config(tmp_path, monkeypatch):
+    from slurmft import config
+
+    write(tmp_path, "[[health_external.commands]]\nname = 'x'\nargv = ['/bin/true']\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SLURMFT_CONFIG", raising=False)
+    monkeypatch.setattr(config, "SYSTEM_CONFIG", tmp_path / "etc" / "slurmft.toml")
+    assert config.find_config_file(root=False) == Path("slurmft.toml")
+    assert config.find_config_file(root=True) is None
+    (tmp_path / "etc").mkdir()
+    system = write(tmp_path / "etc", "")
+    if os.geteuid() == 0:  # only root can make a root-owned file
+        assert config.find_config_file(root=True) == system
+
+
+@pytest.mark.parametrize("what, mode", [("file", 0o666), ("directory", 0o777)])
+def test_root_refuses_a_config_others_can_change(tmp_path, what, mode):
+    from slurmft.config import find_config_file
+
+    folder = tmp_path / "conf"
+    folder.mkdir()
+    path = write(folder, "[sweep]\n")
+    target = path if what == "file" else folder
+    target.chmod(mode)
+    with pytest.raises(ConfigError) as err:
+        find_config_file(path, root=True)
+    assert str(err.value) == (f"config file {path}: {target} is writable by group or others "
+                              f"(mode {mode:o}); as root, slurmft reads only a config that no one "
+                              "else can change")
+    assert find_config_file(path, root=False) == path
+
+
+def test_root_refuses_a_config_owned_by_someone_else(tmp_path):
+    from slurmft.config import find_config_file
+
+    path = write(tmp_path, "[sweep]\n")
+    if os.geteuid() == 0:
+        os.chown(path, 1000, 1000)
+    with pytest.raises(ConfigError, match=rf"config file {path}: {path} is owned by uid \d+; as root"):
+        find_config_file(path, root=True)

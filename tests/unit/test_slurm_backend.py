@@ -232,3 +232,150 @@ def test_requeue_waits_on_completing_then_gives_up():
     job = replace(BASE, flags=frozenset({"COMPLETING"}))
     with pytest.raises(SlurmUnavailable, match="still COMPLETING"):
         policy.requeue_by_state(lambda: job, lambda inc: pytest.fail("requeued"), wait_s=0.01, sleep=lambda s: None)
+
+
+# -- a change that got no answer ----------------------------------------------------------------
+
+def test_requeue_that_timed_out_but_happened_is_reported_as_done_and_not_sent_again():
+    from slurmft.slurm.client import OutcomeUnknown
+
+    states = [replace(BASE, restart_count=2),  # before: running
+              replace(BASE, flags=frozenset({"COMPLETING"}), restart_count=3),  # it did land
+              replace(BASE, state=JobState.PENDING, restart_count=3)]
+    sent = []
+
+    def requeue(incomplete):
+        sent.append(incomplete)
+        raise OutcomeUnknown("scontrol requeue: Socket timed out on send/recv operation")
+    assert policy.requeue_by_state(lambda: states.pop(0) if len(states) > 1 else states[0], requeue,
+                                   wait_s=5, sleep=lambda s: None) is True
+    assert sent == [True]
+
+
+def test_requeue_fast_restarted_job_counts_by_restart_count_not_state():
+    """With --requeue=expedite the job may already RUN again when it is re-read."""
+    from slurmft.slurm.client import OutcomeUnknown
+
+    states = [replace(BASE, restart_count=0), replace(BASE, restart_count=1)]
+
+    def requeue(incomplete):
+        raise OutcomeUnknown("no answer within 20 s")
+    assert policy.requeue_by_state(lambda: states.pop(0) if len(states) > 1 else states[0], requeue,
+                                   wait_s=5, sleep=lambda s: None) is True
+
+
+def test_requeue_that_timed_out_and_did_not_happen_is_sent_again_then_given_up():
+    from slurmft.slurm.client import OutcomeUnknown
+
+    sent = []
+
+    def requeue(incomplete):
+        sent.append(incomplete)
+        raise OutcomeUnknown("scontrol requeue: Socket timed out on send/recv operation")
+    with pytest.raises(OutcomeUnknown, match="Socket timed out"):
+        policy.requeue_by_state(lambda: replace(BASE, state=JobState.FAILED), requeue, wait_s=5,
+                                sleep=lambda s: None)
+    assert sent == [False, False]
+
+
+def test_change_confirmed_reads_back_before_sending_again():
+    from slurmft.slurm.client import OutcomeUnknown
+
+    sent, landed = [], [True]
+
+    def change():
+        sent.append(1)
+        raise OutcomeUnknown("Socket timed out")
+    policy.change_confirmed(change, lambda: landed[0])
+    assert sent == [1]
+    landed[0] = False
+    with pytest.raises(OutcomeUnknown):
+        policy.change_confirmed(change, lambda: landed[0])
+    assert len(sent) == 3
+
+    def unreadable():
+        raise SlurmUnavailable("could not observe: squeue: Unable to contact slurm controller")
+    with pytest.raises(OutcomeUnknown, match="re-reading the state to check failed too"):
+        policy.change_confirmed(change, unreadable)
+
+
+@pytest.mark.timeout(20)
+def test_pyslurm_a_hung_call_does_not_block_the_next_ones():
+    import threading
+
+    from slurmft.slurm.pyslurm import MAX_HUNG, PyslurmClient
+
+    mod = fake_pyslurm(nodes=[fake_pyslurm().Node("n1", state="IDLE", reason="", reason_user="")])
+    client = PyslurmClient(mod, SlurmConfig(timeout=0.2, retries=0), cli=CliSlurmClient(),
+                           sleep=lambda s: None)
+    wedged = threading.Event()
+    try:
+        with pytest.raises(SlurmUnavailable, match="no answer within 0.2 s"):
+            client._call("Nodes.load", wedged.wait)  # libslurm stuck (e.g. on a dead controller)
+        assert set(client.nodes()) == {"n1"}  # the next call is not queued behind it
+        for _ in range(MAX_HUNG - 1):
+            with pytest.raises(SlurmUnavailable):
+                client._call("Nodes.load", wedged.wait)
+        with pytest.raises(SlurmUnavailable, match=f"{MAX_HUNG} earlier libslurm calls never returned"):
+            client.nodes()
+    finally:
+        wedged.set()
+
+
+def test_pyslurm_a_drain_that_got_no_answer_is_read_back_not_sent_again():
+    from slurmft.slurm.client import OutcomeUnknown
+
+    mod = fake_pyslurm()
+    node = mod.Node("n1", state="IDLE", reason="", reason_user="")
+    mod = fake_pyslurm(nodes=[node])
+    client = make_pyslurm_client(mod)
+    modify = mod.Node.modify
+
+    def times_out_but_lands(self, changes):
+        modify(self, changes)
+        node.state, node.reason = "IDLE+DRAIN", changes.reason
+        raise mod.RPCError("Socket timed out on send/recv operation")
+    mod.Node.modify = times_out_but_lands
+    client.drain("n1", "slurmft: gpu_ecc: 2 DBE")
+    assert [c[0] for c in mod.calls] == ["Node.modify", "Nodes.load"]
+
+    def times_out(self, changes):
+        modify(self, changes)
+        raise mod.RPCError("Socket timed out on send/recv operation")
+    mod.Node.modify = times_out
+    mod.calls.clear()
+    with pytest.raises(OutcomeUnknown, match="it may have taken effect"):
+        client.resume("n1")  # never lands: sent twice (read back in between), then reported
+    assert [c[0] for c in mod.calls] == ["Node.modify", "Nodes.load", "Node.modify", "Nodes.load"]
+
+
+def test_requeue_re_read_before_the_unanswered_send_landed_then_refused_counts_as_done():
+    """slurmctld serves RPCs in threads: the re-read can come before the queued requeue."""
+    from slurmft.slurm.client import OutcomeUnknown
+
+    states = [replace(BASE, state=JobState.FAILED), replace(BASE, state=JobState.FAILED),
+              replace(BASE, state=JobState.PENDING, restart_count=1)]
+    sent = []
+
+    def requeue(incomplete):
+        sent.append(incomplete)
+        if len(sent) == 1:
+            raise OutcomeUnknown("scontrol requeue: no answer within 20 s")
+        raise SlurmError("scontrol requeue: Job is pending execution for job 1")
+    assert policy.requeue_by_state(lambda: states.pop(0) if len(states) > 1 else states[0], requeue,
+                                   wait_s=5, sleep=lambda s: None) is True
+    assert sent == [False, False]
+
+
+def test_change_confirmed_a_refused_resend_after_no_answer_is_checked_against_the_state():
+    from slurmft.slurm.client import OutcomeUnknown
+
+    answers = [OutcomeUnknown("Socket timed out"), SlurmError("Invalid node state specified")]
+    landed = [False, True]  # not yet at the first re-read, by the time the resend is refused
+
+    def change():
+        raise answers.pop(0)
+    policy.change_confirmed(change, lambda: landed.pop(0))
+    with pytest.raises(SlurmError, match="Invalid node name"):  # no earlier send: the error stands
+        policy.change_confirmed(lambda: (_ for _ in ()).throw(SlurmError("Invalid node name")),
+                                lambda: True)

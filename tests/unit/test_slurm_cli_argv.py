@@ -118,3 +118,37 @@ def test_submit_options_validated_and_id_parsed(tmp_path):
         c.submit(script, sbatch_options=["N2"])
     with pytest.raises(InvalidArgument, match="does not exist"):
         c.submit(tmp_path / "missing.sh")
+
+
+def test_a_drain_that_got_no_answer_is_read_back_not_sent_again():
+    from slurmft.slurm.client import OutcomeUnknown
+
+    sinfo = (FIX / "2205/sinfo_drain_down.json").read_text()  # n3 drained with this reason
+
+    def answer(argv):
+        if argv[:2] == ("scontrol", "update"):
+            return OutcomeUnknown("scontrol update: Socket timed out on send/recv operation")
+        return sinfo
+    c, replay = client("22.05.8", answer)
+    c.drain("n3", "slurmft: gpu: xid 79 (fallen off the bus)")
+    updates = [call for call in replay.calls if call[:2] == ("scontrol", "update")]
+    assert updates == [("scontrol", "update", "NodeName=n3", "State=DRAIN",
+                        "Reason=slurmft: gpu: xid 79 (fallen off the bus)")]
+    with pytest.raises(OutcomeUnknown):  # n2 is not drained: sent twice, then the error stands
+        c.drain("n2", "slurmft: node_disk: full")
+    assert [call[2] for call in replay.calls if call[:2] == ("scontrol", "update")] == [
+        "NodeName=n3", "NodeName=n2", "NodeName=n2"]
+
+
+def test_set_down_that_got_no_answer_is_read_back():
+    from slurmft.slurm.client import OutcomeUnknown
+
+    sinfo = (FIX / "2205/sinfo_drain_down.json").read_text()  # n4 is DOWN
+
+    def answer(argv):
+        if argv[:2] == ("scontrol", "update"):
+            return OutcomeUnknown("scontrol update: no answer within 20 s")
+        return sinfo
+    c, replay = client("22.05.8", answer)
+    c.set_down("n4", "slurmft: watch: silent")
+    assert [call[2] for call in replay.calls if call[:2] == ("scontrol", "update")] == ["NodeName=n4"]

@@ -11,7 +11,8 @@ import pytest
 from slurmft.config import ConfigError, load_section
 from slurmft.slurm import validate
 from slurmft.slurm.client import (
-    InvalidArgument, JobNotFound, PermissionDenied, SlurmError, SlurmUnavailable, UnsupportedShape,
+    InvalidArgument, JobNotFound, OutcomeUnknown, PermissionDenied, SlurmError, SlurmUnavailable,
+    UnsupportedShape,
 )
 from slurmft.slurm.config import SlurmConfig
 from slurmft.slurm.parse_jobs import parse_squeue
@@ -153,9 +154,41 @@ def test_persistent_timeout_is_unavailable_not_empty(tmp_path):
 def test_non_idempotent_call_not_retried_after_timeout(tmp_path):
     cmd = fake_command(tmp_path, "sbatch", "time.sleep(30)")
     run, sleeps = runner(retries=3, timeout=0.3)
-    with pytest.raises(SlurmUnavailable, match="not retried"):
+    with pytest.raises(OutcomeUnknown, match="not retried"):
         run.run([cmd, "--parsable"], idempotent=False)
     assert sleeps == []
+
+
+def counting(tmp_path: Path, name: str, stderr: str) -> tuple[str, Path]:
+    counter = tmp_path / "calls"
+    body = (f"p = pathlib.Path({str(counter)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x')\n"
+            f"print({stderr!r}, file=sys.stderr); sys.exit(1)")
+    return fake_command(tmp_path, name, body), counter
+
+
+# What scontrol prints when slurmctld took the request but did not answer in time (22.05).
+SOCKET_TIMED_OUT = "slurm_requeue error: Socket timed out on send/recv operation"
+
+
+def test_a_change_slurm_timed_out_on_is_not_sent_again(tmp_path):
+    cmd, counter = counting(tmp_path, "scontrol", SOCKET_TIMED_OUT)
+    run, sleeps = runner(retries=3)
+    with pytest.raises(OutcomeUnknown, match="Socket timed out.*not retried \\(it may have taken effect\\)"):
+        run.run([cmd, "requeue", "7"], idempotent=False)
+    assert counter.read_text() == "x" and sleeps == []
+    counter.unlink()
+    with pytest.raises(SlurmUnavailable, match="could not observe"):
+        run.run([cmd, "show", "job", "7"])  # a read is retried
+    assert counter.read_text() == "xxxx"
+
+
+def test_a_change_that_never_reached_the_controller_is_retried(tmp_path):
+    cmd, counter = counting(tmp_path, "scontrol",
+                            "slurm_update error: Unable to contact slurm controller (connect failure)")
+    run, _ = runner(retries=2)
+    with pytest.raises(SlurmUnavailable) as info:
+        run.run([cmd, "update", "NodeName=n1", "State=DRAIN"], idempotent=False)
+    assert not isinstance(info.value, OutcomeUnknown) and counter.read_text() == "xxx"
 
 
 def test_missing_binary_and_bad_argv(tmp_path):

@@ -30,3 +30,33 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, toml, message):
 def test_missing_config_file_is_named(tmp_path):
     result = CliRunner().invoke(app, ["sweep", "--node", "n1", "--config", str(tmp_path / "nope.toml")])
     assert result.exit_code == 2 and f"config file {tmp_path / 'nope.toml'} does not exist" in result.output
+
+
+def test_a_drain_whose_report_cannot_be_written_exits_5_and_says_it_drained(tmp_path, monkeypatch):
+    """A full disk (what node_disk drains for) must not turn "drained" into exit 2 "nothing
+    drained"."""
+    from test_sweep_run import MemorySlurm, configs
+
+    import slurmft.commands.sweep as command
+
+    cfg, _, _ = configs(tmp_path, exit_code=1)
+    (tmp_path / "reports").write_text("not a directory")
+    config = tmp_path / "slurmft.toml"
+    config.write_text(f"""[sweep]
+checks = ["external_site"]
+state_dir = "{cfg.state_dir}"
+report_dir = "{cfg.report_dir}"
+textfile_dir = "{cfg.textfile_dir}"
+[[health_external.commands]]
+name = "site"
+argv = ["{tmp_path / 'site-check'}"]
+""")
+    slurm = MemorySlurm()
+    monkeypatch.setattr(command, "_client", lambda config_file: slurm)
+    result = CliRunner().invoke(app, ["sweep", "--node", "n2", "--config", str(config)],
+                                env={"SLURMFT_CONFIG": ""})
+    assert result.exit_code == 5, result.output
+    assert slurm.calls == [("drain", "n2")]
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("slurmft-sweep: node=n2 status=fail action=drain acted=drained ")
+    assert f"write_errors='report: {tmp_path / 'reports'}: File exists'" in last

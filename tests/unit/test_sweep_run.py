@@ -168,3 +168,121 @@ def test_decision_uses_the_nodes_as_they_are_after_the_checks(tmp_path):
     report = sweep(SweepRequest("n1"), cfg, hc, slurm)
     assert report.decision.action.value == "none" and "someone else (hands-on repair)" in report.decision.why
     assert slurm.calls == [] and slurm.state["n1"].reason == "hands-on repair"
+
+
+def gpu_configs(tmp_path):
+    cfg = SweepConfig(checks=("gpu_memory_remap",), state_dir=tmp_path / "state",
+                      report_dir=tmp_path / "reports", textfile_dir=tmp_path / "textfile")
+    return cfg, HealthConfig()
+
+
+class DriverGone:
+    """NVML whose driver is not loaded: every GPU check is skipped."""
+
+    import pynvml as _pynvml
+    NVMLError = _pynvml.NVMLError
+
+    def nvmlInit(self):
+        raise self._pynvml.NVMLError(self._pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+
+def test_a_drain_is_kept_when_the_check_behind_it_can_no_longer_run(tmp_path):
+    from fake_nvml import FakeNvml
+
+    cfg, hc = gpu_configs(tmp_path)
+    slurm = MemorySlurm()
+    bad = FakeNvml.from_fixture("a10_driver-535.129.03_remapped-rows-pending.txt")
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm, nvml=bad).outcome.acted == "drained"
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm, nvml=DriverGone())
+    assert [r.status.value for r in report.results] == ["skipped"] and report.healthy
+    assert report.decision.action.value == "keep" and report.outcome.acted == ""
+    assert "gpu_memory_remap could not run (NVML not available: Driver Not Loaded)" in report.decision.why
+    assert slurm.calls == [("drain", "n1")] and slurm.state["n1"].drained
+    m = metrics(tmp_path / "textfile" / "slurmft_sweep_n1.prom")
+    assert m[("slurmft_sweep_action", (("action", "keep"), ("node", "n1")))] == 1
+
+
+def test_the_drain_is_recorded_before_it_is_made(tmp_path):
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    state_file = tmp_path / "state" / "health-n1.json"
+
+    class Checking(MemorySlurm):
+        def drain(self, node, reason):
+            saved = json.loads(state_file.read_text())["data"]["drain"]
+            assert saved["reason"] == reason and saved["checks"] == ["external_site"]
+            super().drain(node, reason)
+
+    slurm = Checking()
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm).outcome.acted == "drained"
+    assert slurm.calls == [("drain", "n1")]
+
+
+def test_a_write_failure_after_draining_still_reports_the_drain(tmp_path):
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    (tmp_path / "state" / "health-n1.json").mkdir(parents=True)  # the state cannot be written
+    (tmp_path / "reports").write_text("a file where the report dir should be")
+    slurm = MemorySlurm()
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)
+    assert slurm.calls == [("drain", "n1")] and report.outcome.acted == "drained"
+    assert [e.split(":")[0] for e in report.write_errors] == [
+        "state (before draining)", "state", "report"]
+    m = metrics(tmp_path / "textfile" / "slurmft_sweep_n1.prom")  # written last: it says so
+    assert m[("slurmft_sweep_write_error", (("node", "n1"),))] == 1
+    assert m[("slurmft_sweep_action", (("action", "drain"), ("node", "n1")))] == 1
+
+
+class AfterDrain(MemorySlurm):
+    """Another sweep's drain lands with ours, or the controller stops answering after it."""
+
+    def __init__(self, racer=None, fail_read=False, fail_resume=False):
+        super().__init__()
+        self.racer, self.fail_read, self.fail_resume = racer, fail_read, fail_resume
+        self.drained_once = False
+
+    def drain(self, node, reason):
+        super().drain(node, reason)
+        if self.racer:
+            self.state[self.racer] = Node(self.racer, NodeState.IDLE, frozenset({"DRAIN"}),
+                                          "slurmft: node_mounts: /lustre gone")
+        self.drained_once = True
+
+    def nodes(self, names=None):
+        if self.drained_once and self.fail_read:
+            raise SlurmUnavailable("Socket timed out on send/recv operation")
+        return super().nodes(names)
+
+    def resume(self, node):
+        if self.fail_resume:
+            raise SlurmUnavailable("Unable to contact slurm controller")
+        super().resume(node)
+
+
+@pytest.mark.parametrize("slurm, acted, error, calls", [
+    (AfterDrain(fail_read=True), "drained",
+     "could not re-read the nodes to check the blast-radius guard", [("drain", "n1")]),
+    (AfterDrain(racer="n3"), "drain withdrawn (race)", "", [("drain", "n1"), ("resume", "n1")]),
+    (AfterDrain(racer="n3", fail_resume=True), "drained", "withdrawing this drain failed",
+     [("drain", "n1")]),
+])
+def test_what_happened_after_a_drain_is_what_is_reported(tmp_path, slurm, acted, error, calls):
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)
+    assert report.outcome.acted == acted and slurm.calls == calls
+    assert (error in report.outcome.error) if error else report.outcome.error == ""
+    doc = json.loads((tmp_path / "reports" / "n1.json").read_text())
+    assert doc["acted"] == acted
+
+
+def test_a_drain_that_may_have_happened_is_not_reported_as_not_done(tmp_path):
+    from slurmft.slurm.client import OutcomeUnknown
+
+    class NoAnswer(MemorySlurm):
+        def drain(self, node, reason):
+            super().drain(node, reason)
+            raise OutcomeUnknown("scontrol update: no answer within 20 s; and re-reading the "
+                                 "state to check failed too")
+
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    report = sweep(SweepRequest("n1"), cfg, hc, NoAnswer())
+    assert report.outcome.acted == "drain may have happened (no answer, and the node could not be read back)"
+    assert "OutcomeUnknown: scontrol update: no answer" in report.outcome.error

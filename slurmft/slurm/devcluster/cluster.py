@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from slurmft.rundir import atomic_write_bytes
-from slurmft.slurm.devcluster import daemons, hosts, query
+from slurmft.slurm.devcluster import daemons, hosts, query, settle
 from slurmft.slurm.devcluster.errors import DevClusterError
 from slurmft.slurm.devcluster.layout import ClusterState, Layout, load_state
 from slurmft.slurm.devcluster.nodeprocs import kill_node_tree
@@ -352,24 +352,29 @@ class DevCluster:
             time.sleep(0.2)
 
     def reset(self, timeout: float = IDLE_TIMEOUT_S) -> None:
-        """Back to a clean cluster: restart dead daemons, cancel every job, resume nodes that
-        are drained or down, wait until every node is IDLE. Cheap when already clean."""
+        """Back to a clean cluster from any state: restart dead daemons, cancel every job,
+        resume nodes that are drained, failed or down once they have registered, until every
+        node is IDLE (bounded by ``timeout``; see ``settle``). Cheap when already clean."""
         self._restart_dead_services(timeout)
-        queued = self.jobs()
-        nodes = self.nodes()
-        if (not queued and len(nodes) == len(self.node_names)
-                and all(n.idle for n in nodes.values())
-                and all(self.node_alive(n) for n in self.node_names)):
+        if self._is_clean():
             return
-        env = self._client_env()
-        query.cancel(self._bins.scancel, [j.job_id for j in queued], env)
         for name in self.node_names:
             if not self.node_alive(name):
                 self.start_node(name, wait_timeout=None)
-        for name, status in nodes.items():
-            if status.state == "DOWN" or "DRAIN" in status.flags:
-                query.resume_node(self._bins.scontrol, name, env)
-        self.wait_nodes_idle(timeout)
+        env = self._client_env()
+        settle.settle(
+            self.node_names, read_jobs=self.jobs, read_nodes=self.nodes,
+            cancel=lambda ids: query.cancel(self._bins.scancel, ids, env),
+            resume=lambda name: query.resume_node(self._bins.scontrol, name, env),
+            timeout=timeout, logs=str(self._layout.log_dir))
+
+    def _is_clean(self) -> bool:
+        try:
+            jobs, nodes = self.jobs(), self.nodes()
+        except DevClusterError:  # a controller just restarted: settle() polls it
+            return False
+        return (not jobs and all(n in nodes and nodes[n].idle for n in self.node_names)
+                and all(self.node_alive(n) for n in self.node_names))
 
     def _restart_dead_services(self, timeout: float) -> None:
         procs = self._state.processes
