@@ -269,6 +269,11 @@ def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fin
     age = obs.now - newest
     if age <= timeout:
         return None
+    silent = tuple(n for n in job.nodes if (node := obs.nodes.get(n)) is not None
+                   and not node.responding)
+    if silent:  # the heartbeats stopped because a node did
+        return Finding(NODE_DOWN, RECOVER, f"newest heartbeat {age:.0f} s old > hang timeout "
+                       f"{timeout:.0f} s and {','.join(silent)} not responding", silent, newest)
     suspects = _hang_suspects(obs, memory, job)
     where = (f"; suspect {','.join(suspects)} (its ranks reported no watchdog timeout)"
              if suspects else "; cannot attribute it to a node (no per-node evidence)")

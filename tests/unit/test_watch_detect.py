@@ -159,3 +159,12 @@ def test_an_array_task_is_matched_by_its_own_number_in_beats_and_journal():
     ended = Job(job_id="123_4", raw_job_id="127", name="t", state=JobState.FAILED, exit_code=86)
     finding = detect.detect_end(obs(ended, summary=summary), Memory())
     assert (finding.cause, finding.action) == ("no_requeue", "give_up")
+
+
+def test_stale_heartbeats_with_a_node_not_responding_blame_that_node():
+    nodes = {"n1": Node("n1", NodeState.ALLOCATED),
+             "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
+    finding = detect.detect_hang(obs(running(), beats=[beat("n1", T0 + 50)], nodes=nodes),
+                                 Memory(), WatchConfig(hang_timeout_s=30))
+    assert (finding.cause, finding.action, finding.nodes) == ("node_down", "recover", ("n2",))
+    assert "n2 not responding" in finding.evidence
