@@ -37,11 +37,19 @@ def step_dirname(step: int) -> str:
 
 
 def parse_step_dirname(name: str) -> int | None:
-    """The step of a committed checkpoint directory name, or None for anything else (incl. tmp)."""
-    if not name.startswith(STEP_PREFIX) or TMP_MARK in name:
+    """The step of a committed checkpoint directory name, or None for anything else (incl. tmp).
+
+    Only the canonical form :func:`step_dirname` writes is a step: ASCII digits, zero-padded to
+    ``STEP_DIGITS``, no extra leading zero (``step_5``, ``step_0000000005``, non-ASCII digits are
+    not), so every reader that lists a name finds the same directory by its step.
+    """
+    if not name.startswith(STEP_PREFIX):
         return None
     digits = name[len(STEP_PREFIX):]
-    return int(digits) if digits.isdigit() else None
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+        return None
+    step = int(digits)
+    return step if step_dirname(step) == name else None
 
 
 @dataclass(frozen=True)
@@ -87,13 +95,13 @@ class RunDir:
         return self.checkpoints / step_dirname(step)
 
     def committed_steps(self) -> list[int]:
-        """Steps of committed checkpoint directories, oldest first (unverified)."""
+        """Steps of committed checkpoint directories, oldest first (unverified; links ignored)."""
         if not self.checkpoints.is_dir():
             return []
         steps = []
         for entry in os.scandir(self.checkpoints):
             step = parse_step_dirname(entry.name)
-            if step is not None and entry.is_dir():
+            if step is not None and entry.is_dir(follow_symlinks=False):  # a link is no checkpoint
                 steps.append(step)
         return sorted(steps)
 

@@ -9,7 +9,9 @@ rank together. After each commit the coordinator applies retention and calls ``o
 
 ``load_latest`` tries committed checkpoints newest first; ranks share the checksum work, merge
 their findings so all agree, skip (and log) any checkpoint that fails, and load the first good one
-with DCP (resharding to the current world size). None left means a fresh start, logged.
+with DCP (resharding to the current world size). None left means a fresh start, logged. DCP's
+``.metadata`` (a pickle) is only ever unpickled through the allow-list of
+:mod:`slurmft.train.dcp_metadata`; one it refuses fails that checkpoint like a bad checksum.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from slurmft.rundir import RunDir
 from slurmft.train.ckpt_config import CheckpointConfig
+from slurmft.train.dcp_metadata import SafeMetadataReader, metadata_problem
 from slurmft.train.groups import CheckpointGroups
 from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
 from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
@@ -251,7 +253,8 @@ class CheckpointManager:
         try:
             committed, tmp_dirs = scan_checkpoint_dirs(self.run.root)
             plan = plan_prune(committed, step, tmp_dirs, self.config.retention())
-            for path in apply_prune(self.run.root, plan):
+            refused = lambda line: log.warning("retention: %s", line)  # noqa: E731
+            for path in apply_prune(self.run.root, plan, refused):
                 log.info("retention removed %s", path)
         except OSError as exc:
             log.error("retention after step %d failed: %s", step, exc)
@@ -281,7 +284,11 @@ class CheckpointManager:
                 report = verify_checkpoint(path, part=(groups.rank, groups.world_size))
             except ManifestVersionError as exc:
                 raise CheckpointError(str(exc)) from None
-            problems = groups.union(list(report.problems))
+            mine = list(report.problems)
+            if not mine:  # DCP's .metadata must unpickle through the allow-list (never freely)
+                refused = metadata_problem(path)
+                mine += [refused] if refused else []
+            problems = groups.union(mine)
             if problems:
                 if groups.is_coordinator:
                     for problem in problems:
@@ -303,7 +310,7 @@ class CheckpointManager:
         same_world = manifest.world_size == self._groups.world_size
         template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
         try:
-            dcp.load(template, storage_reader=FileSystemReader(path),
+            dcp.load(template, storage_reader=SafeMetadataReader(path),
                      planner=_PlainDataLoadPlanner(), process_group=self._groups.io,
                      no_dist=not self._groups.distributed)
             state.load_state_dict(template)

@@ -21,6 +21,8 @@ from typing import Callable
 
 import xxhash
 
+from slurmft.safeio import open_inside, open_regular
+
 HASH_ALGO = "xxh3_128"
 HASH_CHUNK = 1 << 20  # bytes per read when hashing a file: fits in a core's L2 cache
 VERIFY_THREADS = 4  # files hashed at once
@@ -44,12 +46,21 @@ class StreamHasher:
 
 
 def hash_file(path: str | os.PathLike[str], chunk: int = HASH_CHUNK,
-              on_bytes: Callable[[int], None] | None = None) -> str:
-    """Checksum of the file at ``path`` (same value :class:`StreamHasher` gives for its bytes)."""
+              on_bytes: Callable[[int], None] | None = None, *, dir_fd: int | None = None,
+              shown: str | os.PathLike[str] | None = None) -> str:
+    """Checksum of the file at ``path`` (same value :class:`StreamHasher` gives for its bytes).
+
+    Only a regular file is read, never through a symbolic link (:mod:`slurmft.safeio`); with
+    ``dir_fd``, ``path`` is relative to that directory and no component of it may be a link.
+    """
     hasher = StreamHasher()
     buf = bytearray(chunk)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
+    if dir_fd is None:
+        fd, _st = open_regular(path, shown=shown)
+    else:
+        fd, _st = open_inside(dir_fd, Path(path).as_posix(), shown or path)
+    with open(fd, "rb", buffering=0) as fh:
         _advise_sequential(fh.fileno())
         while True:
             n = fh.readinto(buf)
@@ -75,9 +86,11 @@ class _Cancelled(Exception):
 
 
 def hash_files(paths: list[Path], threads: int = VERIFY_THREADS,
-               on_bytes: Callable[[int], None] | None = None, chunk: int = HASH_CHUNK) -> list[str | OSError]:
+               on_bytes: Callable[[int], None] | None = None, chunk: int = HASH_CHUNK, *,
+               dir_fd: int | None = None, shown_root: Path | None = None) -> list[str | OSError]:
     """Checksums of ``paths``, hashed ``threads`` files at a time; an OSError in place of a digest
-    for a file that could not be read.
+    for a file that could not be read (or is a link or a special file: ``UnsafeFileError``).
+    With ``dir_fd``, ``paths`` are relative to that directory (shown below ``shown_root``).
 
     ``on_bytes(n)`` is called on the caller's thread only, as bytes are hashed (never concurrently).
     """
@@ -95,14 +108,15 @@ def hash_files(paths: list[Path], threads: int = VERIFY_THREADS,
 
     def one(path: Path) -> str | OSError:
         try:
-            return hash_file(path, chunk, on_bytes=report)
+            shown = shown_root / path if shown_root is not None else path
+            return hash_file(path, chunk, on_bytes=report, dir_fd=dir_fd, shown=shown)
         except OSError as exc:
             return exc
         finally:
             events.put(None)
 
     # Largest first, so the pool does not end on one big file alone.
-    order = sorted(range(len(paths)), key=lambda i: -_size_or_zero(paths[i]))
+    order = sorted(range(len(paths)), key=lambda i: -_size_or_zero(paths[i], dir_fd))
     with ThreadPoolExecutor(max_workers=min(threads, len(paths)),
                             thread_name_prefix="slurmft-verify") as pool:
         futures = {i: pool.submit(one, paths[i]) for i in order}
@@ -120,8 +134,8 @@ def hash_files(paths: list[Path], threads: int = VERIFY_THREADS,
     return [futures[i].result() for i in range(len(paths))]
 
 
-def _size_or_zero(path: Path) -> int:
+def _size_or_zero(path: Path, dir_fd: int | None) -> int:
     try:
-        return path.stat().st_size
+        return os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_size
     except OSError:
         return 0

@@ -5,8 +5,10 @@ the CLI that import torch). Both work in one process with no process group, from
 written by any number of ranks: DCP's ``.metadata`` records every tensor's global shape and the
 chunks each rank wrote, and ``dcp.load`` assembles full tensors from them.
 
-DCP's ``.metadata`` is a pickle. It is unpickled only after its checksum matched the manifest, so
-it is exactly the file the training job wrote.
+DCP's ``.metadata`` is a pickle written by the job's user, and this may run as root: it is read
+once (a regular file, no link followed), its bytes checked against the manifest, and unpickled
+only through the allow-list of :mod:`slurmft.train.dcp_metadata`; ``dcp.load`` reads it through
+the same allow-list (:class:`SafeMetadataReader`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from slurmft.rundir import fsync_dir
-from slurmft.train.manifest import DCP_METADATA_NAME, Manifest, hash_file
+from slurmft.train.checksum import StreamHasher
+from slurmft.train.dcp_metadata import (MetadataRefused, SafeMetadataReader, parse_dcp_metadata,
+                                        read_dcp_metadata_bytes)
+from slurmft.train.manifest import DCP_METADATA_NAME, Manifest
 from slurmft.train.state import MODEL
 
 
@@ -60,13 +64,19 @@ def read_dcp_metadata(ckpt_dir: Path, manifest: Manifest) -> Metadata:
     if entry is None:
         raise ExportError(f"{path}: not listed in the manifest")
     try:
-        size, digest = path.stat().st_size, hash_file(path)
+        data = read_dcp_metadata_bytes(ckpt_dir)
     except OSError as exc:
-        raise ExportError(f"{path}: unreadable ({exc.strerror})") from None
+        raise ExportError(str(exc) if exc.filename else f"{path}: unreadable ({exc.strerror})") from None
+    hasher = StreamHasher()
+    hasher.update(data)
+    size, digest = len(data), hasher.hexdigest()
     if size != entry.size or digest != entry.hash:
         raise ExportError(f"{path}: does not match the manifest (size {size}, checksum {digest}); "
                           f"run 'slurmft ckpt verify'")
-    return FileSystemReader(str(ckpt_dir)).read_metadata()
+    try:
+        return parse_dcp_metadata(data, path)
+    except MetadataRefused as exc:
+        raise ExportError(str(exc)) from None
 
 
 def describe_checkpoint(ckpt_dir: Path, manifest: Manifest) -> list[TensorInfo]:
@@ -102,7 +112,7 @@ def load_model_weights(ckpt_dir: Path, manifest: Manifest) -> dict[str, torch.Te
     try:
         with warnings.catch_warnings():  # "no process group: loading in a single process" is the point
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load({MODEL: template}, storage_reader=FileSystemReader(str(ckpt_dir)), no_dist=True)
+            dcp.load({MODEL: template}, storage_reader=SafeMetadataReader(str(ckpt_dir)), no_dist=True)
     except Exception as exc:  # DCP wraps reader failures in CheckpointException (an Exception)
         raise ExportError(f"{ckpt_dir}: loading the model tensors failed: {exc}") from None
     return template

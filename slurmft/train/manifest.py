@@ -7,18 +7,25 @@ The checksum itself, and reading files fast to compute it, live in :mod:`slurmft
 
 It never imports torch: the cluster side (``slurmft ckpt``, the watcher) uses it on login nodes.
 DCP's ``.metadata`` is a pickle; it is verified here by size and checksum only, never unpickled.
+
+The checkpoint is untrusted input (the job's user writes it; root and admins read it): every
+file is opened below a descriptor of the checkpoint directory without following any link, only
+regular files are read (:mod:`slurmft.safeio`), and a manifest is read only up to
+``MAX_MANIFEST_BYTES`` and parsed with a bounded depth. A link, FIFO or device is a finding.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from slurmft.rundir import TMP_MARK, RunDir, atomic_write_json, parse_step_dirname, step_dirname
+from slurmft.safeio import UnsafeFileError, kind_of, open_dir, open_inside, read_regular
+from slurmft.rundir import STEP_PREFIX, TMP_MARK, RunDir, atomic_write_json, parse_step_dirname, step_dirname
 from slurmft.train.checksum import HASH_ALGO, VERIFY_THREADS, hash_files
 from slurmft.train.checksum import StreamHasher as StreamHasher  # re-exported for writers
 from slurmft.train.checksum import hash_file as hash_file  # re-exported for export
@@ -26,6 +33,7 @@ from slurmft.train.checksum import hash_file as hash_file  # re-exported for exp
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 DCP_METADATA_NAME = ".metadata"
+MAX_MANIFEST_BYTES = 64 << 20  # ~400k file entries; anything larger is refused, not parsed
 
 ProgressFn = Callable[[int, int], None]
 
@@ -165,19 +173,48 @@ def _is_plain_relative(path: str) -> bool:
     return bool(path) and not path.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
-def read_manifest(ckpt_dir: str | os.PathLike[str]) -> Manifest:
-    """The manifest of ``ckpt_dir``; :class:`ManifestError` if missing, unreadable or malformed."""
+def parse_json_bounded(raw: bytes, where: str) -> Any:
+    """Parse untrusted JSON: ValueError naming ``where`` for bad bytes, too deep a nesting or a
+    number too long to convert (Python refuses integers of more than 4300 digits)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, integer string too long
+        raise ValueError(f"{where}: not valid JSON ({_one_line(str(exc))})") from None
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_manifest(ckpt_dir: str | os.PathLike[str], *, dir_fd: int | None = None) -> Manifest:
+    """The manifest of ``ckpt_dir``; :class:`ManifestError` if missing, unreadable or malformed.
+
+    Neither ``ckpt_dir`` nor its manifest may be a link; the manifest must be a regular file of
+    at most ``MAX_MANIFEST_BYTES``. With ``dir_fd`` (a descriptor of ``ckpt_dir``) it is read there.
+    """
     path = Path(ckpt_dir) / MANIFEST_NAME
     try:
-        raw = path.read_bytes()
+        if dir_fd is None:
+            fd = open_dir(ckpt_dir)
+            try:
+                raw = read_regular(MANIFEST_NAME, MAX_MANIFEST_BYTES, dir_fd=fd, shown=path)
+            finally:
+                os.close(fd)
+        else:
+            raw = read_regular(MANIFEST_NAME, MAX_MANIFEST_BYTES, dir_fd=dir_fd, shown=path)
     except FileNotFoundError:
         raise ManifestError(f"{path}: missing") from None
+    except UnsafeFileError as exc:
+        raise ManifestError(str(exc)) from None
     except OSError as exc:
         raise ManifestError(f"{path}: unreadable ({exc.strerror})") from None
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+        data = parse_json_bounded(raw, str(path))
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
     return Manifest.from_json(data, str(path))
 
 
@@ -210,14 +247,38 @@ class VerifyReport:
         return not self.problems
 
 
-def _files_on_disk(ckpt_dir: Path) -> set[str]:
-    found = set()
-    for dirpath, _dirs, names in os.walk(ckpt_dir):
-        rel = Path(dirpath).relative_to(ckpt_dir)
-        for name in names:
-            found.add((rel / name).as_posix())
-    found.discard(MANIFEST_NAME)
+def _files_on_disk(dir_fd: int, shown: Path, problems: list[str], rel: str = "", depth: int = 0) -> set[str]:
+    """Regular files below ``dir_fd`` (relative POSIX paths); anything else is a problem, not followed."""
+    found: set[str] = set()
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            name = f"{rel}{entry.name}"
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(mode):
+                found.add(name)
+            elif stat.S_ISDIR(mode) and depth < MAX_TREE_DEPTH:
+                try:
+                    sub = open_dir(entry.name, dir_fd=dir_fd, shown=shown / name)
+                except OSError as exc:
+                    problems.append(str(exc) if isinstance(exc, UnsafeFileError)
+                                    else f"{shown / name}: unreadable directory ({exc.strerror})")
+                    continue
+                try:
+                    found |= _files_on_disk(sub, shown, problems, f"{name}/", depth + 1)
+                finally:
+                    os.close(sub)
+            else:
+                what = "nested too deeply" if stat.S_ISDIR(mode) else f"{kind_of(mode)}, not a regular file"
+                problems.append(f"{shown / name}: {what}")
+    if not rel:
+        found.discard(MANIFEST_NAME)
     return found
+
+
+MAX_TREE_DEPTH = 16  # directory levels below a checkpoint (DCP writes none)
 
 
 def split_files(files: Iterable[FileEntry], parts: int) -> list[list[FileEntry]]:
@@ -247,7 +308,20 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | N
     if part is not None and not 0 <= part[0] < part[1]:
         raise ValueError(f"part must be (index, count) with 0 <= index < count, got {part}")
     try:
-        manifest = read_manifest(ckpt_dir)
+        dir_fd = open_dir(ckpt_dir)
+    except OSError as exc:
+        what = str(exc) if isinstance(exc, UnsafeFileError) else f"{ckpt_dir}: unreadable ({exc.strerror})"
+        return VerifyReport(ckpt_dir, None, (what,), 0)
+    try:
+        return _verify_open_dir(ckpt_dir, dir_fd, progress, part, threads)
+    finally:
+        os.close(dir_fd)
+
+
+def _verify_open_dir(ckpt_dir: Path, dir_fd: int, progress: ProgressFn | None,
+                     part: tuple[int, int] | None, threads: int) -> VerifyReport:
+    try:
+        manifest = read_manifest(ckpt_dir, dir_fd=dir_fd)
     except ManifestVersionError:
         raise
     except ManifestError as exc:
@@ -261,7 +335,9 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | N
     listed = {f.path for f in manifest.files}
     if DCP_METADATA_NAME not in listed:
         problems.append(f"{ckpt_dir / DCP_METADATA_NAME}: not listed in the manifest")
-    on_disk = _files_on_disk(ckpt_dir) if ckpt_dir.is_dir() else set()
+    strays: list[str] = []
+    on_disk = _files_on_disk(dir_fd, ckpt_dir, strays)
+    problems.extend(p for p in strays if p.split(": ", 1)[0] not in {str(ckpt_dir / x) for x in listed})
     for extra in sorted(on_disk - listed):
         problems.append(f"{ckpt_dir / extra}: extra file, not listed in the manifest")
     to_hash = {f.path for f in (split_files(manifest.files, part[1])[part[0]] if part else manifest.files)}
@@ -274,27 +350,33 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | N
         if progress is not None:
             progress(done, total)
 
-    # Presence and sizes first (cheap, every file); a file of ours that fails counts as checked.
+    # Presence, kind and size first (cheap, every file); a file of ours that fails counts as checked.
     found: dict[str, str] = {}  # entry path -> its problem
     hashable: list[FileEntry] = []
     for entry in manifest.files:
         path = ckpt_dir / entry.path
         try:
-            size = path.stat().st_size
+            fd, st = open_inside(dir_fd, entry.path, path)
+            os.close(fd)
+        except UnsafeFileError as exc:
+            found[entry.path] = f"{path}: {_what(entry)} is {exc.what}"
         except OSError as exc:
             missing = isinstance(exc, FileNotFoundError)
             found[entry.path] = f"{path}: {_what(entry)} {'missing' if missing else f'unreadable ({exc.strerror})'}"
         else:
-            if size == entry.size:
+            if st.st_size == entry.size:
                 if entry.path in to_hash:
                     hashable.append(entry)
                 continue
-            found[entry.path] = f"{path}: wrong size {size}, manifest says {entry.size}"
+            found[entry.path] = f"{path}: wrong size {st.st_size}, manifest says {entry.size}"
         if entry.path in to_hash:
             advance(entry.size)
-    digests = hash_files([ckpt_dir / e.path for e in hashable], threads, on_bytes=advance)
+    digests = hash_files([Path(e.path) for e in hashable], threads, on_bytes=advance, dir_fd=dir_fd,
+                         shown_root=ckpt_dir)
     for entry, digest in zip(hashable, digests):
-        if isinstance(digest, OSError):
+        if isinstance(digest, UnsafeFileError):
+            found[entry.path] = f"{ckpt_dir / entry.path}: {_what(entry)} is {digest.what}"
+        elif isinstance(digest, OSError):
             found[entry.path] = f"{ckpt_dir / entry.path}: {_what(entry)} unreadable ({digest.strerror})"
         elif digest != entry.hash:
             found[entry.path] = f"{ckpt_dir / entry.path}: wrong checksum {digest}, manifest says {entry.hash}"
@@ -342,13 +424,20 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
     """Committed and tmp checkpoint dirs of a run, by step (tmp after committed); no checksums read.
 
     A committed dir whose manifest cannot be read carries the error; a tmp dir usually has no
-    manifest yet, which is not an error for it.
+    manifest yet, which is not an error for it. Links and other non-directories are not listed
+    (see :func:`stray_entries`). Raises :class:`UnsafeFileError` when ``checkpoints`` is a link.
     """
     root = RunDir(Path(run_dir)).checkpoints
-    if not root.is_dir():
+    try:
+        root_fd = open_dir(root)
+    except FileNotFoundError:
         return []
+    try:
+        entries = list(os.scandir(root_fd))
+    finally:
+        os.close(root_fd)
     infos = []
-    for entry in os.scandir(root):
+    for entry in entries:
         if not entry.is_dir(follow_symlinks=False):
             continue
         step = parse_step_dirname(entry.name)
@@ -357,19 +446,46 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
             step = parse_tmp_dirname(entry.name)
         if step is None:
             continue
-        path = Path(entry.path)
+        path = root / entry.name
         manifest, error, newer = None, None, False
         try:
             manifest = read_manifest(path)
         except ManifestError as exc:
-            if committed or (path / MANIFEST_NAME).exists():
+            if committed or os.path.lexists(path / MANIFEST_NAME):
                 error, newer = str(exc), isinstance(exc, ManifestVersionError)
         if manifest is not None and manifest.step != step:
             error = f"{path}: manifest says step {manifest.step}, directory name says {step}"
         try:
-            mtime = entry.stat(follow_symlinks=False).st_mtime
+            mtime = os.stat(path, follow_symlinks=False).st_mtime
         except FileNotFoundError:
             continue
         infos.append(CheckpointInfo(path, step, committed, _dir_size(path), mtime, manifest, error, newer))
     infos.sort(key=lambda i: (i.step, not i.committed, i.name))
     return infos
+
+
+def stray_entries(run_dir: str | os.PathLike[str]) -> list[str]:
+    """One line per entry of ``<run_dir>/checkpoints`` that is no checkpoint and is therefore
+    ignored: a link, a special file, a checkpoint-like name that is not canonical."""
+    root = RunDir(Path(run_dir)).checkpoints
+    try:
+        root_fd = open_dir(root)
+    except FileNotFoundError:
+        return []
+    out = []
+    try:
+        with os.scandir(root_fd) as entries:
+            for entry in entries:
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except FileNotFoundError:
+                    continue
+                named = parse_step_dirname(entry.name) is not None or parse_tmp_dirname(entry.name) is not None
+                if named and not stat.S_ISDIR(mode):
+                    out.append(f"{root / entry.name}: {kind_of(mode)}, not a checkpoint directory; ignored")
+                elif not named and entry.name.startswith(STEP_PREFIX):
+                    out.append(f"{root / entry.name!s}: not a canonical checkpoint name "
+                               f"({step_dirname(0)}-style ASCII digits); ignored")
+    finally:
+        os.close(root_fd)
+    return sorted(out)

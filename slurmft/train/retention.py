@@ -15,18 +15,26 @@ commit) and ``slurmft ckpt prune``. The rules:
 Deleting a committed checkpoint first renames it to a tmp name (atomic), then removes the tree, so
 a kill half-way leaves an abandoned tmp dir for the next pass, never a half-deleted ``step_N``
 that looks committed. No torch here.
+
+Root runs retention over users' run directories, so deletion never leaves the run's own
+``checkpoints/``: that directory is opened once without following a link (a ``checkpoints``
+that is a link is refused), every rename and removal is made relative to that descriptor, only
+real directories are deleted (a link named like a checkpoint is reported and left alone), and
+the tree removal itself never follows a link (``shutil.rmtree`` with ``dir_fd``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
-from slurmft.rundir import RunDir, fsync_dir, step_dirname
+from slurmft.rundir import RunDir, parse_step_dirname, step_dirname
+from slurmft.safeio import kind_of, open_dir
 from slurmft.train.manifest import parse_tmp_dirname, tmp_dirname
 
 
@@ -95,45 +103,88 @@ def plan_prune(
 
 
 def scan_checkpoint_dirs(run_dir: str | os.PathLike[str]) -> tuple[list[int], list[str]]:
-    """Committed steps (oldest first) and tmp dir names under ``<run_dir>/checkpoints``."""
-    rd = RunDir(Path(run_dir))
-    if not rd.checkpoints.is_dir():
+    """Committed steps (oldest first) and tmp dir names under ``<run_dir>/checkpoints``: real
+    directories only. Raises :class:`slurmft.safeio.UnsafeFileError` when ``checkpoints`` is a link."""
+    root = RunDir(Path(run_dir)).checkpoints
+    try:
+        root_fd = open_dir(root)
+    except FileNotFoundError:
         return [], []
-    tmp = sorted(e.name for e in os.scandir(rd.checkpoints)
-                 if e.is_dir(follow_symlinks=False) and parse_tmp_dirname(e.name) is not None)
-    return rd.committed_steps(), tmp
+    steps, tmp = [], []
+    try:
+        with os.scandir(root_fd) as entries:
+            for entry in entries:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                step = parse_step_dirname(entry.name)
+                if step is not None:
+                    steps.append(step)
+                elif parse_tmp_dirname(entry.name) is not None:
+                    tmp.append(entry.name)
+    finally:
+        os.close(root_fd)
+    return sorted(steps), sorted(tmp)
 
 
-def apply_prune(run_dir: str | os.PathLike[str], plan: PrunePlan) -> list[Path]:
+def apply_prune(run_dir: str | os.PathLike[str], plan: PrunePlan,
+                refused: Callable[[str], None] | None = None) -> list[Path]:
     """Delete what ``plan`` names under ``<run_dir>/checkpoints``; returns the paths removed.
 
-    A directory that is already gone (another pruner got there first) is skipped silently.
+    A directory that is already gone (another pruner got there first) is skipped silently. An
+    entry that is not a real directory, or that cannot be removed, is left alone and reported to
+    ``refused`` (one line naming it); the rest of the plan still runs. Raises
+    :class:`slurmft.safeio.UnsafeFileError` (deleting nothing) when ``checkpoints`` is a link.
     """
     root = RunDir(Path(run_dir)).checkpoints
+    say = refused or (lambda _line: None)
+    root_fd = open_dir(root)
     removed: list[Path] = []
-    for step in plan.delete_steps:
-        src = root / step_dirname(step)
-        doomed = root / tmp_dirname(step, f"pruned-{uuid.uuid4().hex[:12]}")
-        try:
-            os.rename(src, doomed)
-        except FileNotFoundError:
-            continue
-        fsync_dir(root)
-        _rmtree(doomed)
-        removed.append(src)
-    for name in plan.delete_tmp_dirs:
-        path = root / name
-        if path.is_dir():
-            _rmtree(path)
-            removed.append(path)
+    try:
+        for step in plan.delete_steps:
+            name = step_dirname(step)
+            if not _is_real_dir(root_fd, root, name, say):
+                continue
+            doomed = tmp_dirname(step, f"pruned-{uuid.uuid4().hex[:12]}")
+            try:
+                os.rename(name, doomed, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                say(f"{root / name}: not deleted ({exc.strerror})")
+                continue
+            os.fsync(root_fd)
+            if _rmtree(root_fd, root, doomed, say):
+                removed.append(root / name)
+        for name in plan.delete_tmp_dirs:
+            if _is_real_dir(root_fd, root, name, say) and _rmtree(root_fd, root, name, say):
+                removed.append(root / name)
+    finally:
+        os.close(root_fd)
     return removed
 
 
-def _rmtree(path: Path) -> None:
-    """Remove a tree; entries vanishing underneath are fine, any other error propagates."""
+def _is_real_dir(root_fd: int, root: Path, name: str, say: Callable[[str], None]) -> bool:
+    try:
+        mode = os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(mode):
+        return True
+    say(f"{root / name}: {kind_of(mode)}, not a checkpoint directory; not deleted")
+    return False
+
+
+def _rmtree(root_fd: int, root: Path, name: str, say: Callable[[str], None]) -> bool:
+    """Remove the tree ``name`` below ``root_fd`` without following links; entries vanishing
+    underneath are fine, any other failure is reported and the tree left for the next pass."""
 
     def onerror(_func, _path, exc_info) -> None:  # type: ignore[no-untyped-def]
         if not issubclass(exc_info[0], FileNotFoundError):
             raise exc_info[1]
 
-    shutil.rmtree(path, onerror=onerror)
+    try:
+        shutil.rmtree(name, onerror=onerror, dir_fd=root_fd)
+    except OSError as exc:
+        say(f"{root / name}: not (fully) deleted ({exc.strerror or exc})")
+        return False
+    return True

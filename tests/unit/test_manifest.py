@@ -10,6 +10,7 @@ import time
 import pytest
 
 from slurmft.rundir import RunDir, step_dirname
+from slurmft.safeio import UnsafeFileError
 from slurmft.train.manifest import (
     DCP_METADATA_NAME,
     FORMAT_VERSION,
@@ -221,7 +222,8 @@ def test_hash_files_matches_hash_file_and_reports_unreadable(tmp_path):
     paths.append(tmp_path)  # a directory: unreadable as a file
     got = hash_files(paths, threads=3)
     assert got[:5] == [hash_file(p) for p in paths[:5]]
-    assert isinstance(got[5], FileNotFoundError) and isinstance(got[6], IsADirectoryError)
+    assert isinstance(got[5], FileNotFoundError)
+    assert isinstance(got[6], UnsafeFileError) and "a directory" in str(got[6])  # never read as a file
     assert hash_files([]) == []
     with pytest.raises(ValueError, match="threads must be >= 1"):
         hash_files(paths, threads=0)
