@@ -103,6 +103,8 @@ def read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not UTF-8 text") from None
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
 
@@ -255,8 +257,11 @@ def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
             return value
         raise ConfigError(f"{where} must be a string, got {value!r}")
     if hint is Path:
-        if isinstance(value, (str, Path)):
+        # "" would be Path("."): the working directory, which is never what a setting means.
+        if isinstance(value, (str, Path)) and str(value).strip() and "\0" not in str(value):
             return Path(value)
+        if isinstance(value, (str, Path)):
+            raise ConfigError(f"{where} must be a non-empty path without NUL bytes, got {str(value)!r}")
         raise ConfigError(f"{where} must be a path string, got {value!r}")
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):

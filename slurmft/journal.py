@@ -7,6 +7,11 @@ one host never interleave bytes inside a line and an event that was reported wri
 crash. A reader skips a line it cannot parse (a torn tail after a crash on a filesystem that
 does not honour O_APPEND atomically) and says so once, instead of failing the whole read.
 
+The journal sits in the user's run directory, so the reader treats it as untrusted: it is
+opened without following a link and only as a regular file (a FIFO must not stall the
+template's ``outcome`` or ``append``), at most ``MAX_READ_BYTES`` of its end are read, a line
+longer than ``MAX_LINE_BYTES`` or one that is not JSON of bounded depth is skipped like a torn one.
+
 ``python -m slurmft.journal`` exposes the two operations the bash sbatch template needs
 (``append`` and ``outcome``). Torch-free.
 """
@@ -14,10 +19,12 @@ does not honour O_APPEND atomically) and says so once, instead of failing the wh
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import re
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -25,12 +32,15 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from slurmft.rundir import RunDir
+from slurmft.safeio import UnsafeFileError, open_regular
 
 log = logging.getLogger(__name__)
 
 JOURNAL_VERSION = 1
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_.]{0,63}$")
 _RESERVED = frozenset({"v", "t", "kind"})
+MAX_READ_BYTES = 256 << 20  # a longer journal is read from its last 256 MiB (segment ends are last)
+MAX_LINE_BYTES = 1 << 20
 
 
 class JournalError(ValueError):
@@ -99,7 +109,7 @@ def append_event(path: Path, kind: str, /, **fields: Any) -> None:
     data = encode_event(kind, fields)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = open_for_append(path)
     try:
         written = os.write(fd, data)
         if written != len(data):
@@ -107,6 +117,22 @@ def append_event(path: Path, kind: str, /, **fields: Any) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def open_for_append(path: Path) -> int:
+    """An O_APPEND descriptor of the journal: created if missing, never through a link, and only a
+    regular file (opened non-blocking, so a FIFO put there fails at once instead of blocking)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise UnsafeFileError(path, "a symbolic link or a special file, not written") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeFileError(path, "not a regular file, not written")
+    return fd
 
 
 class Journal:
@@ -132,10 +158,13 @@ class Journal:
 
 
 def parse_line(line: str) -> Event | None:
-    """One line -> Event, or None when it is not a journal event this version understands."""
+    """One line -> Event, or None when it is not a journal event this version understands
+    (anything unparseable: too long, not JSON, nested too deeply, a number too long to convert)."""
+    if len(line) > MAX_LINE_BYTES:
+        return None
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(record, dict):
         return None
@@ -152,8 +181,7 @@ def read_events(path: Path, kinds: Iterable[str] | None = None) -> list[Event]:
     """Every event in file order (optionally only ``kinds``); [] when the journal does not exist."""
     wanted = None if kinds is None else frozenset(kinds)
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().splitlines()
+        lines = _read_tail(Path(path)).decode("utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return []
     events, skipped = [], 0
@@ -170,6 +198,30 @@ def read_events(path: Path, kinds: Iterable[str] | None = None) -> list[Event]:
         log.warning("%s: skipped %d line(s) that are not journal events of version <= %d",
                     path, skipped, JOURNAL_VERSION)
     return events
+
+
+def _read_tail(path: Path) -> bytes:
+    """The journal's bytes (its last ``MAX_READ_BYTES``, from a line start): a regular file only,
+    no link followed (``UnsafeFileError`` otherwise)."""
+    fd, st = open_regular(path)
+    try:
+        start = max(0, st.st_size - MAX_READ_BYTES)
+        if start:
+            os.lseek(fd, start, os.SEEK_SET)
+        chunks, left = [], MAX_READ_BYTES
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if start:
+        log.warning("%s: larger than %d bytes; only its end is read", path, MAX_READ_BYTES)
+        data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+    return data
 
 
 def segment_outcome(events: Iterable[Event], job_id: str, restart_count: int) -> Event | None:

@@ -133,3 +133,46 @@ def is_real_dir(path: Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def check_private_dir(path: str | os.PathLike[str]) -> None:
+    """Refuse (``UnsafeFileError``) a directory that someone other than us or root could change.
+
+    For root's locks and state: ``path`` must be absolute and free of links (it is its own real
+    path), owned by us (or root), and writable by nobody else; every directory above it must be
+    owned by root or us and writable by others only if sticky (``/tmp``). Then nobody else can
+    create, replace or link a file inside it.
+    """
+    path = Path(path)
+    if not path.is_absolute():
+        raise UnsafeFileError(path, "must be an absolute path")
+    real = Path(os.path.realpath(path))
+    if real != Path(os.path.normpath(path)):
+        raise UnsafeFileError(path, f"contains a symbolic link (resolves to {real}); name the real path")
+    me = os.geteuid()
+    ancestors = [real, *real.parents]
+    for i, directory in enumerate(ancestors):
+        st = os.lstat(directory)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeFileError(directory, f"{kind_of(st.st_mode)}, not a directory")
+        if st.st_uid not in (0, me):
+            raise UnsafeFileError(directory, f"owned by uid {st.st_uid}, neither root nor uid {me}")
+        others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if others_write and (i == 0 or not st.st_mode & stat.S_ISVTX):
+            raise UnsafeFileError(directory, f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def open_lock_file(path: str | os.PathLike[str]) -> int:
+    """Open (creating) a lock file in a private directory: no link followed, a regular file of ours."""
+    path = Path(path)
+    check_private_dir(path.parent)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise _refusal(path, str(path), None, exc) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise UnsafeFileError(path, f"{kind_of(st.st_mode)} owned by uid {st.st_uid}, not our lock file")
+    return fd

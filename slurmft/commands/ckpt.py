@@ -11,8 +11,15 @@ checkpoint until it has been renamed. Exit codes:
   0  done; every checkpoint checked is intact
   1  a checkpoint failed verification (each problem printed, one line per file)
   2  bad input: not a run directory, no such checkpoint, a tmp dir, an unreadable manifest, a bad
-     ``[checkpoint]`` setting; or a manifest written by a newer slurmft (upgrade slurmft): such a
+     ``[checkpoint]`` setting, a ``checkpoints`` that is a link, a ``.metadata`` the allow-list
+     unpickler refuses, an entry ``prune`` refused to delete (a link named like a checkpoint),
+     any file system error; or a manifest written by a newer slurmft (upgrade slurmft): such a
      checkpoint is not called corrupt, and ``prune`` deletes nothing while one is present
+
+The run directory is untrusted input (its owner writes it; root may run these): no link is
+followed below it, only regular files are read, and DCP's ``.metadata`` is unpickled only through
+an allow-list (``docs/security.md``). Entries of ``checkpoints/`` that are no checkpoint (a link,
+a special file, a non-canonical step name) are named on stderr and ignored.
 
 ``prune`` applies the retention policy of the ``[checkpoint]`` section that the training job reads
 (slurmft.toml, ``SLURMFT_CHECKPOINT_*``); its flags override single settings.
@@ -20,20 +27,22 @@ checkpoint until it has been renamed. Exit codes:
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Any, Callable, NoReturn, Optional, TypeVar
 
 import typer
 
 from slurmft.config import ConfigError, find_config_file
 from slurmft.rundir import STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
+from slurmft.safeio import is_real_dir
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.manifest import (MANIFEST_NAME, CheckpointInfo, Manifest, ManifestError, ManifestVersionError,
                                     VerifyReport, list_checkpoints, parse_tmp_dirname, read_manifest,
-                                    verify_checkpoint)
+                                    stray_entries, verify_checkpoint)
 from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
 
 EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2
@@ -53,6 +62,32 @@ RunDirArg = typer.Argument(..., help="The run directory (the one holding checkpo
 def _fail(message: str) -> NoReturn:
     print(f"slurmft ckpt: {message}", file=sys.stderr)
     raise typer.Exit(EXIT_USAGE)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def bad_input_is_usage(command: F) -> F:
+    """Exit 2 with one line for what bad input raises (a file system error on a path the user
+    named or wrote, an over-long name, a nesting too deep): never a traceback with exit 1, which
+    means "a checkpoint failed verification"."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            _fail(f"{where}{exc.strerror or exc}")
+        except (RecursionError, ValueError) as exc:
+            _fail(f"bad input: {' '.join(str(exc).split())[:300]}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _warn_strays(run: RunDir) -> None:
+    for line in stray_entries(run.root):
+        print(f"slurmft ckpt: {line}", file=sys.stderr)
 
 
 def _human_bytes(n: int) -> str:
@@ -79,8 +114,12 @@ def _human_age(seconds: float) -> str:
 
 def open_run_dir(path: Path) -> RunDir:
     """The run directory at ``path``, or a one-line error saying what ``path`` is instead."""
-    if not path.exists():
+    try:
+        path.stat()
+    except FileNotFoundError:
         _fail(f"{path}: no such directory")
+    except OSError as exc:
+        _fail(f"{path}: {exc.strerror}")
     if not path.is_dir():
         _fail(f"{path}: not a directory")
     name = path.name
@@ -88,7 +127,10 @@ def open_run_dir(path: Path) -> RunDir:
             or parse_tmp_dirname(name) is not None:
         _fail(f"{path} is a checkpoint directory; pass its run directory ({path.parent.parent})")
     run = RunDir(path)
-    if not run.checkpoints.is_dir():
+    if run.checkpoints.is_symlink():
+        _fail(f"{run.checkpoints}: a symbolic link; a run's checkpoints must be a real directory inside it "
+              f"(not followed)")
+    if not is_real_dir(run.checkpoints):
         _fail(f"{path} is not a slurmft run directory (no {run.checkpoints.name}/ inside)")
     return run
 
@@ -100,13 +142,15 @@ def resolve_checkpoint(run: RunDir, selector: str) -> Path:
     if tmp_step is not None:
         _fail(f"{name} is an in-flight or abandoned checkpoint (a .tmp- directory), never loaded; "
               f"name a committed step (see 'slurmft ckpt ls')")
-    if name.isdigit():
+    if name.isascii() and name.isdigit() and len(name) <= 20:
         step = int(name)
     else:
         step = parse_step_dirname(name)
         if step is None:
             _fail(f"{selector!r} is not a step number or a {STEP_PREFIX}N directory name")
     path = run.checkpoint(step)
+    if path.is_symlink():
+        _fail(f"{path}: a symbolic link, not a checkpoint directory (not followed)")
     if path.is_dir():
         return path
     pending = sorted(p.name for p in run.checkpoints.glob(f"{step_dirname(step)}.tmp-*"))
@@ -139,6 +183,7 @@ def _info_json(info: CheckpointInfo, now: float) -> dict:
 
 
 @app.command("ls")
+@bad_input_is_usage
 def ls(
     run_dir: Path = RunDirArg,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -146,6 +191,7 @@ def ls(
     """List committed and in-flight/abandoned checkpoints (manifests read, checksums not)."""
     run = open_run_dir(run_dir)
     infos = list_checkpoints(run.root)
+    _warn_strays(run)
     now = time.time()
     if as_json:
         print(json.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now) for i in infos]},
@@ -213,6 +259,7 @@ def verify_with_progress(ckpt_dir: Path, *, quiet: bool = False) -> VerifyReport
 
 
 @app.command("verify")
+@bad_input_is_usage
 def verify(
     run_dir: Path = RunDirArg,
     step: Optional[str] = typer.Argument(None, help="Step or step_N directory (default: the newest).",
@@ -222,6 +269,7 @@ def verify(
 ) -> None:
     """Recompute every file's checksum against the manifest; exit 1 naming each problem."""
     run = open_run_dir(run_dir)
+    _warn_strays(run)
     if all_ and step is not None:
         _fail("give a STEP or --all, not both")
     if step is not None:
@@ -291,6 +339,7 @@ def _describe_policy(policy: RetentionPolicy) -> str:
 
 
 @app.command("prune")
+@bad_input_is_usage
 def prune(
     run_dir: Path = RunDirArg,
     keep_last: Optional[int] = typer.Option(None, "--keep-last", show_default=False,
@@ -311,6 +360,7 @@ def prune(
     verification, newest first. Nothing is deleted while a checkpoint from a newer slurmft is present.
     """
     run = open_run_dir(run_dir)
+    _warn_strays(run)
     policy, source = retention_policy(config, keep_last, keep_every, milestones)
     _fail_if_newer_format(list_checkpoints(run.root), "; nothing pruned")
     print(f"retention: {_describe_policy(policy)} (config file: {source or 'none'})")
@@ -334,14 +384,18 @@ def prune(
     elif dry_run:
         print("dry run: nothing deleted")
     else:
-        removed = apply_prune(run.root, plan)
+        refused: list[str] = []
+        removed = apply_prune(run.root, plan, refused.append)
         print(f"deleted {len(removed)} director{'y' if len(removed) == 1 else 'ies'}")
+        if refused:
+            _fail("; ".join(refused))
 
 
 # ----------------------------------------------------------------------------- inspect
 
 
 @app.command("inspect")
+@bad_input_is_usage
 def inspect(
     run_dir: Path = RunDirArg,
     step: str = typer.Argument(..., help="Step or step_N directory.", show_default=False),
@@ -405,6 +459,7 @@ def _describe_tensors(path: Path, manifest: Manifest):  # -> list[TensorInfo]
 
 
 @app.command("export")
+@bad_input_is_usage
 def export(
     run_dir: Path = RunDirArg,
     step: str = typer.Argument(..., help="Step or step_N directory.", show_default=False),

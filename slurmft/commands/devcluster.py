@@ -1,12 +1,15 @@
 """``slurmft devcluster up|down|status|env``: a throwaway real Slurm cluster on this machine.
 
-``up`` prints only ``export ...`` lines on stdout (so ``eval "$(slurmft devcluster up)"`` works)
-and its progress on stderr. Every failure is one line on stderr (plus a daemon's log tail when a
+``up`` prints only ``export ...`` lines on stdout (so ``eval "$(slurmft devcluster up)"`` works),
+every value quoted for the shell, and refuses a ``--dir`` holding shell metacharacters (exit 2);
+its progress goes to stderr. Every failure is one line on stderr (plus a daemon's log tail when a
 daemon failed) and exit status 1.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -30,6 +33,23 @@ app = typer.Typer(help="A throwaway real Slurm cluster (munge, slurmdbd, slurmct
 T = TypeVar("T")
 
 DirOption = typer.Option(DEFAULT_DIR, "--dir", "-d", help="Directory holding the cluster.")
+_PLAIN_PATH = re.compile(r"^[A-Za-z0-9._/+@%:,=-]+$")  # nothing a shell would interpret
+
+
+def shell_exports(env: dict[str, str]) -> str:
+    """``export K=V`` lines for ``eval``: every value quoted (shlex.quote), keys checked."""
+    for key in env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"not an environment variable name: {key!r}")
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
+
+
+def plain_dir(value: Path) -> Path:
+    """``--dir``: its path goes into exports and config files, so only plain characters."""
+    if not _PLAIN_PATH.match(str(value)):
+        raise typer.BadParameter(f"{str(value)!r}: use only letters, digits and ._/+@%:,=- "
+                                 f"(the path is written into shell exports and Slurm's config)")
+    return value
 
 
 def _guard(action: Callable[[], T]) -> T:
@@ -44,7 +64,8 @@ def _guard(action: Callable[[], T]) -> T:
 def up(
     nodes: int = typer.Option(DEFAULT_NODES, "--nodes", "-n",
                               help=f"Number of nodes n1..nN (1-{MAX_NODES})."),
-    dir: Path = DirOption,
+    dir: Path = typer.Option(DEFAULT_DIR, "--dir", "-d", help="Directory holding the cluster.",
+                             callback=plain_dir),
     port_base: Optional[int] = typer.Option(
         None, "--port-base", help="First of the N+4 consecutive ports to use (default: a free "
                                   "block chosen at random)."),
@@ -67,7 +88,7 @@ def up(
     typer.echo(f"devcluster {cluster.cluster_name} up: Slurm {version}, nodes "
                f"{','.join(cluster.node_names)}, in {time.monotonic() - started:.1f} s "
                f"(stop it with: slurmft devcluster down --dir {cluster.dir})", err=True)
-    sys.stdout.write(cluster.exports())
+    sys.stdout.write(shell_exports(cluster.env))
 
 
 @app.command()
@@ -89,7 +110,7 @@ def down(dir: Path = DirOption) -> None:
 @app.command()
 def env(dir: Path = DirOption) -> None:
     """Print the exports for the running cluster again."""
-    sys.stdout.write(_guard(lambda: DevCluster.attach(dir)).exports())
+    sys.stdout.write(shell_exports(_guard(lambda: DevCluster.attach(dir)).env))
 
 
 @app.command()

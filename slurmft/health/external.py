@@ -1,6 +1,11 @@
 """External checks: any command from the config (argv list, timeout). Exit 0 passes; any other
 exit fails with the first line of its output as the detail (and so as the drain reason). This is
 how a site plugs in its NHC scripts, and how tests make a node fail.
+
+A check's output is bounded (:data:`slurmft.health.proc.MAX_OUTPUT_BYTES`: one that prints more
+is killed and fails), its children are killed with it (its process group), and its own
+``timeout_s`` holds even when a child keeps the output pipe open. The detail is one line of at
+most ``MAX_DETAIL_CHARS`` characters.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from slurmft.health.facts import Facts
 from slurmft.health.result import CheckResult
 
 PREFIX = "external_"
+MAX_DETAIL_CHARS = 200
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,40}$")
 
 
@@ -64,8 +70,11 @@ def run_external(check: ExternalCheck) -> proc.ProcResult:
 
 def check_external(check: ExternalCheck, facts: Facts) -> CheckResult:
     res: proc.ProcResult = facts.need(check.check_name)
-    lines = [ln.strip() for ln in res.output.splitlines() if ln.strip()]
-    first = lines[0] if lines else ""
+    first = next((ln.strip() for ln in res.output.splitlines() if ln.strip()), "")
+    if len(first) > MAX_DETAIL_CHARS:
+        first = first[:MAX_DETAIL_CHARS] + "..."
+    if res.overflowed:
+        return CheckResult.fail(check.check_name, f"printed more than {proc.MAX_OUTPUT_BYTES} bytes; killed")
     if res.timed_out:
         return CheckResult.fail(check.check_name, f"timed out after {check.timeout_s:g} s")
     if res.returncode != 0:

@@ -1,6 +1,9 @@
 """One sweep at a time per node name: a non-blocking ``flock`` on ``<state_dir>/sweep-<node>.lock``.
 
 The lock dies with the process (the kernel drops it), so a killed sweep never leaves a stale lock.
+The sweep runs as root: its state directory must be one nobody else can write (checked, see
+:func:`slurmft.safeio.check_private_dir`), and the lock file is opened without following a link,
+so no user can make root create or truncate a file elsewhere, or hold root's lock.
 ``bin/slurmft-sweep-cron`` adds its own ``flock(1)`` around the whole run; this lock also keeps
 Slurm's HealthCheckProgram and cron from overlapping.
 """
@@ -11,6 +14,8 @@ import fcntl
 import os
 from pathlib import Path
 from types import TracebackType
+
+from slurmft.safeio import open_lock_file
 
 
 class LockHeld(RuntimeError):
@@ -23,8 +28,8 @@ class SweepLock:
         self._fd: int | None = None
 
     def __enter__(self) -> "SweepLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = open_lock_file(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
