@@ -285,8 +285,8 @@ class CheckpointManager:
             except ManifestVersionError as exc:
                 raise CheckpointError(str(exc)) from None
             mine = list(report.problems)
-            if not mine:  # DCP's .metadata must unpickle through the allow-list (never freely)
-                refused = metadata_problem(path)
+            if not mine and groups.is_coordinator:  # DCP's .metadata must unpickle through the
+                refused = metadata_problem(path)    # allow-list (structure too), never freely
                 mine += [refused] if refused else []
             problems = groups.union(mine)
             if problems:

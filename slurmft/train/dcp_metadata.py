@@ -4,8 +4,9 @@ DCP stores a checkpoint's metadata as a pickle, and its ``FileSystemReader.read_
 plain ``pickle.load``: a ``.metadata`` written by the job's user would run any code in whoever
 loads it (root's ``slurmft ckpt export``, the next job). The manifest's checksum does not help,
 since the manifest sits in the same user-writable directory. Here the pickle may name only the
-types DCP's metadata is made of (listed in ``ALLOWED``; each is a plain record whose
-construction runs no user-chosen code) and every other global is refused with an error naming
+types DCP's metadata is made of (:data:`slurmft.train.pickle_scan.ALLOWED`, the table the
+torch-free verification uses too; each is a plain record whose construction runs no user-chosen
+code) and every other global is refused with an error naming
 the file and the global. The file itself is read like every run-dir file: a regular file, no
 link followed, at most ``MAX_METADATA_BYTES``.
 
@@ -28,21 +29,8 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadat
                                                    TensorStorageMetadata)
 
 from slurmft.safeio import open_dir, read_regular
-from slurmft.train.manifest import DCP_METADATA_NAME
-
-MAX_METADATA_BYTES = 1 << 30
-
-_DCP_METADATA = "torch.distributed.checkpoint.metadata"
-ALLOWED: dict[str, frozenset[str]] = {
-    _DCP_METADATA: frozenset({"Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
-                              "ChunkStorageMetadata", "TensorProperties", "MetadataIndex", "StorageMeta",
-                              "_MEM_FORMAT_ENCODING"}),
-    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
-    "torch.serialization": frozenset({"_get_layout"}),  # layout name -> torch.layout, a table look-up
-    "torch": frozenset({"Size"}),  # and every torch.dtype, checked below
-    "pathlib": frozenset({"PosixPath", "PurePosixPath"}),  # a checkpoint_id given as a Path
-}
-
+from slurmft.train.manifest import DCP_METADATA_NAME, MAX_METADATA_BYTES
+from slurmft.train.pickle_scan import global_allowed
 
 class MetadataRefused(ValueError):
     """``.metadata`` is not a DCP metadata pickle of allowed types; the message names the file."""
@@ -67,10 +55,10 @@ class _AllowListUnpickler(pickle._Unpickler):
     dispatch[pickle.BUILD[0]] = _guarded_build
 
     def find_class(self, module: str, name: str) -> Any:
-        if name in ALLOWED.get(module, ()):
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
+        if global_allowed(module, name):
+            found = super().find_class(module, name)
+            if module != "torch" or name == "Size" or isinstance(found, torch.dtype):
+                return found
         raise MetadataRefused(f"{self._shown}: refused to unpickle {module}.{name}: not a DCP metadata type")
 
     def persistent_load(self, pid: Any) -> Any:

@@ -6,7 +6,8 @@ the torch-free checks built on them: :func:`verify_checkpoint` and :func:`list_c
 The checksum itself, and reading files fast to compute it, live in :mod:`slurmft.train.checksum`.
 
 It never imports torch: the cluster side (``slurmft ckpt``, the watcher) uses it on login nodes.
-DCP's ``.metadata`` is a pickle; it is verified here by size and checksum only, never unpickled.
+DCP's ``.metadata`` is a pickle; it is verified here by size, checksum and the globals it names
+(:mod:`slurmft.train.pickle_scan`: only DCP's metadata types), never unpickled.
 
 The checkpoint is untrusted input (the job's user writes it; root and admins read it): every
 file is opened below a descriptor of the checkpoint directory without following any link, only
@@ -26,6 +27,7 @@ from typing import Any, Callable, Iterable
 
 from slurmft.safeio import UnsafeFileError, kind_of, open_dir, open_inside, read_regular
 from slurmft.rundir import STEP_PREFIX, TMP_MARK, RunDir, atomic_write_json, parse_step_dirname, step_dirname
+from slurmft.train.pickle_scan import metadata_pickle_problem
 from slurmft.train.checksum import HASH_ALGO, VERIFY_THREADS, hash_files
 from slurmft.train.checksum import StreamHasher as StreamHasher  # re-exported for writers
 from slurmft.train.checksum import hash_file as hash_file  # re-exported for export
@@ -34,6 +36,7 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 DCP_METADATA_NAME = ".metadata"
 MAX_MANIFEST_BYTES = 64 << 20  # ~400k file entries; anything larger is refused, not parsed
+MAX_METADATA_BYTES = 1 << 30  # DCP's .metadata: ~1.5 M tensors
 
 ProgressFn = Callable[[int, int], None]
 
@@ -380,8 +383,21 @@ def _verify_open_dir(ckpt_dir: Path, dir_fd: int, progress: ProgressFn | None,
             found[entry.path] = f"{ckpt_dir / entry.path}: {_what(entry)} unreadable ({digest.strerror})"
         elif digest != entry.hash:
             found[entry.path] = f"{ckpt_dir / entry.path}: wrong checksum {digest}, manifest says {entry.hash}"
+    if DCP_METADATA_NAME in to_hash and DCP_METADATA_NAME not in found:
+        refused = _metadata_pickle_problem(dir_fd, ckpt_dir / DCP_METADATA_NAME)
+        if refused:
+            found[DCP_METADATA_NAME] = refused
     problems.extend(found[e.path] for e in manifest.files if e.path in found)
     return VerifyReport(ckpt_dir, manifest, tuple(problems), done)
+
+
+def _metadata_pickle_problem(dir_fd: int, shown: Path) -> str | None:
+    """DCP's ``.metadata`` must name only DCP's metadata types (checked without unpickling)."""
+    try:
+        data = read_regular(DCP_METADATA_NAME, MAX_METADATA_BYTES, dir_fd=dir_fd, shown=shown)
+    except OSError as exc:
+        return str(exc) if isinstance(exc, UnsafeFileError) else f"{shown}: unreadable ({exc.strerror})"
+    return metadata_pickle_problem(data, str(shown))
 
 
 def _what(entry: FileEntry) -> str:

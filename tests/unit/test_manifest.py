@@ -2,6 +2,7 @@
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -33,7 +34,7 @@ from slurmft.train.manifest import (
 def make_checkpoint(ckpt_dir, step, files=None):
     """A checkpoint dir with the given files (name -> bytes), a .metadata, and a manifest."""
     files = dict(files or {"__0_0.distcp": b"a" * 1000, "__1_0.distcp": os.urandom(3000)})
-    files.setdefault(DCP_METADATA_NAME, b"\x80\x04fake-metadata")
+    files.setdefault(DCP_METADATA_NAME, pickle.dumps({"stands in for": "DCP metadata"}))  # names no global
     ckpt_dir.mkdir(parents=True)
     entries = []
     for name, data in files.items():
