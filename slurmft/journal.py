@@ -19,7 +19,6 @@ longer than ``MAX_LINE_BYTES`` or one that is not JSON of bounded depth is skipp
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from slurmft.rundir import RunDir
-from slurmft.safeio import UnsafeFileError, open_regular
+from slurmft.safeio import UnsafeFileError, open_regular, refusal
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +125,7 @@ def open_for_append(path: Path) -> int:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
                      | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise UnsafeFileError(path, "a symbolic link or a special file, not written") from None
-        raise
+        raise refusal(path, str(path), None, exc) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnsafeFileError(path, "not a regular file, not written")

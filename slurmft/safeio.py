@@ -47,7 +47,7 @@ def kind_of(mode: int) -> str:
     return "an unknown kind of file"
 
 
-def _refusal(path: str | os.PathLike[str], name: str, dir_fd: int | None, exc: OSError) -> OSError:
+def refusal(path: str | os.PathLike[str], name: str, dir_fd: int | None, exc: OSError) -> OSError:
     """Turn the errno of a refused no-follow open into a message saying what the path is."""
     if exc.errno in (errno.ELOOP, errno.ENXIO, errno.ENOTDIR, errno.EMLINK):
         try:
@@ -65,7 +65,7 @@ def open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None,
     try:
         return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        raise _refusal(shown or path, str(path), dir_fd, exc) from None
+        raise refusal(shown or path, str(path), dir_fd, exc) from None
 
 
 def open_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None,
@@ -75,7 +75,7 @@ def open_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None,
     try:
         fd = os.open(path, _NOFOLLOW_READ, dir_fd=dir_fd)
     except OSError as exc:
-        raise _refusal(shown, str(path), dir_fd, exc) from None
+        raise refusal(shown, str(path), dir_fd, exc) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
@@ -170,7 +170,7 @@ def open_lock_file(path: str | os.PathLike[str]) -> int:
     try:
         fd = os.open(path, flags, 0o600)
     except OSError as exc:
-        raise _refusal(path, str(path), None, exc) from None
+        raise refusal(path, str(path), None, exc) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
         os.close(fd)

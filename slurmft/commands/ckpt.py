@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -38,7 +40,7 @@ import typer
 
 from slurmft.config import ConfigError, find_config_file
 from slurmft.rundir import STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
-from slurmft.safeio import is_real_dir
+from slurmft.safeio import is_real_dir, kind_of
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.manifest import (MANIFEST_NAME, CheckpointInfo, Manifest, ManifestError, ManifestVersionError,
                                     VerifyReport, list_checkpoints, parse_tmp_dirname, read_manifest,
@@ -147,12 +149,14 @@ def resolve_checkpoint(run: RunDir, selector: str) -> Path:
     else:
         step = parse_step_dirname(name)
         if step is None:
-            _fail(f"{selector!r} is not a step number or a {STEP_PREFIX}N directory name")
+            shown = selector if len(selector) <= 60 else f"{selector[:40]}...({len(selector)} characters)"
+            _fail(f"{shown!r} is not a step number or a {STEP_PREFIX}N directory name")
     path = run.checkpoint(step)
-    if path.is_symlink():
-        _fail(f"{path}: a symbolic link, not a checkpoint directory (not followed)")
-    if path.is_dir():
-        return path
+    if os.path.lexists(path):
+        mode = os.lstat(path).st_mode
+        if stat.S_ISDIR(mode):
+            return path
+        _fail(f"{path}: {kind_of(mode)}, not a checkpoint directory (not followed)")
     pending = sorted(p.name for p in run.checkpoints.glob(f"{step_dirname(step)}.tmp-*"))
     if pending:
         _fail(f"step {step} was never committed (only {', '.join(pending)}: in flight or abandoned)")

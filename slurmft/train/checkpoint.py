@@ -275,6 +275,9 @@ class CheckpointManager:
         """
         self.wait()
         groups = self._groups
+        if self.run.checkpoints.is_symlink():  # retention would refuse it too: never followed
+            raise CheckpointError(f"{self.run.checkpoints}: a symbolic link; checkpoints must be a real "
+                                  f"directory inside the run dir (point SLURMFT_RUN_DIR elsewhere instead)")
         steps = groups.broadcast(sorted(self.run.committed_steps(), reverse=True)
                                  if groups.is_coordinator else None)
         for step in steps:

@@ -1,0 +1,328 @@
+"""A generator of hostile run directories: what a job's user can put in their own run dir.
+
+Each case starts from a real run (steps 1, 2, 3 written by :class:`CheckpointManager`) and adds
+one hostile thing: links out of the run dir (to a root-only secret, to another run's
+checkpoints, to ``/dev/zero``), FIFOs, odd and non-canonical step names, huge and deeply nested
+manifests and journal lines, a ``.metadata`` pickle that would run a command. Next to the cases,
+``outside/`` holds what must never be read, changed or deleted: a root-only secret, a FIFO,
+another run's checkpoints, and the path the pickle's command would create.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from slurmft.rundir import RunDir, step_dirname
+from slurmft.train.checksum import hash_file
+from slurmft.train.manifest import DCP_METADATA_NAME, MANIFEST_NAME, FileEntry, read_manifest, write_manifest
+
+SECRET_TEXT = b"TOP-SECRET-slurmft-hostile-test-7f3a9c\n"
+
+
+@dataclass(frozen=True)
+class Outside:
+    root: Path
+
+    @property
+    def secret(self) -> Path:
+        return self.root / "secret"
+
+    @property
+    def fifo(self) -> Path:
+        return self.root / "fifo"
+
+    @property
+    def other_run(self) -> Path:
+        return self.root / "other_run"
+
+    @property
+    def pwned(self) -> Path:
+        return self.root / "PWNED"
+
+
+def make_outside(root: Path, pristine: Path) -> Outside:
+    out = Outside(root)
+    root.mkdir(parents=True)
+    out.secret.write_bytes(SECRET_TEXT)
+    out.secret.chmod(0o600)
+    os.mkfifo(out.fifo, 0o666)
+    shutil.copytree(pristine, out.other_run, symlinks=True)
+    return out
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Everything about a tree that a hostile run dir must not change (FIFOs are not opened)."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(dirpath) / name
+            st = os.lstat(path)
+            data = path.read_bytes() if path.is_file() and not path.is_symlink() else None
+            out[str(path.relative_to(root))] = (st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns, data)
+    return out
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _ckpt(run: Path, step: int) -> Path:
+    return RunDir(run).checkpoint(step)
+
+
+def _rehash(ckpt: Path, name: str, size: int | None = None, digest: str | None = None) -> None:
+    """Make the manifest agree with ``name`` as it is now (what a hostile user would do)."""
+    manifest = read_manifest(ckpt)
+    path = ckpt / name
+    size = path.stat().st_size if size is None else size
+    digest = hash_file(path) if digest is None else digest
+    files = tuple(FileEntry(f.path, size, digest) if f.path == name else f for f in manifest.files)
+    if name not in {f.path for f in manifest.files}:
+        files += (FileEntry(name, size, digest),)
+    write_manifest(ckpt, manifest.__class__(**{**manifest.__dict__, "files": files}))
+
+
+def _shard(run: Path, step: int) -> str:
+    return next(p.name for p in sorted(_ckpt(run, step).iterdir()) if p.suffix == ".distcp")
+
+
+class Payload:
+    """Unpickling this runs ``touch <path>``: the proof that a pickle was loaded freely."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[Path, Outside], None]
+    # command -> (exit code, text the output must contain); commands not named: exit 0
+    expect: dict[str, tuple[int, str | None]] = field(default_factory=dict)
+    loads: int | None = 3  # the step load_latest must resume from (None: fresh start)
+    outcome: str = ""  # what `python -m slurmft.journal outcome RUN 7 0` prints
+
+
+def _symlink_checkpoints(run: Path, out: Outside) -> None:
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").symlink_to(out.other_run / "checkpoints")
+
+
+def _symlink_step(run: Path, out: Outside) -> None:
+    (RunDir(run).checkpoints / step_dirname(4)).symlink_to(RunDir(out.other_run).checkpoint(1))
+    (RunDir(run).checkpoints / f"{step_dirname(1)}.tmp-evil").symlink_to(RunDir(out.other_run).checkpoint(2))
+
+
+def _entry_link_to_secret(run: Path, out: Outside) -> None:
+    ckpt, name = _ckpt(run, 3), _shard(run, 3)
+    (ckpt / name).unlink()
+    (ckpt / name).symlink_to(out.secret)
+    _rehash(ckpt, name, len(SECRET_TEXT), "0" * 32)  # a follower would print the secret's checksum
+
+
+def _entry_fifo(run: Path, out: Outside) -> None:
+    ckpt, name = _ckpt(run, 3), _shard(run, 3)
+    size = (ckpt / name).stat().st_size
+    (ckpt / name).unlink()
+    os.mkfifo(ckpt / name)
+    _rehash(ckpt, name, size, "0" * 32)
+
+
+def _entry_dev_zero(run: Path, out: Outside) -> None:
+    ckpt, name = _ckpt(run, 3), _shard(run, 3)
+    (ckpt / name).unlink()
+    (ckpt / name).symlink_to("/dev/zero")
+
+
+def _entry_link_to_outside_fifo(run: Path, out: Outside) -> None:
+    ckpt = _ckpt(run, 3)
+    (ckpt / DCP_METADATA_NAME).unlink()
+    (ckpt / DCP_METADATA_NAME).symlink_to(out.fifo)
+
+
+def _manifest_link(run: Path, out: Outside) -> None:
+    ckpt = _ckpt(run, 3)
+    (ckpt / MANIFEST_NAME).unlink()
+    (ckpt / MANIFEST_NAME).symlink_to(out.secret)
+
+
+def _manifest_fifo(run: Path, out: Outside) -> None:
+    ckpt = _ckpt(run, 3)
+    (ckpt / MANIFEST_NAME).unlink()
+    os.mkfifo(ckpt / MANIFEST_NAME)
+
+
+def _manifest_nested(run: Path, out: Outside) -> None:
+    (_ckpt(run, 3) / MANIFEST_NAME).write_text("[" * 200_000 + "]" * 200_000)
+
+
+def _manifest_huge_number(run: Path, out: Outside) -> None:
+    path = _ckpt(run, 3) / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    text = json.dumps(data).replace(f'"step": {data["step"]}', '"step": ' + "9" * 50_000)
+    path.write_text(text)
+
+
+def _manifest_huge_file(run: Path, out: Outside) -> None:
+    with open(_ckpt(run, 3) / MANIFEST_NAME, "r+b") as fh:
+        fh.truncate(65 << 20)  # sparse: larger than any reader accepts
+
+
+def _metadata_pickle(run: Path, out: Outside) -> None:
+    ckpt = _ckpt(run, 3)
+    (ckpt / DCP_METADATA_NAME).write_bytes(pickle.dumps(Payload(out.pwned)))
+    _rehash(ckpt, DCP_METADATA_NAME)
+
+
+def _metadata_pickle_in_allowed_wrapper(run: Path, out: Outside) -> None:
+    """The payload hidden inside a real Metadata object (the outer type is allowed)."""
+    ckpt = _ckpt(run, 3)
+    metadata = pickle.loads((ckpt / DCP_METADATA_NAME).read_bytes())  # the test's own, just written
+    metadata.planner_data = {"x": Payload(out.pwned)}
+    (ckpt / DCP_METADATA_NAME).write_bytes(pickle.dumps(metadata))
+    _rehash(ckpt, DCP_METADATA_NAME)
+
+
+def _odd_step_names(run: Path, out: Outside) -> None:
+    root = RunDir(run).checkpoints
+    for name in ("step_5", "step_\u0663\u0663", "step_00000000a", "step_" + "9" * 5000, "step_000000009.tmp-"):
+        try:
+            (root / name).mkdir()
+        except OSError:  # the 5000-digit name is too long for the file system
+            pass
+    os.mkfifo(root / step_dirname(8))
+
+
+def _stray_link_in_checkpoint(run: Path, out: Outside) -> None:
+    ckpt = _ckpt(run, 3)
+    (ckpt / "sub").mkdir()
+    (ckpt / "sub" / "link").symlink_to(out.secret)
+    (ckpt / "up").symlink_to("..")
+
+
+def _journal_fifo(run: Path, out: Outside) -> None:
+    os.mkfifo(RunDir(run).events)
+
+
+def _journal_link(run: Path, out: Outside) -> None:
+    RunDir(run).events.symlink_to(out.secret)
+
+
+def _journal_hostile_lines(run: Path, out: Outside) -> None:
+    lines = [
+        "[" * 100_000,
+        '{"v":1,"t":1,"kind":"segment_end","job_id":"7","restart_count":0,"exit_code":' + "9" * 10_000 + "}",
+        "\xff\xfe not utf-8",
+        '{"v":1,"t":2,"kind":"segment_end","job_id":"7","restart_count":0,"exit_code":85}',
+        '{"v":1,"t":3,"kind":"x","deep":' + "[" * 5000 + "]" * 5000 + "}",
+        "x" * (2 << 20),
+    ]
+    RunDir(run).events.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b"\n")
+
+
+def _bad3(text: str) -> dict[str, tuple[int, str | None]]:
+    """Step 3 fails verification naming ``text`` (export verifies first); the newest valid is 2."""
+    return {"verify": (1, text), "verify --all": (1, text), "export 3": (1, text)}
+
+
+CASES: list[Case] = [
+    Case("symlink_checkpoints", _symlink_checkpoints,
+         {cmd: (2, "a symbolic link") for cmd in
+          ("ls", "verify", "verify --all", "prune --dry-run", "prune", "inspect 3", "inspect --tensors 3",
+           "export 3")}, loads=None),
+    Case("symlink_step_and_tmp_dirs", _symlink_step,
+         {"ls": (0, "step_000000004: a symbolic link"), "inspect 4": (2, "a symbolic link")}),
+    Case("entry_link_to_secret", _entry_link_to_secret, _bad3("a symbolic link"), loads=2),
+    Case("entry_fifo", _entry_fifo, _bad3("a FIFO"), loads=2),
+    Case("entry_link_to_dev_zero", _entry_dev_zero, _bad3("a symbolic link"), loads=2),
+    Case("metadata_link_to_outside_fifo", _entry_link_to_outside_fifo,
+         _bad3("a symbolic link") | {"inspect --tensors 3": (2, "a symbolic link")}, loads=2),
+    Case("manifest_link_to_secret", _manifest_link,
+         _bad3("manifest.json: a symbolic link") | {"inspect 3": (2, "a symbolic link"),
+                                                                  "inspect --tensors 3": (2, "a symbolic link"),
+                                                                  "export 3": (2, "a symbolic link")},
+         loads=2),
+    Case("manifest_fifo", _manifest_fifo,
+         _bad3("a FIFO") | {"inspect 3": (2, "a FIFO"), "inspect --tensors 3": (2, "a FIFO"),
+                                          "export 3": (2, "a FIFO")}, loads=2),
+    Case("manifest_nested", _manifest_nested,
+         _bad3("nested too deeply") | {"inspect 3": (2, "nested too deeply"),
+                                                      "inspect --tensors 3": (2, None), "export 3": (2, None)},
+         loads=2),
+    Case("manifest_huge_number", _manifest_huge_number,
+         _bad3("not valid JSON") | {"inspect 3": (2, "not valid JSON"),
+                                                   "inspect --tensors 3": (2, None), "export 3": (2, None)},
+         loads=2),
+    Case("manifest_huge_file", _manifest_huge_file,
+         _bad3("more than") | {"inspect 3": (2, "more than"), "inspect --tensors 3": (2, None),
+                                              "export 3": (2, None)}, loads=2),
+    Case("metadata_pickle", _metadata_pickle,
+         _bad3("posix.system") | {"inspect --tensors 3": (2, "posix.system")}, loads=2),
+    Case("metadata_pickle_inside_metadata", _metadata_pickle_in_allowed_wrapper,
+         _bad3("posix.system") | {"inspect --tensors 3": (2, "posix.system")}, loads=2),
+    Case("odd_step_names", _odd_step_names,
+         {"ls": (0, "not a canonical checkpoint name"), "inspect step_\u0663\u0663": (2, "not a step number"),
+          "inspect " + "9" * 5000: (2, "not a step number"), "inspect 8": (2, "a FIFO")}),
+    Case("stray_links_inside_a_checkpoint", _stray_link_in_checkpoint,
+         _bad3("a symbolic link"), loads=2),
+    Case("journal_fifo", _journal_fifo, {}, outcome="a FIFO"),
+    Case("journal_link_to_secret", _journal_link, {}, outcome="a symbolic link"),
+    Case("journal_hostile_lines", _journal_hostile_lines, {}, outcome="85"),
+]
+
+
+# ----------------------------------------------------------------------------- the real run
+
+
+def make_model_state():
+    """The training state the pristine run was saved from (and load_latest restores into)."""
+    import torch
+
+    from slurmft.train.state import TrainState
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    return TrainState(model, torch.optim.Adam(model.parameters(), lr=0.01))
+
+
+def make_pristine(root: Path) -> Path:
+    """A run dir with committed steps 1, 2, 3 written by slurmft's own manager (real DCP)."""
+    import torch
+
+    from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+
+    state = make_model_state()
+    manager = CheckpointManager(root, CheckpointConfig(keep_last=10), job_id="7", restart_count=0)
+    for step in (1, 2, 3):
+        state.model(torch.randn(4, 8)).square().mean().backward()
+        state.optimizer.step()
+        state.optimizer.zero_grad()
+        manager.save(step, state, block=True)
+    manager.close()
+    return root
+
+
+def build_case(case: Case, pristine: Path, run: Path, outside: Outside) -> None:
+    shutil.copytree(pristine, run, symlinks=True)
+    case.build(run, outside)
+
+
+COMMANDS = ("ls", "verify", "verify --all", "inspect 3", "inspect --tensors 3", "export 3",
+            "prune --dry-run", "outcome", "append", "load_latest", "prune")
+
+
+def commands_for(case: Case) -> list[str]:
+    """Every command, read-only ones first (prune last: it changes the run dir)."""
+    extra = [c for c in case.expect if c not in COMMANDS]
+    return [*COMMANDS[:-1], *extra, COMMANDS[-1]]

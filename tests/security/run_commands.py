@@ -1,0 +1,115 @@
+"""Run every ``slurmft ckpt`` command, ``load_latest`` and the journal's ``append``/``outcome`` over
+hostile run dirs, in this process, as whoever runs this script; print one JSON result list.
+
+    python run_commands.py SPEC.json   # SPEC: [{"case": name, "run": dir, "out": dir, "commands": [...]}]
+
+Each command gets a bound (``BOUND_S``): one that blocks is interrupted by SIGALRM and recorded as
+hung. The test (test_hostile_rundir.py) runs this once as root and once as an unprivileged user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import shlex
+import signal
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+BOUND_S = 30
+
+
+class Hung(Exception):
+    pass
+
+
+def _alarm(_signum, _frame):
+    raise Hung(f"no answer within {BOUND_S} s")
+
+
+def run_ckpt(args: list[str]) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from slurmft.cli import app
+
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["ckpt", *args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        text = "".join(traceback.format_exception(result.exception))
+        return 99, result.output + text
+    return result.exit_code, result.output
+
+
+def run_load_latest(run: str) -> tuple[int, str]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hostile import make_model_state  # noqa: PLC0415
+
+    from slurmft.train.checkpoint import CheckpointError, CheckpointManager
+
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logging.getLogger("slurmft").addHandler(handler)
+    logging.getLogger("slurmft").setLevel(logging.INFO)
+    manager = CheckpointManager(run)
+    try:
+        step = manager.load_latest(make_model_state())
+        return 0, f"loaded {step}\n{log.getvalue()}"
+    except CheckpointError as exc:
+        return 2, f"CheckpointError: {exc}\n{log.getvalue()}"
+    finally:
+        manager.close()
+        logging.getLogger("slurmft").removeHandler(handler)
+
+
+def run_journal(args: list[str]) -> tuple[int, str]:
+    from slurmft import journal
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = journal.main(args)
+    return code, out.getvalue()
+
+
+def one(case: dict, command: str) -> dict:
+    run, out = case["run"], case["out"]
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(BOUND_S)
+    started = time.monotonic()
+    try:
+        if command == "load_latest":
+            code, text = run_load_latest(run)
+        elif command == "outcome":
+            code, text = run_journal(["outcome", run, "7", "0"])
+        elif command == "append":
+            code, text = run_journal(["append", run, "template", "note=hostile"])
+        else:
+            words = shlex.split(command)
+            if words[0] == "prune":
+                words += ["--keep-last", "1"]
+            if words[0] == "export":
+                words.append(str(Path(out) / f"{case['case']}.safetensors"))
+            code, text = run_ckpt([words[0], run, *words[1:]])
+    except Hung as exc:
+        code, text = 124, str(exc)
+    except BaseException as exc:  # noqa: BLE001 - reported, the test fails on it
+        code, text = 98, "".join(traceback.format_exception(exc))
+    finally:
+        signal.alarm(0)
+    return {"case": case["case"], "command": command, "code": code, "output": text[-4000:],
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    import slurmft.cli, slurmft.train.checkpoint, slurmft.train.export  # noqa: F401,E401 - not timed
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    results = [one(case, command) for case in spec for command in case["commands"]]
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
