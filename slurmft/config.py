@@ -105,6 +105,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path}: not UTF-8 text") from None
+    except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+        raise ConfigError(f"config file {path}: unreadable value ({' '.join(str(exc).split())[:120]})") from None
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
 
