@@ -162,8 +162,8 @@ def test_devcluster_up_refuses_a_dir_with_shell_metacharacters(tmp_path):
 
     from slurmft.cli import app
 
-    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["devcluster", "up", "--dir", f"{tmp_path}/a;touch {tmp_path}/pwned"])
-    assert result.exit_code == 2 and "use only letters" in result.output
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["devcluster", "up", "--dir", f"{tmp_path}/a;id>{tmp_path}/pwned"])
+    assert result.exit_code == 1 and "must not contain ';' '>'" in result.output
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "a").exists()
 
 

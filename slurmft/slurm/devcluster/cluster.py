@@ -66,6 +66,10 @@ def check_dir(layout: Layout) -> None:
     text = str(layout.root)
     if any(c.isspace() or c in "#=\"'" for c in text):
         raise DevClusterError(f"--dir {text}: must not contain spaces, quotes, '#' or '='")
+    odd = sorted({c for c in text if not (c.isascii() and (c.isalnum() or c in "._/+@%:,-"))})
+    if odd:  # it is also printed for `eval "$(slurmft devcluster up)"`: no shell metacharacters
+        raise DevClusterError(f"--dir {text}: must not contain {' '.join(map(repr, odd))} "
+                              f"(only letters, digits and ._/+@%:,-)")
     longest = max(len(str(p).encode()) for p in (layout.munge_socket, layout.mysql_socket))
     if longest > SOCKET_PATH_MAX:
         raise DevClusterError(f"--dir {text}: too long, socket paths under it would exceed "
