@@ -42,9 +42,9 @@ from slurmft.config import ConfigError, find_config_file
 from slurmft.rundir import STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
 from slurmft.safeio import is_real_dir, kind_of
 from slurmft.train.ckpt_config import CheckpointConfig
-from slurmft.train.manifest import (MANIFEST_NAME, CheckpointInfo, Manifest, ManifestError, ManifestVersionError,
-                                    VerifyReport, list_checkpoints, parse_tmp_dirname, read_manifest,
-                                    stray_entries, verify_checkpoint)
+from slurmft.train.ckpt_listing import CheckpointInfo, list_checkpoints, stray_entries
+from slurmft.train.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError, VerifyReport,
+                                    parse_tmp_dirname, read_manifest, verify_checkpoint)
 from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
 
 EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2

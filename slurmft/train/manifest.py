@@ -2,7 +2,8 @@
 
 This module owns the ``manifest.json`` format (every file's size and checksum), the
 names of checkpoint directories (committed ``step_N`` and in-flight ``step_N.tmp-<id>``), and
-the torch-free checks built on them: :func:`verify_checkpoint` and :func:`list_checkpoints`.
+the torch-free check built on them: :func:`verify_checkpoint` (listing a run's checkpoint
+directories is :mod:`slurmft.train.ckpt_listing`).
 The checksum itself, and reading files fast to compute it, live in :mod:`slurmft.train.checksum`.
 
 It never imports torch: the cluster side (``slurmft ckpt``, the watcher) uses it on login nodes.
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from slurmft.safeio import UnsafeFileError, kind_of, open_dir, open_inside, read_regular
-from slurmft.rundir import STEP_PREFIX, TMP_MARK, RunDir, atomic_write_json, parse_step_dirname, step_dirname
+from slurmft.rundir import TMP_MARK, atomic_write_json, parse_step_dirname, step_dirname
 from slurmft.train.pickle_scan import metadata_pickle_problem
 from slurmft.train.checksum import HASH_ALGO, VERIFY_THREADS, hash_files
 from slurmft.train.checksum import StreamHasher as StreamHasher  # re-exported for writers
@@ -402,106 +403,3 @@ def _metadata_pickle_problem(dir_fd: int, shown: Path) -> str | None:
 
 def _what(entry: FileEntry) -> str:
     return "DCP metadata" if entry.path == DCP_METADATA_NAME else "file"
-
-
-# ----------------------------------------------------------------------------- listing
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """One directory under ``<run_dir>/checkpoints``: committed or tmp, with its manifest or error."""
-
-    path: Path
-    step: int
-    committed: bool
-    size_bytes: int
-    mtime: float
-    manifest: Manifest | None
-    error: str | None
-    newer_format: bool = False  # the manifest is from a newer slurmft: unknown, not damaged
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-
-def _dir_size(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, names in os.walk(path):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:  # removed while we walk (retention, a save finishing)
-                pass
-    return total
-
-
-def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[CheckpointInfo]:
-    """Committed and tmp checkpoint dirs of a run, by step (tmp after committed); no checksums read.
-
-    A committed dir whose manifest cannot be read carries the error; a tmp dir usually has no
-    manifest yet, which is not an error for it. Links and other non-directories are not listed
-    (see :func:`stray_entries`). Raises :class:`UnsafeFileError` when ``checkpoints`` is a link.
-    """
-    root = RunDir(Path(run_dir)).checkpoints
-    try:
-        root_fd = open_dir(root)
-    except FileNotFoundError:
-        return []
-    try:
-        entries = list(os.scandir(root_fd))
-    finally:
-        os.close(root_fd)
-    infos = []
-    for entry in entries:
-        if not entry.is_dir(follow_symlinks=False):
-            continue
-        step = parse_step_dirname(entry.name)
-        committed = step is not None
-        if step is None:
-            step = parse_tmp_dirname(entry.name)
-        if step is None:
-            continue
-        path = root / entry.name
-        manifest, error, newer = None, None, False
-        try:
-            manifest = read_manifest(path)
-        except ManifestError as exc:
-            if committed or os.path.lexists(path / MANIFEST_NAME):
-                error, newer = str(exc), isinstance(exc, ManifestVersionError)
-        if manifest is not None and manifest.step != step:
-            error = f"{path}: manifest says step {manifest.step}, directory name says {step}"
-        try:
-            mtime = os.stat(path, follow_symlinks=False).st_mtime
-        except FileNotFoundError:
-            continue
-        infos.append(CheckpointInfo(path, step, committed, _dir_size(path), mtime, manifest, error, newer))
-    infos.sort(key=lambda i: (i.step, not i.committed, i.name))
-    return infos
-
-
-def stray_entries(run_dir: str | os.PathLike[str]) -> list[str]:
-    """One line per entry of ``<run_dir>/checkpoints`` that is no checkpoint and is therefore
-    ignored: a link, a special file, a checkpoint-like name that is not canonical."""
-    root = RunDir(Path(run_dir)).checkpoints
-    try:
-        root_fd = open_dir(root)
-    except FileNotFoundError:
-        return []
-    out = []
-    try:
-        with os.scandir(root_fd) as entries:
-            for entry in entries:
-                try:
-                    mode = entry.stat(follow_symlinks=False).st_mode
-                except FileNotFoundError:
-                    continue
-                named = parse_step_dirname(entry.name) is not None or parse_tmp_dirname(entry.name) is not None
-                if named and not stat.S_ISDIR(mode):
-                    out.append(f"{root / entry.name}: {kind_of(mode)}, not a checkpoint directory; ignored")
-                elif not named and entry.name.startswith(STEP_PREFIX):
-                    out.append(f"{root / entry.name!s}: not a canonical checkpoint name "
-                               f"({step_dirname(0)}-style ASCII digits); ignored")
-    finally:
-        os.close(root_fd)
-    return sorted(out)

@@ -14,7 +14,8 @@ import torch
 from slurmft.config import ConfigError
 from slurmft.rundir import RunDir
 from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
-from slurmft.train.manifest import DCP_METADATA_NAME, MANIFEST_NAME, list_checkpoints, verify_checkpoint
+from slurmft.train.ckpt_listing import list_checkpoints
+from slurmft.train.manifest import DCP_METADATA_NAME, MANIFEST_NAME, verify_checkpoint
 from slurmft.train.state import TrainState
 from slurmft.train.writer import CommitWriter
 

@@ -12,6 +12,7 @@ import pytest
 
 from slurmft.rundir import RunDir, step_dirname
 from slurmft.safeio import UnsafeFileError
+from slurmft.train.ckpt_listing import list_checkpoints
 from slurmft.train.manifest import (
     DCP_METADATA_NAME,
     FORMAT_VERSION,
@@ -22,7 +23,6 @@ from slurmft.train.manifest import (
     build_manifest,
     hash_file,
     hash_files,
-    list_checkpoints,
     parse_tmp_dirname,
     read_manifest,
     tmp_dirname,

@@ -11,8 +11,9 @@ import torch
 
 from slurmft.rundir import RunDir
 from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
+from slurmft.train.ckpt_listing import list_checkpoints
 from slurmft.train.manifest import (FORMAT_VERSION, MANIFEST_NAME, ManifestError, ManifestVersionError,
-                                    list_checkpoints, read_manifest, verify_checkpoint)
+                                    read_manifest, verify_checkpoint)
 from slurmft.train.state import TrainState
 
 
