@@ -1,1 +1,51 @@
-"""slurmft.train: the in-job side; the only package that imports torch."""
+"""slurmft.train: the in-job side; the only package that imports torch.
+
+The public API is importable from here (``from slurmft.train import Run, CheckpointManager``);
+each name is imported on first use, so ``import slurmft.train`` itself stays cheap and torch-free
+(``slurmft ckpt`` imports the torch-free modules of this package on login nodes).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> module that defines it (one place; tests/unit/test_train_api.py pins the surface)
+_EXPORTS: dict[str, str] = {
+    "Run": "slurmft.train.run",
+    "RunConfig": "slurmft.train.run_config",
+    "CheckpointManager": "slurmft.train.checkpoint",
+    "CheckpointError": "slurmft.train.checkpoint",
+    "SaveStats": "slurmft.train.checkpoint",
+    "CheckpointConfig": "slurmft.train.ckpt_config",
+    "TrainState": "slurmft.train.state",
+    "ResumableSampler": "slurmft.train.sampler",
+    "SamplerError": "slurmft.train.sampler",
+    "PreemptionHandler": "slurmft.train.preemption",
+    "Heartbeat": "slurmft.train.heartbeat",
+    "StepGuard": "slurmft.train.guards",
+    "GuardConfig": "slurmft.train.guards",
+    "GuardResult": "slurmft.train.guards",
+    "Verdict": "slurmft.train.guards",
+    "StepWatchdog": "slurmft.train.watchdog",
+    "JobEnv": "slurmft.train.runtime",
+    "Segment": "slurmft.train.runtime",
+    "BoundaryCheck": "slurmft.train.boundary",
+    "ResumeDivergenceWarning": "slurmft.train.boundary",
+    "step_generator": "slurmft.train.boundary",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'slurmft.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -128,20 +128,32 @@ class Segment:
                     num_nodes=self.env.num_nodes, nodelist=self.env.nodelist,
                     node=self.env.node, restored_step=restored_step, **extra)
 
-    def end(self, code: int, reason: str, *, step: int | None = None,
-            barrier: Callable[[], None] | None = None) -> NoReturn:
-        """Journal ``segment_end`` (rank 0), wait for every rank, and exit with ``code``.
+    def finish(self, code: int, reason: str, *, step: int | None = None,
+               barrier: Callable[[], None] | None = None, announce: str = "every rank") -> None:
+        """Journal ``segment_end`` (rank 0) and wait for every rank, without exiting.
 
-        The barrier keeps the other ranks alive until rank 0's line is durable: torchrun tears
-        down all workers as soon as one exits non-zero.
+        A non-zero ``code`` is announced on stderr in one line, by every rank or, with
+        ``announce="rank 0"``, by rank 0 only (one line for the whole job).
         """
-        if code != exitcodes.OK:
-            print(f"slurmft: rank {self.env.rank}: {reason} -> {exitcodes.describe(code)}",
+        if announce not in ("every rank", "rank 0"):
+            raise ValueError(f"announce must be 'every rank' or 'rank 0', got {announce!r}")
+        if code != exitcodes.OK and (announce == "every rank" or self.env.is_rank0):
+            who = f"rank {self.env.rank}" if announce == "every rank" else f"{self.env.world_size} rank(s)"
+            print(f"slurmft: {who}: {reason} -> {exitcodes.describe(code)}",
                   file=sys.stderr, flush=True)
         self.record(journal.SEGMENT_END, exit_code=code, outcome=exitcodes.describe(code),
                     reason=reason, step=step)
         if barrier is not None:
             barrier()
+
+    def end(self, code: int, reason: str, *, step: int | None = None,
+            barrier: Callable[[], None] | None = None, announce: str = "every rank") -> NoReturn:
+        """Journal ``segment_end`` (rank 0), wait for every rank, and exit with ``code``.
+
+        The barrier keeps the other ranks alive until rank 0's line is durable: torchrun tears
+        down all workers as soon as one exits non-zero.
+        """
+        self.finish(code, reason, step=step, barrier=barrier, announce=announce)
         sys.stdout.flush()
         sys.stderr.flush()
         raise SystemExit(code)

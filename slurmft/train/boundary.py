@@ -1,0 +1,101 @@
+"""The step-boundary rule: randomness a resumed run can replay, and a check that warns when it cannot.
+
+A checkpoint captures the state at a step boundary: everything the next step needs must be in
+that state (model, optimizer, sampler position, RNG) and nothing may be drawn between the boundary
+and the save. A batch drawn from a global RNG *before* the boundary and held in a variable (the
+common "prefetch the next batch" loop) is in no checkpoint: after a resume the script draws a
+different one, and every later step differs, silently.
+
+Two tools:
+
+* :func:`step_generator` — a ``torch.Generator`` seeded from ``(seed, step, rank)``: a batch drawn
+  from it depends only on the step number, so it needs no saved state and is the same after any
+  resume (``Run.rng(step)`` hands one out).
+* :class:`BoundaryCheck` — fingerprints the global generators (torch CPU, the current CUDA device
+  when initialised, Python's ``random``, NumPy's legacy global) at a boundary and warns, once per
+  place, with a :class:`ResumeDivergenceWarning` when they moved before the point where the state is
+  captured or the next step begins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class ResumeDivergenceWarning(UserWarning):
+    """State changed outside a step: a run resumed from a checkpoint will not match one that never stopped."""
+
+
+def step_seed(seed: int, step: int, rank: int | None) -> int:
+    """A 63-bit seed from ``(seed, step, rank)``; ``rank=None`` gives the same seed on every rank."""
+    digest = hashlib.sha256(f"slurmft-step-rng:{seed}:{step}:{'all' if rank is None else rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def step_generator(seed: int, step: int, rank: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A fresh generator on ``device`` seeded by :func:`step_seed`; needs no checkpointed state."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(step_seed(seed, step, rank))
+    return gen
+
+
+def rng_fingerprint() -> dict[str, Any]:
+    """The global generators' states, comparable with ``==`` (copies; a few microseconds)."""
+    prints: dict[str, Any] = {
+        "torch": bytes(torch.get_rng_state().numpy()),
+        "python": random.getstate(),
+    }
+    _name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    prints["numpy"] = (keys.tobytes(), pos, has_gauss, gauss)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        prints["cuda"] = bytes(torch.cuda.get_rng_state().numpy())
+    return prints
+
+
+def changed_generators(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Names of the generators whose state differs (one only in ``after`` counts as unchanged)."""
+    return [name for name in before if name in after and before[name] != after[name]]
+
+
+class BoundaryCheck:
+    """Remember the generators' state at a boundary; warn once per ``where`` if they moved since.
+
+    ``mark()`` at the boundary (after a restore, at the end of a step's work); ``check(where)``
+    where nothing should have drawn since. Only rank 0 warns, with ``warnings.warn`` (stderr, the
+    category filterable); every rank counts ``warnings``.
+    """
+
+    def __init__(self, *, rank: int = 0, enabled: bool = True) -> None:
+        self.rank = rank
+        self.enabled = enabled
+        self._mark: dict[str, Any] | None = None
+        self._warned: set[str] = set()
+        self.warnings = 0
+
+    def mark(self) -> None:
+        if self.enabled:
+            self._mark = rng_fingerprint()
+
+    def clear(self) -> None:
+        self._mark = None
+
+    def check(self, where: str, advice: str) -> list[str]:
+        """Generators that moved since ``mark()`` (and warn about them once per ``where``)."""
+        if not self.enabled or self._mark is None:
+            return []
+        moved = changed_generators(self._mark, rng_fingerprint())
+        if moved and where not in self._warned:
+            self._warned.add(where)
+            self.warnings += 1
+            if self.rank == 0:
+                message = (f"slurmft: WARNING: {', '.join(moved)} random state advanced {where}: "
+                           f"whatever was drawn there is in no checkpoint, so a resumed run will "
+                           f"differ from one that never stopped. {advice}")
+                warnings.warn(message, ResumeDivergenceWarning, stacklevel=3)
+        return moved

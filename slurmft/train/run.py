@@ -1,0 +1,391 @@
+"""``Run``: the training-loop helper that wires every in-job piece of slurmft around a user's loop.
+
+    with Run(model, optimizer, scheduler=sched, sampler=sampler) as run:
+        for step in run.steps(total_steps):
+            loss = compute_loss(batch_for(step)); loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if run.report(loss=loss, grad_norm=norm):   # False: the guard dropped this update
+                optimizer.step()
+            scheduler.step(); optimizer.zero_grad()
+
+Step numbering is 1-based: ``steps(total)`` yields ``restored + 1 .. total``; step ``k`` trains the
+k-th batch, and checkpoint ``k`` (``save(k)``) holds the state *after* step ``k``, so a run resumed
+from it continues with step ``k + 1``. ``run.step`` is the number of completed steps.
+
+What ``Run`` owns (each piece stays usable alone: ``run.checkpoints``, ``run.guard``...):
+* start (``with``): job identity (``JobEnv``), run dir check, ``Segment``, ``TrainState``,
+  ``CheckpointManager`` and resume from the newest valid checkpoint, journaled as ``segment_start``
+  with ``restored_step``, ``load_s`` and ``load_bytes``; heartbeat, watchdog, signal handlers.
+* ``report()``: ONE all-reduce (SUM over ranks) of loss, gradient norm and "a preemption signal
+  arrived", so the guard judges the same numbers on every rank and the preemption decision costs
+  no extra collective. A verdict other than OK clears the gradients (``zero_grad(set_to_none=True)``)
+  so an ``optimizer.step()`` that follows anyway changes nothing.
+* the step boundary (the code after the loop body): rollback or give up (exit 86) as the guard said,
+  a ``loss`` event, the heartbeat, the periodic save, and on preemption one emergency save and exit
+  85. Every ending journals ``segment_end`` first, because torchrun turns any worker's exit code
+  into 1 and the sbatch template reads the real one back from the journal.
+* the end of ``steps()``: the final save (skipped when that step is committed already) and
+  ``DONE``, written once.
+Exits print one line from rank 0 and no traceback (``SystemExit``). torchrun's own
+"FAILED ... exitcode 85" report and its traceback come from the launcher process and cannot be
+suppressed from inside the ranks without exiting 0, which would hide the requeue from any
+launcher that does not read the journal.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping, NoReturn
+
+import torch
+import torch.distributed as dist
+
+from slurmft import exitcodes, journal
+from slurmft.rundir import RUN_DIR_ENV, RunDir, atomic_write_bytes
+from slurmft.train.boundary import BoundaryCheck, step_generator
+from slurmft.train.checkpoint import CheckpointError, CheckpointManager
+from slurmft.train.ckpt_config import CheckpointConfig
+from slurmft.train.guards import GuardConfig, GuardResult, StepGuard, Verdict
+from slurmft.train.heartbeat import Heartbeat
+from slurmft.train.manifest import ManifestError, read_manifest
+from slurmft.train.preemption import PreemptionHandler
+from slurmft.train.run_config import RunConfig
+from slurmft.train.runtime import JobEnv, JobEnvError, RunDirError, Segment, check_run_dir_writable
+from slurmft.train.state import TrainState
+from slurmft.train.watchdog import StepWatchdog
+
+_ADVICE = ("Draw each step's random batch inside the step (from run.rng(step), or the global RNG), "
+           "never before the loop or after run.report() for the next step.")
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"slurmft: {message} -> {exitcodes.describe(exitcodes.NO_REQUEUE)}", file=sys.stderr, flush=True)
+    raise SystemExit(exitcodes.NO_REQUEUE)
+
+
+def write_done(run_dir: RunDir, step: int) -> bool:
+    """Rank 0's ``DONE`` (the step, as the example job always wrote it); False when it exists."""
+    if run_dir.done.exists():
+        return False
+    atomic_write_bytes(run_dir.done, f"{step}\n".encode())
+    return True
+
+
+class Run:
+    """Resume, preemption, heartbeat, watchdog, guard, periodic and final saves, ``DONE`` — around a loop.
+
+    Arguments (every one but ``model`` optional):
+      model, optimizer, scheduler, sampler, extras: what a checkpoint holds (:class:`TrainState`;
+        the sampler and scheduler need ``state_dict``/``load_state_dict`` returning plain JSON data).
+      run_dir: the run directory (default ``$SLURMFT_RUN_DIR``; missing or not writable: exit 86).
+      checkpoint, guards, config: :class:`CheckpointConfig`, :class:`GuardConfig`,
+        :class:`RunConfig`; default: loaded from ``config_file``/slurmft.toml and ``SLURMFT_*``.
+      process_group: the group the loop trains on (default: the whole world).
+      device: where ``report()``'s all-reduce runs (default: the current CUDA device for NCCL, else
+        CPU); also ``rng()``'s default device.
+      info: extra fields for the ``segment_start`` event.
+      env: a :class:`JobEnv` (default: read from the environment).
+
+    Use it as a context manager (or ``start()`` / ``close()``) on every rank, after
+    ``init_process_group`` and after wrapping the model (DDP, ``fully_shard``).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
+                 scheduler: Any = None, sampler: Any = None, extras: dict[str, Any] | None = None,
+                 run_dir: str | Path | None = None, config_file: str | Path | None = None,
+                 checkpoint: CheckpointConfig | None = None, guards: GuardConfig | None = None,
+                 config: RunConfig | None = None, process_group: Any = None,
+                 device: torch.device | str | None = None, info: Mapping[str, Any] | None = None,
+                 env: JobEnv | None = None) -> None:
+        self.state = TrainState(model, optimizer, scheduler, sampler, extras)
+        self._run_dir_arg = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV)
+        self.checkpoint_config = checkpoint or CheckpointConfig.load(config_file)
+        self.guard_config = guards or _load_guards(config_file)
+        self.config = config or RunConfig.load(config_file)
+        self.process_group = process_group
+        self._device_arg = device
+        self._info = dict(info or {})
+        self._env_arg = env
+        self.step = 0
+        self.restored_step: int | None = None
+        self.loss: float | None = None
+        self.grad_norm: float | None = None
+        self.result: GuardResult | None = None
+        self.done = False
+        self._started = False
+        self._in_step: int | None = None
+        self._total: int | None = None
+        self._reported = False
+        self._stop_agreed = False
+        self._fields: dict[str, Any] = {}
+        self._watchdog: StepWatchdog | None = None
+        self._preemption: PreemptionHandler | None = None
+        self._checkpoints: CheckpointManager | None = None
+
+    # ------------------------------------------------------------------ start / close
+
+    def start(self) -> "Run":
+        """Set everything up and resume from the newest valid checkpoint (collective)."""
+        if self._started:
+            raise RuntimeError("Run.start() called twice")
+        try:
+            self.env = self._env_arg or JobEnv.from_environ()
+        except JobEnvError as exc:
+            _fail(str(exc))
+        if not self._run_dir_arg:
+            _fail(f"no run directory: pass Run(run_dir=...) or set ${RUN_DIR_ENV}")
+        self.run_dir = RunDir(Path(self._run_dir_arg))
+        try:
+            check_run_dir_writable(self.run_dir)
+        except RunDirError as exc:
+            _fail(str(exc))
+        self.segment = Segment(self.env, self.run_dir)
+        self._distributed = dist.is_available() and dist.is_initialized()
+        self.world_size = dist.get_world_size(self.process_group) if self._distributed else 1
+        self.rank = dist.get_rank(self.process_group) if self._distributed else 0
+        self.device = torch.device(self._device_arg) if self._device_arg else self._collective_device()
+        self._started = True
+        self._checkpoints = CheckpointManager(
+            self.run_dir.root, self.checkpoint_config, process_group=self.process_group,
+            job_id=self.env.job_id, restart_count=self.env.restart_count, on_commit=self._on_commit)
+        started = time.perf_counter()
+        try:
+            restored = self._checkpoints.load_latest(self.state)
+        except CheckpointError as exc:  # another model, or a newer format: requeueing cannot help
+            self._end(exitcodes.NO_REQUEUE, f"cannot resume: {exc}")
+        load_s = time.perf_counter() - started
+        self.restored_step = restored
+        self.step = restored or 0
+        self.segment.started(restored_step=restored, load_s=round(load_s, 6),
+                             load_bytes=self._checkpoint_bytes(restored), **self._info)
+        self.guard = StepGuard(self.guard_config)
+        self.heartbeat = Heartbeat(self.run_dir, self.env.node, job_id=self.env.job_id,
+                                   restart_count=self.env.restart_count,
+                                   every=self.config.heartbeat_every, enabled=self.env.is_node_leader)
+        if self.config.watchdog:
+            self._watchdog = StepWatchdog(timeout_s=self.config.watchdog_timeout_s,
+                                          on_fire=self._on_hang).start()
+        self._preemption = PreemptionHandler(process_group=self.process_group,
+                                             device=self.device).install()
+        self._boundary = BoundaryCheck(rank=self.rank, enabled=self.config.check_boundaries)
+        self._boundary.mark()
+        return self
+
+    def close(self) -> None:
+        """Stop the watchdog, restore the signal handlers, finish the save in flight. Idempotent."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+        if self._preemption is not None:
+            self._preemption.uninstall()
+            self._preemption = None
+        if self._checkpoints is not None:
+            self._checkpoints.close()
+
+    def __enter__(self) -> "Run":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the pieces
+
+    @property
+    def checkpoints(self) -> CheckpointManager:
+        if self._checkpoints is None:
+            raise RuntimeError("the Run has not started: use `with Run(...) as run:` or run.start()")
+        return self._checkpoints
+
+    @property
+    def watchdog(self) -> StepWatchdog | None:
+        return self._watchdog
+
+    @property
+    def preemption(self) -> PreemptionHandler | None:
+        return self._preemption
+
+    def rng(self, step: int | None = None, *, per_rank: bool = True,
+            device: torch.device | str | None = None) -> torch.Generator:
+        """A generator for ``step`` (default: the step in progress) seeded from (seed, step, rank).
+
+        Batches drawn from it depend only on the step number (and rank, unless ``per_rank=False``:
+        then every rank draws the same), so a resumed run draws exactly what an uninterrupted one
+        did, with nothing to save. ``device``: where to draw (default: ``run.device``).
+        """
+        if step is None:
+            if self._in_step is None:
+                raise RuntimeError("Run.rng() without a step outside a step: pass the step")
+            step = self._in_step
+        return step_generator(self.config.seed, step, self.rank if per_rank else None,
+                              device if device is not None else self.device)
+
+    # ------------------------------------------------------------------ the loop
+
+    def steps(self, total: int) -> Iterator[int]:
+        """Yield steps ``self.step + 1 .. total`` (1-based); at its end save and write ``DONE``.
+
+        Between steps it runs the boundary: guard verdicts, journal, heartbeat, periodic save,
+        preemption (emergency save, exit 85). Leaving the loop early (``break``) saves nothing.
+        """
+        if not self._started:
+            raise RuntimeError("the Run has not started: use `with Run(...) as run:` or run.start()")
+        if total < 0:
+            raise ValueError(f"total steps must be >= 0, got {total}")
+        self._total = total
+        first = True
+        while self.step < total:
+            step = self.step + 1
+            if first:
+                self._boundary.check(f"between the start of the Run (its checkpoint restore) and step {step}",
+                                     _ADVICE)
+                first = False
+            self._in_step, self._reported, self._fields, self.result = step, False, {}, None
+            if self._watchdog is not None:
+                self._watchdog.step_started(step)
+            yield step
+            if self._watchdog is not None:
+                self._watchdog.step_finished()
+            self._in_step = None
+            self._boundary_after(step, total)
+        self._finish()
+
+    def report(self, loss: Any, grad_norm: Any = None, **fields: Any) -> bool:
+        """Judge this step: True when the optimizer may apply it. Call once per step, on every rank,
+        after backward (and gradient clipping), before ``optimizer.step()``.
+
+        ``loss``: this rank's loss (tensor or number); the guard and journal see the mean over ranks.
+        ``grad_norm``: the global gradient norm (as ``clip_grad_norm_`` returns it; a DTensor is
+        gathered); the mean over ranks is judged (equal ranks: itself). ``fields``: extra JSON fields
+        for this step's ``loss`` event (rank 0's values).
+        """
+        if self._in_step is None:
+            raise RuntimeError("Run.report() outside a step of run.steps()")
+        if self._reported:
+            raise RuntimeError(f"Run.report() called twice in step {self._in_step}")
+        self._reported = True
+        requested = self._preemption is not None and self._preemption.requested
+        values = torch.stack([self._scalar(loss), self._scalar(0.0 if grad_norm is None else grad_norm),
+                              self._scalar(1.0 if requested else 0.0)])
+        if self._distributed:
+            dist.all_reduce(values, op=dist.ReduceOp.SUM, group=self.process_group)
+        loss_sum, norm_sum, flags = values.tolist()
+        self.loss = loss_sum / self.world_size
+        self.grad_norm = None if grad_norm is None else norm_sum / self.world_size
+        self._stop_agreed = flags > 0
+        self._fields = fields
+        self.result = self.guard.check(self.loss, self.grad_norm or 0.0)
+        if not self.result.ok and self.state.optimizer is not None:
+            self.state.optimizer.zero_grad(set_to_none=True)
+        if self._stop_agreed or self._saves_at(self._in_step) or self.result.verdict is Verdict.ROLLBACK:
+            self._boundary.mark()  # what a save after this step captures must not move from here
+        else:
+            self._boundary.clear()
+        return self.result.ok
+
+    # ------------------------------------------------------------------ internals
+
+    def _boundary_after(self, step: int, total: int) -> None:
+        stop = self._stop_agreed if self._reported else self._preemption.should_stop()
+        result = self.result
+        if result is not None and not result.ok:
+            self.segment.record(journal.GUARD_TRIP, step=step, verdict=result.verdict.value,
+                                reason=result.reason, trips=result.trips_in_window)
+            if result.verdict is Verdict.GIVE_UP:
+                self._end(exitcodes.NO_REQUEUE, f"guard: {result.reason}", step=step)
+            if result.verdict is Verdict.ROLLBACK:
+                self.checkpoints.wait()
+                back = self.checkpoints.load_latest(self.state)
+                self.segment.record(journal.ROLLBACK, from_step=step, to_step=back,
+                                    **({} if back is not None else
+                                       {"reason": "no checkpoint yet: step skipped instead"}))
+                if back is not None:
+                    self.step = back
+                    self._boundary.mark()
+                    if stop:
+                        self._preempt(back)
+                    return
+        self.step = step
+        if self._reported and self.config.log_every and step % self.config.log_every == 0:
+            loss = self.loss if self.loss is not None and math.isfinite(self.loss) else None
+            norm = self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else None
+            self.segment.record(journal.LOSS, step=step, loss=loss, grad_norm=norm,
+                                world_size=self.world_size, **self._fields)
+        self.heartbeat.beat(step)
+        if self._reported and (stop or self._saves_at(step)):
+            self._boundary.check(f"after run.report() in step {step}, before its checkpoint", _ADVICE)
+        if stop:
+            self._preempt(step)
+        if self.checkpoints.due(step) and step < total:
+            self.checkpoints.save(step, self.state)
+
+    def _saves_at(self, step: int) -> bool:
+        return self.checkpoints.due(step) or step == self._total
+
+    def _preempt(self, step: int) -> None:
+        signal = self._preemption.received if self._preemption is not None else None
+        try:
+            self.checkpoints.emergency_save(step, self.state)
+            reason = f"preempted: emergency checkpoint at step {step}"
+        except CheckpointError as exc:  # the previous checkpoint is intact: requeueing still helps
+            reason = f"preempted: emergency checkpoint at step {step} FAILED ({exc}); resuming from an older one"
+        self.segment.record(journal.PREEMPTION, step=step, signal=signal.name if signal else "peer")
+        self._end(exitcodes.REQUEUE, reason, step=step)
+
+    def _finish(self) -> None:
+        if self.done:
+            return
+        self.checkpoints.emergency_save(self.step, self.state)  # the final state; no-op if committed
+        if self.env.is_rank0:
+            write_done(self.run_dir, self.step)
+        self.segment.finish(exitcodes.OK, f"finished at step {self.step}", step=self.step,
+                            barrier=self._barrier())
+        self.done = True
+
+    def _end(self, code: int, reason: str, *, step: int | None = None) -> None:
+        self.close()
+        self.segment.end(code, reason, step=step, barrier=self._barrier(), announce="rank 0")
+
+    def _barrier(self):
+        if not self._distributed:
+            return None
+        return lambda: dist.barrier(group=self.process_group)
+
+    def _on_commit(self, step: int, path: Path, stats: Any) -> None:
+        self.segment.record(journal.CHECKPOINT_COMMITTED, step=step, path=str(path),
+                            blocking_s=stats.blocking_s, total_s=stats.total_s,
+                            bytes_written=stats.bytes_written)
+
+    def _on_hang(self, message: str) -> None:
+        self.segment.journal.append(journal.HANG, rank=self.env.rank, message=message)
+        self.segment.journal.append(journal.SEGMENT_END, exit_code=exitcodes.HANG,
+                                    outcome=exitcodes.describe(exitcodes.HANG), reason=message)
+
+    def _checkpoint_bytes(self, step: int | None) -> int:
+        if step is None:
+            return 0
+        try:
+            return read_manifest(self.run_dir.checkpoint(step)).total_bytes
+        except (ManifestError, OSError):
+            return 0
+
+    def _collective_device(self) -> torch.device:
+        if self._distributed and "nccl" in str(dist.get_backend(self.process_group)):
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _scalar(self, value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            if hasattr(value, "full_tensor"):  # DTensor (FSDP2's clip_grad_norm_)
+                value = value.full_tensor()
+            return value.detach().reshape(()).to(device=self.device, dtype=torch.float64)
+        return torch.tensor(float(value), dtype=torch.float64, device=self.device)
+
+
+def _load_guards(config_file: str | Path | None) -> GuardConfig:
+    from slurmft.config import load_section
+
+    return load_section(GuardConfig, "guards", config_file=config_file)

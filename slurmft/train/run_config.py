@@ -1,0 +1,51 @@
+"""``[run]`` settings of :class:`slurmft.train.Run` (slurmft.toml, ``SLURMFT_RUN_<FIELD>``, arguments).
+
+Torch-free. The other in-job sections ``Run`` reads are ``[checkpoint]``
+(:class:`slurmft.train.ckpt_config.CheckpointConfig`) and ``[guards]``
+(:class:`slurmft.train.guards.GuardConfig`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from slurmft.config import load_section
+
+SECTION = "run"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """``[run]``: how often ``Run`` beats, journals and watches; its seed for ``Run.rng``.
+
+    heartbeat_every: steps between heartbeat writes by each node's local rank 0 (10).
+    log_every: steps between ``loss`` events in the journal, rank 0 (1; 0 = none).
+    watchdog: run the step-time watchdog (True).
+    watchdog_timeout_s: a step's time limit in seconds; None = adaptive, 10 x the median step
+        after 5 steps, at least 60 s (None).
+    seed: the seed ``Run.rng(step)`` mixes with the step and rank (0).
+    check_boundaries: warn when random state moves outside a step (True).
+    """
+
+    heartbeat_every: int = 10
+    log_every: int = 1
+    watchdog: bool = True
+    watchdog_timeout_s: float | None = None
+    seed: int = 0
+    check_boundaries: bool = True
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_every < 1:
+            raise ValueError(f"heartbeat_every must be >= 1, got {self.heartbeat_every}")
+        if self.log_every < 0:
+            raise ValueError(f"log_every must be >= 0, got {self.log_every}")
+        if self.watchdog_timeout_s is not None and self.watchdog_timeout_s <= 0:
+            raise ValueError(f"watchdog_timeout_s must be > 0, got {self.watchdog_timeout_s}")
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
+             **overrides: Any) -> "RunConfig":
+        """Defaults < ``[run]`` of the config file < environment < ``overrides`` (None = not given)."""
+        return load_section(cls, SECTION, config_file=config_file, environ=environ, overrides=overrides)
