@@ -66,6 +66,8 @@ def changed_generators(before: dict[str, Any], after: dict[str, Any]) -> list[st
 class BoundaryCheck:
     """Remember the generators' state at a boundary; warn once per ``where`` if they moved since.
 
+    rank: only rank 0 warns (default 0). enabled: False makes every call a no-op (default True).
+
     ``mark()`` at the boundary (after a restore, at the end of a step's work); ``check(where)``
     where nothing should have drawn since. Only rank 0 warns, with ``warnings.warn`` (stderr, the
     category filterable); every rank counts ``warnings``.

@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SaveStats:
-    """One save, timed from the ``save()`` call.
+    """One save, timed from the ``save()`` call (``CheckpointManager.stats``).
+
+    ``step``: the checkpoint's step. ``committed``: the save is durable under its final name.
 
     ``blocking_s``: how long ``save()`` held the training loop (agreement, ``waited_s`` spent
     waiting for the previous save, and staging). ``total_s``: until committed (or failed).
@@ -110,6 +112,11 @@ class CheckpointManager:
 
     Construct it on every rank (it creates its process groups collectively); call ``save`` /
     ``emergency_save`` / ``load_latest`` on every rank at the same step boundary.
+
+    run_dir: the run directory. config: :class:`CheckpointConfig` (default: its defaults).
+    process_group: the ranks that save together (default: the whole world). job_id,
+    restart_count: recorded in each manifest (default None). on_commit: called on the
+    coordinator as ``on_commit(step, path, stats)`` after each commit (default None).
     """
 
     def __init__(

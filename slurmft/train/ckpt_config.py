@@ -20,7 +20,14 @@ SECTION = "checkpoint"
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """``[checkpoint]`` settings (slurmft.toml, ``SLURMFT_CHECKPOINT_<FIELD>``, or overrides)."""
+    """``[checkpoint]`` settings (slurmft.toml, ``SLURMFT_CHECKPOINT_<FIELD>``, or overrides).
+
+    interval: steps between periodic saves (500). keep_last: newest checkpoints kept (3).
+    keep_every: also keep every M-th step (None). milestones: steps never pruned (()).
+    on_busy: a save while the previous one is in flight "wait"s for it or is "skip"ped ("wait").
+    thread_count: writer threads (files) per rank (1). timeout_s: the checkpoint groups'
+    collective timeout (1800).
+    """
 
     interval: int = 500  # steps between periodic saves (see CheckpointManager.due)
     keep_last: int = 3

@@ -24,7 +24,14 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class GuardConfig:
-    """``[guards]`` in slurmft.toml (``load_section(GuardConfig, "guards")``)."""
+    """``[guards]`` in slurmft.toml (``load_section(GuardConfig, "guards")``, ``SLURMFT_GUARDS_<FIELD>``).
+
+    action: what a tripped step does, "skip" its update or "rollback" to the last checkpoint ("skip").
+    spike_factor: a gradient norm above this x the rolling median is a spike; 0 = off (10).
+    spike_window: accepted norms kept for the median (50). spike_min_history: no spike verdict
+    before this many (10). max_trips: troubles within trip_window executed steps that give up (3).
+    trip_window: in executed steps (100).
+    """
 
     action: Literal["skip", "rollback"] = "skip"
     spike_factor: float = 10.0  # a grad norm above factor x rolling median is a spike; 0 = off
@@ -46,6 +53,8 @@ class GuardConfig:
 
 
 class Verdict(str, enum.Enum):
+    """What to do with a step: OK, SKIP its update, ROLLBACK to the last checkpoint, GIVE_UP (exit 86)."""
+
     OK = "ok"
     SKIP = "skip"
     ROLLBACK = "rollback"
@@ -54,6 +63,8 @@ class Verdict(str, enum.Enum):
 
 @dataclass(frozen=True)
 class GuardResult:
+    """A verdict; ``reason`` says what tripped (empty when OK); ``trips_in_window`` counts troubles."""
+
     verdict: Verdict
     reason: str = ""  # empty when OK; else one line: what tripped and the numbers
     trips_in_window: int = 0
@@ -64,6 +75,11 @@ class GuardResult:
 
 
 class StepGuard:
+    """Judges each step's loss and gradient norm (see the module docstring): ``check(loss, grad_norm)``.
+
+    config: :class:`GuardConfig` (default: its defaults). Feed it the same values on every rank.
+    """
+
     def __init__(self, config: GuardConfig | None = None) -> None:
         self.config = config or GuardConfig()
         self._norms: collections.deque[float] = collections.deque(maxlen=self.config.spike_window)

@@ -18,7 +18,12 @@ FORMAT_VERSION = 1
 
 
 class Heartbeat:
-    """Call ``beat(step)`` after every step on every rank; only node leaders write, every k steps."""
+    """Call ``beat(step)`` after every step on every rank; only node leaders write, every k steps.
+
+    run_dir, node: the file is ``<run_dir>/heartbeat/<node>.json``. job_id, restart_count: written
+    in each beat. every: steps between writes (10). enabled: False on all but local rank 0 (True).
+    clock: wall-clock source (``time.time``).
+    """
 
     def __init__(self, run_dir: RunDir, node: str, *, job_id: str | None, restart_count: int,
                  every: int = 10, enabled: bool = True,

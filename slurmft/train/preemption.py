@@ -25,7 +25,12 @@ DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR2, signal.SIGTERM)
 
 
 class PreemptionHandler:
-    """Installs the flag-setting handlers; ``should_stop()`` is the collective decision."""
+    """Installs the flag-setting handlers; ``should_stop()`` is the collective decision.
+
+    signals: the signals that mean "save and requeue" (USR2, TERM). process_group: who agrees
+    (default: the world). device: where the flag is all-reduced ("cpu"; a CUDA device for NCCL).
+    check_every: all-reduce on every k-th ``should_stop()`` call only (1).
+    """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS, *,
                  process_group: Any = None, device: torch.device | str = "cpu",

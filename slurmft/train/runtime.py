@@ -32,6 +32,13 @@ class JobEnvError(ValueError):
 
 @dataclass(frozen=True)
 class JobEnv:
+    """Who and where this process is, read once by ``from_environ()`` (see the module docstring).
+
+    rank, local_rank, world_size, local_world_size: torchrun's, else srun's. node: this node's name.
+    job_id, restart_count, num_nodes, nodelist: Slurm's (None/0/1/None outside Slurm).
+    pg_timeout_s: collective timeout for ``init_process_group`` (``$SLURMFT_PG_TIMEOUT_S``, 600).
+    """
+
     rank: int
     local_rank: int
     world_size: int
@@ -112,7 +119,10 @@ def check_run_dir_writable(run_dir: RunDir) -> None:
 
 
 class Segment:
-    """Journal the start and end of this segment; ``end`` exits the process with the given code."""
+    """Journal the start and end of this segment; ``end`` exits the process with the given code.
+
+    env: this process's :class:`JobEnv` (only rank 0 journals). run_dir: where the journal is.
+    """
 
     def __init__(self, env: JobEnv, run_dir: RunDir) -> None:
         self.env = env

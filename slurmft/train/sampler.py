@@ -68,7 +68,12 @@ def epoch_order(dataset_len: int, seed: int, epoch: int, shuffle: bool) -> list[
 
 
 class ResumableSampler:
-    """Hands each rank its micro-batches step by step; position = global samples consumed."""
+    """Hands each rank its micro-batches step by step; position = global samples consumed.
+
+    dataset_len: samples in the dataset. global_batch_size: samples per step over all ranks.
+    rank, world_size: this rank's slice. micro_batch_size: per-rank micro-batch (default: the whole
+    per-rank batch, no accumulation). seed: the data order's seed (0). shuffle: permute each epoch (True).
+    """
 
     def __init__(self, dataset_len: int, global_batch_size: int, *, rank: int, world_size: int,
                  micro_batch_size: int | None = None, seed: int = 0, shuffle: bool = True) -> None:

@@ -47,7 +47,12 @@ def rank_key(rank: int) -> str:
 
 
 class TrainState(Stateful):
-    """Model, optimizer and everything else needed to resume training exactly where it stopped."""
+    """Model, optimizer and everything else needed to resume training exactly where it stopped.
+
+    model, optimizer: plain, DDP or FSDP2 (optimizer optional). scheduler, sampler: objects with
+    ``state_dict``/``load_state_dict`` of plain JSON data (optional). extras: a JSON dict of your
+    own ({}). options: ``StateDictOptions`` for DCP's state-dict helpers (None).
+    """
 
     def __init__(
         self,

@@ -24,6 +24,15 @@ from slurmft import exitcodes
 
 
 class StepWatchdog:
+    """Ends a hung step with stacks and exit 87 (see the module docstring); ``start()`` it.
+
+    timeout_s: a step's limit (None: adaptive). safety_factor: adaptive limit = this x the median
+    step (10). warmup_steps: steps observed before the adaptive limit applies (5). min_timeout_s:
+    floor of the adaptive limit (60). history: steps in the median (50). on_fire: called with the
+    message before exiting (None). stream: where stacks go (stderr). exit_code: (87, HANG).
+    poll_s: how often the thread looks (default: a tenth of the limit, at most 1 s).
+    """
+
     def __init__(self, *, timeout_s: float | None = None, safety_factor: float = 10.0,
                  warmup_steps: int = 5, min_timeout_s: float = 60.0, history: int = 50,
                  on_fire: Callable[[str], None] | None = None, stream: TextIO | None = None,

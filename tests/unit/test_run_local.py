@@ -1,0 +1,139 @@
+"""``Run`` in one process (no process group): the step-boundary check, ``run.rng``, step numbering,
+bad input. The multi-rank protocol is in test_run_dist.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from slurmft import exitcodes
+from slurmft.journal import read_events
+from slurmft.rundir import RunDir
+from slurmft.train import CheckpointConfig, ResumeDivergenceWarning, Run, RunConfig
+from slurmft.train.boundary import step_generator, step_seed
+
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURMFT_RUN_DIR")
+
+
+@pytest.fixture(autouse=True)
+def _plain_env(monkeypatch):
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+
+def make_run(run_dir, *, interval=3, **config):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, optimizer, Run(model, optimizer, run_dir=run_dir,
+                                 checkpoint=CheckpointConfig(interval=interval),
+                                 config=RunConfig(watchdog=False, **config))
+
+
+def draw_batch():
+    x = torch.randn(8, 4)  # the global RNG, as most examples do
+    return x, x.sum(dim=1, keepdim=True)
+
+
+def train(model, optimizer, run, batch):
+    x, y = batch
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    ok = run.report(loss=loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    return ok
+
+
+@pytest.mark.timeout(60)
+def test_prefetched_batch_warns_loudly(tmp_path):
+    """The common loop: first batch drawn before the loop, the next one drawn before the save."""
+    model, optimizer, run = make_run(tmp_path / "run")
+    with pytest.warns(ResumeDivergenceWarning) as caught:
+        with run:
+            batch = draw_batch()
+            for _step in run.steps(6):
+                current = batch
+                batch = draw_batch()  # prefetch: the global RNG moves before the boundary
+                train(model, optimizer, run, current)
+    messages = [str(w.message) for w in caught]
+    assert any("between the start of the Run" in m and "torch" in m for m in messages), messages
+    assert run._boundary.warnings >= 1
+
+
+@pytest.mark.timeout(60)
+def test_prefetch_after_report_warns_at_the_save(tmp_path):
+    model, optimizer, run = make_run(tmp_path / "run")
+    with pytest.warns(ResumeDivergenceWarning, match=r"after run.report\(\) in step 3, before its checkpoint"):
+        with run:
+            for _step in run.steps(4):
+                train(model, optimizer, run, draw_batch())
+                torch.rand(1)  # drawn after the step's report: lands in the saved RNG state
+
+
+@pytest.mark.timeout(60)
+def test_draws_inside_the_step_do_not_warn(tmp_path):
+    model, optimizer, run = make_run(tmp_path / "run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumeDivergenceWarning)
+        with run:
+            for step in run.steps(6):
+                train(model, optimizer, run, draw_batch())
+                gen = run.rng(step)  # the per-step generator never touches global state
+                torch.randn(2, generator=gen)
+    assert run._boundary.warnings == 0 and run.done
+
+
+@pytest.mark.timeout(60)
+def test_steps_are_one_based_and_resume_after_the_saved_step(tmp_path):
+    run_dir = tmp_path / "run"
+    model, optimizer, run = make_run(run_dir)
+    seen = []
+    with run:
+        for step in run.steps(5):
+            seen.append(step)
+            if step == 4:
+                break  # leaving early: step 4 never completed, no final save, no DONE
+            train(model, optimizer, run, draw_batch())
+    assert seen == [1, 2, 3, 4] and run.step == 3 and RunDir(run_dir).committed_steps() == [3]
+    assert not RunDir(run_dir).done.exists()
+    model, optimizer, run = make_run(run_dir)
+    with run:
+        assert run.restored_step == 3 and run.step == 3
+        resumed = [step for step in run.steps(5) if train(model, optimizer, run, draw_batch()) or True]
+    assert resumed == [4, 5] and RunDir(run_dir).done.read_text() == "5\n"
+    assert RunDir(run_dir).committed_steps() == [3, 5]
+    losses = [e.get("step") for e in read_events(RunDir(run_dir).events, ["loss"])]
+    assert losses == [1, 2, 3, 4, 5]
+
+
+def test_step_generator_depends_on_seed_step_and_rank_only():
+    a = torch.randn(3, generator=step_generator(1, 10, 0))
+    torch.manual_seed(123)  # global state is irrelevant
+    assert torch.equal(a, torch.randn(3, generator=step_generator(1, 10, 0)))
+    seeds = {step_seed(1, 10, 0), step_seed(1, 11, 0), step_seed(1, 10, 1), step_seed(2, 10, 0),
+             step_seed(1, 10, None)}
+    assert len(seeds) == 5
+
+
+@pytest.mark.timeout(60)
+def test_missing_run_dir_exits_86_naming_it(tmp_path):
+    code = ("import torch; from slurmft.train import Run\n"
+            "Run(torch.nn.Linear(1, 1)).start()\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ENV_KEYS}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == exitcodes.NO_REQUEUE
+    assert proc.stderr.strip() == ("slurmft: no run directory: pass Run(run_dir=...) or set "
+                                   "$SLURMFT_RUN_DIR -> NO_REQUEUE (86)")
+
+
+def test_report_outside_a_step_is_an_error(tmp_path):
+    model, optimizer, run = make_run(tmp_path / "run")
+    with run, pytest.raises(RuntimeError, match="outside a step"):
+        run.report(loss=1.0)
