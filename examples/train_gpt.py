@@ -5,12 +5,12 @@ and position embeddings, pre-norm transformer blocks with causal self-attention,
 to the token embedding; every block and the root are sharded with ``fully_shard``. It runs on
 CPU/gloo as it is and on GPUs/NCCL unchanged (device and backend follow ``torch.cuda``).
 
-It uses every in-job piece of slurmft: ``CheckpointManager`` + ``TrainState`` (async saves,
-resume from the newest valid checkpoint, any world size), ``ResumableSampler`` (same global batch
-and sample order on any world size), ``PreemptionHandler`` (USR2/TERM -> one emergency save ->
-exit REQUEUE), ``Heartbeat``, ``StepGuard`` (NaN / spike -> skip or roll back; repeated -> exit
-NO_REQUEUE), ``StepWatchdog`` (hung step -> stacks + exit HANG) and the journal, where rank 0
+The loop runs inside ``slurmft.train.Run``, which wires every in-job piece: async checkpoints and
+resume from the newest valid one (any world size), preemption (USR2/TERM -> one emergency save ->
+exit REQUEUE), heartbeats, the guard (NaN / spike -> skip or roll back; repeated -> exit
+NO_REQUEUE), the step watchdog (hung step -> stacks + exit HANG) and the journal, where rank 0
 writes every step's loss with a digest of the step's samples so runs can be compared.
+``ResumableSampler`` gives the same global batch and sample order on any world size.
 
 Launch with torchrun (see ``sbatch_templates/train.sbatch``) or plainly as one process.
 The ``--inject-*`` and ``--step-sleep`` flags exist for the fault tests.
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
-import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -33,18 +31,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 
-from slurmft import exitcodes, journal
-from slurmft.rundir import RunDir, atomic_write_bytes
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
-from slurmft.train.guards import GuardConfig, StepGuard, Verdict
-from slurmft.train.heartbeat import Heartbeat
-from slurmft.train.preemption import PreemptionHandler
-from slurmft.train.runtime import JobEnv, RunDirError, Segment, check_run_dir_writable
-from slurmft.train.sampler import ResumableSampler, SamplerError
-from slurmft.train.state import TrainState
-from slurmft.train.watchdog import StepWatchdog
+from slurmft import exitcodes
+from slurmft.rundir import RunDir
+from slurmft.train import (CheckpointConfig, GuardConfig, JobEnv, ResumableSampler, Run, RunConfig,
+                           SamplerError, Segment)
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -166,25 +157,10 @@ def init_distributed(env: JobEnv) -> torch.device:
     return device
 
 
-def global_grad_norm(model: nn.Module, max_norm: float) -> float:
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
-    return float(norm)
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     env = JobEnv.from_environ()
-    run_dir = RunDir(Path(args.run_dir))
-    try:
-        check_run_dir_writable(run_dir)
-    except RunDirError as exc:
-        print(f"slurmft: {exc} -> {exitcodes.describe(exitcodes.NO_REQUEUE)}", file=sys.stderr)
-        raise SystemExit(exitcodes.NO_REQUEUE)
-    segment = Segment(env, run_dir)
     device = init_distributed(env)
-    barrier = dist.barrier
 
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
@@ -202,100 +178,40 @@ def main(argv: list[str] | None = None) -> None:
                                    world_size=env.world_size, micro_batch_size=args.micro_batch,
                                    seed=args.seed)
     except SamplerError as exc:
-        segment.end(exitcodes.NO_REQUEUE, f"bad batch geometry: {exc}", barrier=barrier)
-    state = TrainState(model, optimizer, sampler=sampler)
-
-    def on_commit(step: int, path: Path, stats: object) -> None:
-        segment.record(journal.CHECKPOINT_COMMITTED, step=step, path=str(path),
-                       blocking_s=getattr(stats, "blocking_s", None),
-                       total_s=getattr(stats, "total_s", None),
-                       bytes_written=getattr(stats, "bytes_written", None))
-
-    ckpt = CheckpointManager(run_dir.root, CheckpointConfig.load(interval=args.ckpt_every),
-                             job_id=env.job_id, restart_count=env.restart_count,
-                             on_commit=on_commit)
-    try:
-        restored = ckpt.load_latest(state)
-    except CheckpointError as exc:  # does not fit this model, or newer format: requeueing cannot help
-        segment.end(exitcodes.NO_REQUEUE, f"cannot resume: {exc}", barrier=barrier)
-    step = restored or 0
-    segment.started(restored_step=restored, global_batch=args.global_batch,
-                    accumulation=sampler.plan.accumulation_steps)
-
-    guard = StepGuard(GuardConfig(action=args.guard_action, max_trips=args.guard_max_trips))
-    heartbeat = Heartbeat(run_dir, env.node, job_id=env.job_id, restart_count=env.restart_count,
-                          every=args.heartbeat_every, enabled=env.is_node_leader)
-
-    def on_hang(message: str) -> None:
-        segment.journal.append(journal.HANG, rank=env.rank, message=message)
-        segment.journal.append(journal.SEGMENT_END, exit_code=exitcodes.HANG,
-                               outcome=exitcodes.describe(exitcodes.HANG), reason=message)
-
-    watchdog = StepWatchdog(timeout_s=args.watchdog_timeout, on_fire=on_hang).start()
-    preemption = PreemptionHandler(device=device).install()
+        Segment(env, RunDir(Path(args.run_dir))).end(
+            exitcodes.NO_REQUEUE, f"bad batch geometry: {exc}", barrier=dist.barrier)
     nan_budget = args.inject_nan_times
 
-    while step < args.steps:
-        if preemption.should_stop():
-            ckpt.emergency_save(step, state)
-            segment.record(journal.PREEMPTION, step=step,
-                           signal=preemption.received.name if preemption.received else "peer")
-            segment.end(exitcodes.REQUEUE, f"preempted: emergency checkpoint at step {step}",
-                        step=step, barrier=barrier)
-        watchdog.step_started(step + 1)
-        micro_batches = sampler.next_step()
-        total = torch.zeros((), device=device)
-        for indices in micro_batches:
-            x, y = data.batch(indices, device)
-            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten()) / len(micro_batches)
-            loss.backward()
-            total += loss.detach()
-        if step + 1 == args.inject_nan_at and nan_budget > 0:
-            nan_budget -= 1
-            total = total * float("nan")
-            for p in model.parameters():
-                p.grad.mul_(float("nan"))
-        if step + 1 == args.inject_hang_at and env.rank == args.inject_hang_rank:
-            while True:
-                time.sleep(3600)
-        dist.all_reduce(total)  # SUM: gloo has no AVG
-        loss_value = float(total) / env.world_size
-        verdict = guard.check(loss_value, global_grad_norm(model, 1.0))
-        if verdict.verdict is Verdict.OK:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
-        watchdog.step_finished()
-        if verdict.verdict is Verdict.GIVE_UP:
-            segment.record(journal.GUARD_TRIP, step=step + 1, verdict="give_up", reason=verdict.reason)
-            segment.end(exitcodes.NO_REQUEUE, f"guard: {verdict.reason}", step=step + 1, barrier=barrier)
-        if not verdict.ok:
-            segment.record(journal.GUARD_TRIP, step=step + 1, verdict=verdict.verdict.value,
-                           reason=verdict.reason, trips=verdict.trips_in_window)
-            if verdict.verdict is Verdict.ROLLBACK:
-                ckpt.wait()
-                back = ckpt.load_latest(state)
-                if back is not None:
-                    segment.record(journal.ROLLBACK, from_step=step + 1, to_step=back)
-                    step = back
-                    continue
-                segment.record(journal.ROLLBACK, from_step=step + 1, to_step=None,
-                               reason="no checkpoint yet: step skipped instead")
-        step += 1
-        segment.record(journal.LOSS, step=step, loss=loss_value if math.isfinite(loss_value) else None,
-                       samples=zlib.crc32(repr(sampler.global_batch(step - 1)).encode()),
-                       world_size=env.world_size)
-        heartbeat.beat(step)
-        if ckpt.due(step) and step < args.steps:
-            ckpt.save(step, state)
-
-    ckpt.emergency_save(step, state)  # the final state, synchronously
-    ckpt.close()
-    watchdog.stop()
-    if env.is_rank0:
-        atomic_write_bytes(run_dir.done, f"{step}\n".encode())
-    segment.end(exitcodes.OK, f"finished at step {step}", step=step, barrier=barrier)
+    with Run(model, optimizer, sampler=sampler, run_dir=args.run_dir, env=env,
+             checkpoint=CheckpointConfig.load(interval=args.ckpt_every),
+             guards=GuardConfig(action=args.guard_action, max_trips=args.guard_max_trips),
+             config=RunConfig.load(heartbeat_every=args.heartbeat_every, seed=args.seed,
+                                   watchdog_timeout_s=args.watchdog_timeout),
+             info={"global_batch": args.global_batch,
+                   "accumulation": sampler.plan.accumulation_steps}) as run:
+        for step in run.steps(args.steps):
+            micro_batches = sampler.next_step()
+            total = torch.zeros((), device=device)
+            for indices in micro_batches:
+                x, y = data.batch(indices, device)
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten()) / len(micro_batches)
+                loss.backward()
+                total += loss.detach()
+            if step == args.inject_nan_at and nan_budget > 0:
+                nan_budget -= 1
+                total = total * float("nan")
+                for p in model.parameters():
+                    p.grad.mul_(float("nan"))
+            if step == args.inject_hang_at and env.rank == args.inject_hang_rank:
+                while True:
+                    time.sleep(3600)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if run.report(loss=total, grad_norm=norm,
+                          samples=zlib.crc32(repr(sampler.global_batch(step - 1)).encode())):
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
 
 
 if __name__ == "__main__":
