@@ -88,8 +88,9 @@ class TrainJob:
             time.sleep(0.3)
 
 
-def kill_ranks(job_id: str) -> int:
-    """kill -9 every training rank of ``job_id`` (a crash: no handler runs); returns how many."""
+def kill_ranks(job_id: str, script: Path = EXAMPLE) -> int:
+    """kill -9 every training rank of ``job_id`` running ``script`` (a crash: no handler runs);
+    returns how many."""
     killed = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -101,7 +102,7 @@ def kill_ranks(job_id: str) -> int:
             continue
         argv = cmdline.split(b"\0")
         # A rank is `python -u train_gpt.py ...` (torchrun and the bash wrapper name it later).
-        if f"SLURM_JOB_ID={job_id}".encode() in environ and str(EXAMPLE).encode() in argv[1:3]:
+        if f"SLURM_JOB_ID={job_id}".encode() in environ and str(script).encode() in argv[1:3]:
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
@@ -111,11 +112,12 @@ def kill_ranks(job_id: str) -> int:
 
 
 def submit(cluster, run_dir: Path, train_args: list[str], *, nodes: int | str,
-           sbatch_options: list[str] = (), env: dict[str, str] | None = None) -> TrainJob:
+           sbatch_options: list[str] = (), env: dict[str, str] | None = None,
+           script: Path = EXAMPLE) -> TrainJob:
     client = CliSlurmClient(env=cluster.env)
     log = run_dir.parent / f"{run_dir.name}-job.out"
     job_env = {**os.environ, **cluster.env, **JOB_ENV, "SLURMFT_RUN_DIR": str(run_dir), **(env or {})}
-    job_id = client.submit(TEMPLATE, [str(EXAMPLE), *train_args], env=job_env,
+    job_id = client.submit(TEMPLATE, [str(script), *train_args], env=job_env,
                            sbatch_options=[f"--nodes={nodes}", f"--output={log}",
                                            f"--chdir={run_dir.parent}", *sbatch_options])
     return TrainJob(client, run_dir, job_id, log)
@@ -133,13 +135,17 @@ def losses(events: list[Event]) -> dict[int, tuple[float, int]]:
     return found
 
 
-def reference_losses(run_dir: Path, train_args: list[str], world_size: int) -> dict[int, tuple[float, int]]:
+def reference_losses(run_dir: Path, train_args: list[str], world_size: int, *,
+                     script: Path = EXAMPLE, env: dict[str, str] | None = None) -> dict[int, tuple[float, int]]:
     """An uninterrupted run on ``world_size`` local ranks (torchrun --standalone, no Slurm)."""
+    extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env.update(JOB_ENV)
+    env.update(extra)
+    env["SLURMFT_RUN_DIR"] = str(run_dir)  # train_gpt.py's --run-dir default; Run reads it too
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc-per-node={world_size}", str(EXAMPLE), "--run-dir", str(run_dir), *train_args],
+         f"--nproc-per-node={world_size}", str(script), *train_args],
         env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return losses(read_events(RunDir(run_dir).events))

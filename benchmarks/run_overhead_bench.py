@@ -1,0 +1,158 @@
+"""Per-step overhead of ``slurmft.train.Run`` against the same loop without it.
+
+    python benchmarks/run_overhead_bench.py [--world 2] [--steps 300] [--rounds 5] [--json]
+
+Starts ``--world`` ranks (gloo on CPU, 127.0.0.1) that train one small DDP model. Each round runs
+the bare loop and then every ``Run`` variant for ``--steps`` steps, interleaved so that machine
+noise hits all of them alike. A step's time is the interval between the starts of consecutive
+steps (the first step and the final save are left out; checkpoint saves are not in these steps:
+their cost is ``benchmarks/ckpt_bench.py``'s). Reported per variant: the median step time of the
+slowest rank, and the overhead over the bare loop in microseconds and as a share of a 100 ms step
+(the target: under 1 %).
+
+Variants: ``Run`` with its defaults (a ``loss`` journal event per step: one append + fsync on rank
+0; heartbeat every 10 steps; watchdog; one all-reduce per step in ``report``), and with
+``log_every=100``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET_STEP_S = 0.100
+VARIANTS = ("bare", "run (defaults)", "run (log_every=100)")
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from slurmft.train import CheckpointConfig, Run, RunConfig
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 64), torch.randn(16, 1)
+
+    def body(run=None) -> None:
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        if run is not None:
+            run.report(loss=loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def step_times(starts: list[float]) -> list[float]:
+        return [b - a for a, b in zip(starts[1:], starts[2:])]  # drop the first step
+
+    results: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for round_ in range(args.rounds):
+        starts = []
+        for _ in range(args.steps):
+            starts.append(time.perf_counter())
+            body()
+        dist.barrier()
+        starts.append(time.perf_counter())
+        results["bare"] += step_times(starts)
+        for variant, log_every in (("run (defaults)", 1), ("run (log_every=100)", 100)):
+            run_dir = Path(args.dir) / f"r{round_}-{log_every}"
+            starts = []
+            with Run(model, optimizer, run_dir=run_dir,
+                     checkpoint=CheckpointConfig(interval=10 * args.steps),
+                     config=RunConfig(log_every=log_every)) as run:
+                for _step in run.steps(args.steps):
+                    starts.append(time.perf_counter())
+                    body(run)
+                starts.append(time.perf_counter())  # after the last boundary and the final save
+            results[variant] += step_times(starts[:-1])
+    medians = {v: statistics.median(t) for v, t in results.items()}
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, medians)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--dir", help="run directories go here (default: a temporary dir)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    if args.world < 1 or args.steps < 3 or args.rounds < 1:
+        p.error("--world >= 1, --steps >= 3 and --rounds >= 1")
+    with tempfile.TemporaryDirectory(prefix="run-bench-", dir=args.dir) as tmp:
+        out = Path(tmp) / "result.json"
+        port = free_port()
+        procs = []
+        for rank in range(args.world):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(args.world),
+                   "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(args.world),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+            env.pop("SLURMFT_RUN_DIR", None)
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--worker", "--dir", tmp, "--out", str(out),
+                 "--steps", str(args.steps), "--rounds", str(args.rounds)], env=env))
+        deadline = time.monotonic() + 60 + 0.05 * args.steps * args.rounds * len(VARIANTS)
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for other in procs:
+                    other.kill()
+                print("run_overhead_bench: ranks did not finish in time", file=sys.stderr)
+                return 1
+        if any(proc.returncode for proc in procs) or not out.exists():
+            print(f"run_overhead_bench: a rank failed: {[p.returncode for p in procs]}", file=sys.stderr)
+            return 1
+        per_rank = json.loads(out.read_text())
+    slowest = {v: max(r[v] for r in per_rank) for v in VARIANTS}
+    rows = [{"variant": v, "step_us": slowest[v] * 1e6,
+             "overhead_us": (slowest[v] - slowest["bare"]) * 1e6,
+             "share_of_100ms_step_pct": (slowest[v] - slowest["bare"]) / TARGET_STEP_S * 100}
+            for v in VARIANTS]
+    report = {"world": args.world, "steps": args.steps, "rounds": args.rounds,
+              "target_pct": 1.0, "rows": rows,
+              "met": all(r["share_of_100ms_step_pct"] < 1.0 for r in rows)}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"Run overhead: {args.world} ranks (gloo, CPU), {args.rounds} rounds x {args.steps} steps, "
+          f"median step of the slowest rank")
+    print(f"| {'variant':<20} | step us | overhead us | share of a 100 ms step |")
+    print(f"| {'-' * 20} | ------- | ----------- | ---------------------- |")
+    for r in rows:
+        print(f"| {r['variant']:<20} | {r['step_us']:7.0f} | {r['overhead_us']:11.0f} | "
+              f"{r['share_of_100ms_step_pct']:21.3f}% |")
+    print(f"target: overhead < 1 % of a 100 ms step: {'met' if report['met'] else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
