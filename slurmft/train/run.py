@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from slurmft import exitcodes, journal
+from slurmft.config import ConfigError, load_section
 from slurmft.rundir import RUN_DIR_ENV, RunDir, atomic_write_bytes
 from slurmft.train.boundary import BoundaryCheck, step_generator
 from slurmft.train.checkpoint import CheckpointError, CheckpointManager
@@ -103,9 +104,12 @@ class Run:
                  env: JobEnv | None = None) -> None:
         self.state = TrainState(model, optimizer, scheduler, sampler, extras)
         self._run_dir_arg = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV)
-        self.checkpoint_config = checkpoint or CheckpointConfig.load(config_file)
-        self.guard_config = guards or _load_guards(config_file)
-        self.config = config or RunConfig.load(config_file)
+        try:
+            self.checkpoint_config = checkpoint or CheckpointConfig.load(config_file)
+            self.guard_config = guards or load_section(GuardConfig, "guards", config_file=config_file)
+            self.config = config or RunConfig.load(config_file)
+        except ConfigError as exc:  # a wrong key or value: running again would fail the same way
+            _fail(str(exc))
         self.process_group = process_group
         self._device_arg = device
         self._info = dict(info or {})
@@ -383,9 +387,3 @@ class Run:
                 value = value.full_tensor()
             return value.detach().reshape(()).to(device=self.device, dtype=torch.float64)
         return torch.tensor(float(value), dtype=torch.float64, device=self.device)
-
-
-def _load_guards(config_file: str | Path | None) -> GuardConfig:
-    from slurmft.config import load_section
-
-    return load_section(GuardConfig, "guards", config_file=config_file)

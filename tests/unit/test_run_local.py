@@ -137,3 +137,15 @@ def test_report_outside_a_step_is_an_error(tmp_path):
     model, optimizer, run = make_run(tmp_path / "run")
     with run, pytest.raises(RuntimeError, match="outside a step"):
         run.report(loss=1.0)
+
+
+@pytest.mark.timeout(60)
+def test_bad_config_value_exits_86_naming_the_key(tmp_path):
+    code = "import torch; from slurmft.train import Run\nRun(torch.nn.Linear(1, 1))\n"
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ENV_KEYS}
+    env["SLURMFT_RUN_LOG_EVERY"] = "often"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == exitcodes.NO_REQUEUE
+    assert proc.stderr.strip() == ("slurmft: [run] log_every must be an integer, got 'often' "
+                                   "-> NO_REQUEUE (86)")
