@@ -8,11 +8,12 @@ noise hits all of them alike. A step's time is the interval between the starts o
 steps (the first step and the final save are left out; checkpoint saves are not in these steps:
 their cost is ``benchmarks/ckpt_bench.py``'s). Reported per variant: the median step time of the
 slowest rank, and the overhead over the bare loop in microseconds and as a share of a 100 ms step
-(the target: under 1 %).
+(the target: under 1 %). The median shows the cost every step pays; the mean adds what only some
+steps pay (a heartbeat write every 10th step, a journal event every ``log_every``-th).
 
-Variants: ``Run`` with its defaults (a ``loss`` journal event per step: one append + fsync on rank
-0; heartbeat every 10 steps; watchdog; one all-reduce per step in ``report``), and with
-``log_every=100``.
+Variants: ``Run`` with its defaults (one all-reduce per step in ``report``; a ``loss`` journal
+event, one append + fsync on rank 0, every 10 steps; a heartbeat every 10 steps; the watchdog),
+and with ``log_every=1`` (a journal event every step, as the examples do).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 TARGET_STEP_S = 0.100
-VARIANTS = ("bare", "run (defaults)", "run (log_every=100)")
+VARIANTS = ("bare", "run (defaults)", "run (log_every=1)")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -67,20 +68,20 @@ def worker(args: argparse.Namespace) -> None:
         dist.barrier()
         starts.append(time.perf_counter())
         results["bare"] += step_times(starts)
-        for variant, log_every in (("run (defaults)", 1), ("run (log_every=100)", 100)):
-            run_dir = Path(args.dir) / f"r{round_}-{log_every}"
+        for variant, log_every in (("run (defaults)", None), ("run (log_every=1)", 1)):
+            run_dir = Path(args.dir) / f"r{round_}-{variant.split()[-1].strip('()=')}"
             starts = []
             with Run(model, optimizer, run_dir=run_dir,
                      checkpoint=CheckpointConfig(interval=10 * args.steps),
-                     config=RunConfig(log_every=log_every)) as run:
+                     config=RunConfig.load(log_every=log_every)) as run:
                 for _step in run.steps(args.steps):
                     starts.append(time.perf_counter())
                     body(run)
                 starts.append(time.perf_counter())  # after the last boundary and the final save
             results[variant] += step_times(starts[:-1])
-    medians = {v: statistics.median(t) for v, t in results.items()}
+    stats = {v: (statistics.median(t), statistics.fmean(t)) for v, t in results.items()}
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, medians)
+    dist.all_gather_object(gathered, stats)
     if rank == 0:
         Path(args.out).write_text(json.dumps(gathered))
     dist.destroy_process_group()
@@ -132,25 +133,30 @@ def main() -> int:
             print(f"run_overhead_bench: a rank failed: {[p.returncode for p in procs]}", file=sys.stderr)
             return 1
         per_rank = json.loads(out.read_text())
-    slowest = {v: max(r[v] for r in per_rank) for v in VARIANTS}
-    rows = [{"variant": v, "step_us": slowest[v] * 1e6,
-             "overhead_us": (slowest[v] - slowest["bare"]) * 1e6,
-             "share_of_100ms_step_pct": (slowest[v] - slowest["bare"]) / TARGET_STEP_S * 100}
+    median = {v: max(r[v][0] for r in per_rank) for v in VARIANTS}  # the slowest rank
+    mean = {v: max(r[v][1] for r in per_rank) for v in VARIANTS}
+    rows = [{"variant": v, "median_step_us": median[v] * 1e6, "mean_step_us": mean[v] * 1e6,
+             "median_overhead_us": (median[v] - median["bare"]) * 1e6,
+             "mean_overhead_us": (mean[v] - mean["bare"]) * 1e6,
+             "mean_share_of_100ms_step_pct": (mean[v] - mean["bare"]) / TARGET_STEP_S * 100}
             for v in VARIANTS]
     report = {"world": args.world, "steps": args.steps, "rounds": args.rounds,
               "target_pct": 1.0, "rows": rows,
-              "met": all(r["share_of_100ms_step_pct"] < 1.0 for r in rows)}
+              "met": rows[1]["mean_share_of_100ms_step_pct"] < 1.0}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"Run overhead: {args.world} ranks (gloo, CPU), {args.rounds} rounds x {args.steps} steps, "
-          f"median step of the slowest rank")
-    print(f"| {'variant':<20} | step us | overhead us | share of a 100 ms step |")
-    print(f"| {'-' * 20} | ------- | ----------- | ---------------------- |")
+    print(f"Run overhead: {args.world} rank(s) (gloo, CPU), {args.rounds} rounds x {args.steps} steps, "
+          f"slowest rank")
+    print(f"| {'variant':<18} | median step us | mean step us | median overhead us | mean overhead us "
+          f"| mean overhead / 100 ms step |")
+    print(f"| {'-' * 18} | -------------- | ------------ | ------------------ | ---------------- "
+          f"| --------------------------- |")
     for r in rows:
-        print(f"| {r['variant']:<20} | {r['step_us']:7.0f} | {r['overhead_us']:11.0f} | "
-              f"{r['share_of_100ms_step_pct']:21.3f}% |")
-    print(f"target: overhead < 1 % of a 100 ms step: {'met' if report['met'] else 'NOT met'}")
+        print(f"| {r['variant']:<18} | {r['median_step_us']:14.0f} | {r['mean_step_us']:12.0f} | "
+              f"{r['median_overhead_us']:18.0f} | {r['mean_overhead_us']:16.0f} | "
+              f"{r['mean_share_of_100ms_step_pct']:26.3f}% |")
+    print(f"target (defaults): mean overhead < 1 % of a 100 ms step: {'met' if report['met'] else 'NOT met'}")
     return 0
 
 

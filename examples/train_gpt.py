@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     with Run(model, optimizer, sampler=sampler, run_dir=args.run_dir, env=env,
              checkpoint=CheckpointConfig.load(interval=args.ckpt_every),
              guards=GuardConfig(action=args.guard_action, max_trips=args.guard_max_trips),
-             config=RunConfig.load(heartbeat_every=args.heartbeat_every, seed=args.seed,
+             config=RunConfig.load(heartbeat_every=args.heartbeat_every, seed=args.seed, log_every=1,
                                    watchdog_timeout_s=args.watchdog_timeout),
              info={"global_batch": args.global_batch,
                    "accumulation": sampler.plan.accumulation_steps}) as run:

@@ -250,7 +250,13 @@ class Run:
             self._in_step, self._reported, self._fields, self.result = step, False, {}, None
             if self._watchdog is not None:
                 self._watchdog.step_started(step)
-            yield step
+            try:
+                yield step
+            except GeneratorExit:  # the loop was left (break): stop watching the unfinished step
+                if self._watchdog is not None:
+                    self._watchdog.step_finished()
+                self._in_step = None
+                raise
             if self._watchdog is not None:
                 self._watchdog.step_finished()
             self._in_step = None
@@ -272,9 +278,8 @@ class Run:
             raise RuntimeError(f"Run.report() called twice in step {self._in_step}")
         self._reported = True
         requested = self._preemption is not None and self._preemption.requested
-        values = torch.stack([self._scalar(loss), self._scalar(0.0 if grad_norm is None else grad_norm),
-                              self._scalar(1.0 if requested else 0.0)])
-        if self._distributed:
+        values = self._values(loss, 0.0 if grad_norm is None else grad_norm, 1.0 if requested else 0.0)
+        if self._distributed and self.world_size > 1:
             dist.all_reduce(values, op=dist.ReduceOp.SUM, group=self.process_group)
         loss_sum, norm_sum, flags = values.tolist()
         self.loss = loss_sum / self.world_size
@@ -342,7 +347,10 @@ class Run:
     def _finish(self) -> None:
         if self.done:
             return
-        self.checkpoints.emergency_save(self.step, self.state)  # the final state; no-op if committed
+        try:
+            self.checkpoints.emergency_save(self.step, self.state)  # the final state; no-op if committed
+        except CheckpointError as exc:  # no DONE without it: a requeue redoes the steps since the last one
+            self._end(exitcodes.REQUEUE, f"final checkpoint at step {self.step} failed: {exc}", step=self.step)
         if self.env.is_rank0:
             write_done(self.run_dir, self.step)
         self.segment.finish(exitcodes.OK, f"finished at step {self.step}", step=self.step,
@@ -381,9 +389,12 @@ class Run:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def _scalar(self, value: Any) -> torch.Tensor:
-        if isinstance(value, torch.Tensor):
-            if hasattr(value, "full_tensor"):  # DTensor (FSDP2's clip_grad_norm_)
-                value = value.full_tensor()
-            return value.detach().reshape(()).to(device=self.device, dtype=torch.float64)
-        return torch.tensor(float(value), dtype=torch.float64, device=self.device)
+    def _values(self, *values: Any) -> torch.Tensor:
+        """One float64 vector on ``self.device``; on CPU built in one call (cheaper than a stack)."""
+        values = tuple(v.full_tensor() if hasattr(v, "full_tensor") else v for v in values)  # DTensor
+        if self.device.type == "cpu":
+            return torch.tensor([float(v) for v in values], dtype=torch.float64)
+        return torch.stack([v.detach().reshape(()).to(device=self.device, dtype=torch.float64)
+                            if isinstance(v, torch.Tensor) else
+                            torch.tensor(float(v), dtype=torch.float64, device=self.device)
+                            for v in values])

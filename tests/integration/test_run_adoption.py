@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 SCRIPT = REPO / "examples" / "train_ddp_minimal.py"
 STEPS = 40
 ARGS = ["--steps", str(STEPS), "--batch-size", "8", "--step-sleep", "0.1"]
-ENV = {"SLURMFT_CHECKPOINT_INTERVAL": "5", "SLURMFT_RUN_HEARTBEAT_EVERY": "2"}
+ENV = {"SLURMFT_CHECKPOINT_INTERVAL": "5", "SLURMFT_RUN_HEARTBEAT_EVERY": "2", "SLURMFT_RUN_LOG_EVERY": "1"}
 
 
 def _per_segment_losses(events) -> dict[int, dict[int, float]]:
@@ -65,7 +65,7 @@ def test_adopted_plain_loop_survives_preemption_and_crash_bit_for_bit(slurm_clus
     finally:
         watcher.kill()
     events = job.events()
-    assert [e.get("cause") for e in of(events, "fault_detected")] == ["crash"]
+    assert [e.get("cause") for e in of(events, "fault_detected")] == ["preempted", "crash"]
     starts = of(events, "segment_start")
     assert [s.get("restored_step") for s in starts] == [None, preempted_at, committed]
     assert all(s.get("load_bytes") > 0 for s in starts[1:])

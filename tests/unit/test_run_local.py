@@ -32,7 +32,7 @@ def make_run(run_dir, *, interval=3, **config):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return model, optimizer, Run(model, optimizer, run_dir=run_dir,
                                  checkpoint=CheckpointConfig(interval=interval),
-                                 config=RunConfig(watchdog=False, **config))
+                                 config=RunConfig(watchdog=False, log_every=1, **config))
 
 
 def draw_batch():
@@ -93,6 +93,7 @@ def test_draws_inside_the_step_do_not_warn(tmp_path):
 def test_steps_are_one_based_and_resume_after_the_saved_step(tmp_path):
     run_dir = tmp_path / "run"
     model, optimizer, run = make_run(run_dir)
+    run.config = RunConfig(watchdog=True, watchdog_timeout_s=60)
     seen = []
     with run:
         for step in run.steps(5):
@@ -100,6 +101,7 @@ def test_steps_are_one_based_and_resume_after_the_saved_step(tmp_path):
             if step == 4:
                 break  # leaving early: step 4 never completed, no final save, no DONE
             train(model, optimizer, run, draw_batch())
+        assert run.watchdog is None or run.watchdog._step is None  # the unfinished step is not watched
     assert seen == [1, 2, 3, 4] and run.step == 3 and RunDir(run_dir).committed_steps() == [3]
     assert not RunDir(run_dir).done.exists()
     model, optimizer, run = make_run(run_dir)
