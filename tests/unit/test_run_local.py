@@ -93,7 +93,7 @@ def test_draws_inside_the_step_do_not_warn(tmp_path):
 def test_steps_are_one_based_and_resume_after_the_saved_step(tmp_path):
     run_dir = tmp_path / "run"
     model, optimizer, run = make_run(run_dir)
-    run.config = RunConfig(watchdog=True, watchdog_timeout_s=60)
+    run.config = RunConfig(watchdog=True, watchdog_timeout_s=60, log_every=1)
     seen = []
     with run:
         for step in run.steps(5):
