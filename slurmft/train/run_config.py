@@ -1,4 +1,4 @@
-"""``[run]`` settings of :class:`slurmft.train.Run` (slurmft.toml, ``SLURMFT_RUN_<FIELD>``, arguments).
+"""``[loop]`` settings of :class:`slurmft.train.Run` (slurmft.toml, ``SLURMFT_LOOP_<FIELD>``, arguments).
 
 Torch-free. The other in-job sections ``Run`` reads are ``[checkpoint]``
 (:class:`slurmft.train.ckpt_config.CheckpointConfig`) and ``[guards]``
@@ -13,12 +13,12 @@ from typing import Any, Mapping
 
 from slurmft.config import load_section
 
-SECTION = "run"
+SECTION = "loop"
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """``[run]``: how often ``Run`` beats, journals and watches; its seed for ``Run.rng``.
+    """``[loop]``: how often ``Run`` beats, journals and watches; its seed for ``Run.rng``.
 
     heartbeat_every: steps between heartbeat writes by each node's local rank 0 (10).
     log_every: steps between ``loss`` events in the journal, rank 0 (10; 0 = none). Each event is
@@ -48,5 +48,5 @@ class RunConfig:
     @classmethod
     def load(cls, config_file: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
              **overrides: Any) -> "RunConfig":
-        """Defaults < ``[run]`` of the config file < environment < ``overrides`` (None = not given)."""
+        """Defaults < ``[loop]`` of the config file < environment < ``overrides`` (None = not given)."""
         return load_section(cls, SECTION, config_file=config_file, environ=environ, overrides=overrides)

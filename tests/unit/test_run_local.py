@@ -145,9 +145,15 @@ def test_report_outside_a_step_is_an_error(tmp_path):
 def test_bad_config_value_exits_86_naming_the_key(tmp_path):
     code = "import torch; from slurmft.train import Run\nRun(torch.nn.Linear(1, 1))\n"
     env = {k: v for k, v in __import__("os").environ.items() if k not in ENV_KEYS}
-    env["SLURMFT_RUN_LOG_EVERY"] = "often"
+    env["SLURMFT_LOOP_LOG_EVERY"] = "often"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env=env, cwd=tmp_path)
     assert proc.returncode == exitcodes.NO_REQUEUE
-    assert proc.stderr.strip() == ("slurmft: [run] log_every must be an integer, got 'often' "
+    assert proc.stderr.strip() == ("slurmft: [loop] log_every must be an integer, got 'often' "
                                    "-> NO_REQUEUE (86)")
+
+
+def test_loop_section_does_not_claim_the_run_dir_variable(tmp_path):
+    # [loop], not [run]: SLURMFT_RUN_DIR must never be read as a key of Run's own section.
+    config = RunConfig.load(environ={"SLURMFT_RUN_DIR": str(tmp_path), "SLURMFT_LOOP_LOG_EVERY": "1"})
+    assert config.log_every == 1
