@@ -372,7 +372,8 @@ class Run:
                             bytes_written=stats.bytes_written)
 
     def _on_hang(self, message: str) -> None:
-        self.segment.journal.append(journal.HANG, rank=self.env.rank, message=message)
+        self.segment.journal.append(journal.HANG, rank=self.env.rank, node=self.env.node,
+                                    message=message)
         self.segment.journal.append(journal.SEGMENT_END, exit_code=exitcodes.HANG,
                                     outcome=exitcodes.describe(exitcodes.HANG), reason=message)
 
