@@ -290,7 +290,8 @@ def print_tables(summary: dict) -> None:
     print("| --- | --- | --- |")
     if summary.get("node_death_ratio") is not None or "node_death_s" in summary:
         ratio = summary.get("node_death_ratio")
-        print(f"| node death <= 0.20 x Slurm alone | {fmt(ratio)} ({fmt(summary.get('node_death_s'))} s "
+        print(f"| node death <= 0.20 x Slurm alone | {'-' if ratio is None else f'{ratio:.2f}'} "
+              f"({fmt(summary.get('node_death_s'))} s "
               f"vs {fmt(summary.get('slurm_alone_node_death_s'))} s) | "
               f"{'yes' if ratio is not None and ratio <= 0.2 else 'NO'} |")
     if "hang_recovered" in summary:
