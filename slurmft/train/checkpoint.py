@@ -17,6 +17,7 @@ with DCP (resharding to the current world size). None left means a fresh start, 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import secrets
 import threading
@@ -24,7 +25,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -39,10 +40,13 @@ from slurmft.train.groups import CheckpointGroups
 from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
 from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
-from slurmft.train.save_thread import SaveThread
+from slurmft.train.save_thread import SaveThread, SaveWaitTimeout
 from slurmft.train.staging import Stager
 from slurmft.train.state import RNG, TrainState
 from slurmft.train.writer import CommitWriter, FaultPlan
+
+if TYPE_CHECKING:
+    from slurmft.train.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +132,11 @@ class CheckpointManager:
         job_id: str | None = None,
         restart_count: int | None = None,
         on_commit: OnCommit | None = None,
+        watchdog: "StepWatchdog | None" = None,
     ) -> None:
         self.run = RunDir(Path(run_dir))
+        # Saves and loads run as watched phases of this watchdog (may also be set later).
+        self.watchdog = watchdog
         self.config = config or CheckpointConfig()
         self.job_id = job_id
         self.restart_count = restart_count
@@ -170,8 +177,13 @@ class CheckpointManager:
         """Checkpoint ``state`` as ``step``; returns False if skipped (busy or already committed).
 
         Call at a step boundary on every rank. With ``block`` it returns once committed and
-        raises :class:`CheckpointError` if the save failed.
+        raises :class:`CheckpointError` if the save failed. Waiting for the previous save is
+        bounded by ``save_timeout_s`` (:class:`CheckpointError` naming that save).
         """
+        with self._watched(f"checkpoint save of step {step}"):
+            return self._save(step, state, block)
+
+    def _save(self, step: int, state: TrainState, block: bool) -> bool:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         if self._groups.closed:
@@ -197,7 +209,8 @@ class CheckpointManager:
         staged = {**self._stager.stage(state.heavy_state()), **state.light_state()}
         blocking_s = time.perf_counter() - entered
         timing = (entered, blocking_s, waited_s)
-        self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing))
+        self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing),
+                                 what=f"checkpoint save of step {step}")
         if block:
             self.wait()
             last = self.stats[-1]
@@ -214,8 +227,21 @@ class CheckpointManager:
         return self.stats[-1]
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) has committed or failed."""
-        self._save_thread.wait()
+        """Block until the save in flight (if any) has committed or failed, at most
+        ``save_timeout_s``; past that, :class:`CheckpointError` names the save still in flight."""
+        try:
+            self._save_thread.wait(self.config.save_timeout_s)
+        except SaveWaitTimeout as exc:
+            raise CheckpointError(str(exc)) from None
+
+    @contextlib.contextmanager
+    def _watched(self, label: str) -> Iterator[None]:
+        """Run the block as a phase of the step watchdog, when the manager has one."""
+        if self.watchdog is None:
+            yield
+            return
+        with self.watchdog.phase(label, self.config.save_timeout_s + 60.0):
+            yield
 
     def close(self) -> None:
         """Finish the save in flight, stop the save thread, destroy the process groups. Idempotent.
@@ -225,7 +251,10 @@ class CheckpointManager:
         of having the save thread and gloo workers killed inside torch (SIGABRT, see
         :mod:`slurmft.train.groups`).
         """
-        self._save_thread.stop()
+        if not self._save_thread.stop(self.config.exit_timeout_s):
+            # The abandoned save still sits in a collective of these groups: destroying them
+            # could block as long as it does. The process is on its way out; let it go.
+            return
         self._groups.destroy()
 
     def _in_flight(self) -> bool:
@@ -280,6 +309,10 @@ class CheckpointManager:
         newer slurmft (a manifest format this one cannot read) is not damaged and must not be
         trained over: it raises :class:`CheckpointError` on every rank.
         """
+        with self._watched("checkpoint load"):
+            return self._load_latest(state)
+
+    def _load_latest(self, state: TrainState) -> int | None:
         self.wait()
         groups = self._groups
         if self.run.checkpoints.is_symlink():  # retention would refuse it too: never followed

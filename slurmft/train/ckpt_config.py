@@ -36,14 +36,22 @@ class CheckpointConfig:
     on_busy: Literal["wait", "skip"] = "wait"
     thread_count: int = 1  # writer threads per rank (files per rank)
     timeout_s: float = 1800.0  # collectives of the checkpoint groups
+    # Longest the training loop waits for a save in flight (save, wait, emergency_save, load):
+    # past it CheckpointError names the save; a step watchdog given to the manager watches the
+    # same phases for this long plus a minute.
+    save_timeout_s: float = 3600.0
+    # Longest close() (and so the process exit) waits for a save still in flight, e.g. one stuck
+    # on a dead peer's collective; past it the save is abandoned (its tmp dir is swept later).
+    exit_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.interval < 1:
             raise ValueError(f"interval must be >= 1, got {self.interval}")
         if self.thread_count < 1:
             raise ValueError(f"thread_count must be >= 1, got {self.thread_count}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        for name in ("timeout_s", "save_timeout_s", "exit_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         self.retention()  # validates keep_last / keep_every / milestones
 
     def retention(self) -> RetentionPolicy:

@@ -5,6 +5,10 @@ thread makes ``save()`` wait for the new thread to be scheduled, and that thread
 into ``dcp.save``'s Python code holding the GIL, so the training thread got it back only at the
 next forced switch (up to ``sys.getswitchinterval()``, 5 ms) — measured as 1-3 ms of extra
 blocking per save. A waiting thread woken by a queue leaves the training thread running.
+
+Every wait on it is bounded: ``wait(timeout_s)`` raises :class:`SaveWaitTimeout` naming the save
+it waited for, and ``stop(timeout_s)`` gives up on a save that does not finish in time (a peer
+died inside one of its collectives) and leaves the thread behind instead of blocking the exit.
 """
 
 from __future__ import annotations
@@ -12,9 +16,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger(__name__)
+
+
+class SaveWaitTimeout(TimeoutError):
+    """A save did not finish within the bound; the message names the save and the bound."""
 
 
 class SaveThread:
@@ -22,6 +31,9 @@ class SaveThread:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
+        self._what = ""
+        self._since = 0.0
+        self._abandoned = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -30,25 +42,52 @@ class SaveThread:
         """Whether a submitted job has not finished yet."""
         return not self._idle.is_set()
 
-    def submit(self, job: Callable[[], None]) -> None:
+    @property
+    def in_flight(self) -> str | None:
+        """What the job in flight is (as given to ``submit``), or None when idle."""
+        return self._what if self.busy else None
+
+    def submit(self, job: Callable[[], None], *, what: str = "checkpoint save") -> None:
         """Run ``job`` in the background; the caller must ``wait()`` for the previous one first."""
-        if not self._thread.is_alive():
+        if self._abandoned or not self._thread.is_alive():
             raise RuntimeError("the checkpoint save thread has been stopped")
         if self.busy:
-            raise RuntimeError("a checkpoint save is still in flight")
+            raise RuntimeError(f"a checkpoint save is still in flight: {self._what}")
+        self._what, self._since = what, time.monotonic()
         self._idle.clear()
         self._jobs.put(job)
 
-    def wait(self) -> None:
-        """Block until the submitted job (if any) has finished."""
-        self._idle.wait()
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until the submitted job (if any) has finished, at most ``timeout_s`` seconds.
 
-    def stop(self) -> None:
-        """Finish the job in flight, then end the thread and join it."""
+        Raises :class:`SaveWaitTimeout` naming the job when it is still running after the bound.
+        ``None`` waits without a bound (only for callers that have their own, e.g. tests).
+        """
+        if self._idle.wait(timeout_s):
+            return
+        raise SaveWaitTimeout(
+            f"{self._what} still in flight after waiting {timeout_s:g} s "
+            f"(running for {time.monotonic() - self._since:.0f} s): the background save is stuck, "
+            f"likely on a dead peer's collective or a hung filesystem")
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Finish the job in flight (waiting at most ``timeout_s``), then end the thread and join it.
+
+        Returns False when the job did not finish in time: the thread is then left behind (a
+        daemon, stuck where the job is) and the caller goes on, e.g. to exit the process.
+        """
+        if self._abandoned:
+            return False
         if self._thread.is_alive():
-            self.wait()
+            try:
+                self.wait(timeout_s)
+            except SaveWaitTimeout as exc:
+                self._abandoned = True
+                log.error("giving up on the checkpoint save at exit: %s", exc)
+                return False
             self._jobs.put(None)
-            self._thread.join()
+            self._thread.join(timeout_s)
+        return True
 
     def _run(self) -> None:
         while True:

@@ -1,26 +1,48 @@
-"""Step-time watchdog: a hung step becomes a failure Slurm can see, with every thread's stack.
+"""Step watchdog: a hung step (or checkpoint phase) becomes a failure Slurm can see, with stacks.
 
-A daemon thread watches the step in progress (between ``step_started()`` and ``step_finished()``).
-When it runs past its deadline — an explicit ``timeout_s``, or after ``warmup_steps`` observed
-steps ``safety_factor`` x the median observed step time (never below ``min_timeout_s``) — the
-thread dumps all Python threads' stacks with ``faulthandler`` to stderr (the job log), calls the
-optional ``on_fire`` hook (best effort: e.g. a journal line), and ends the process with
-``os._exit(slurmft.exitcodes.HANG)``: a rank stuck inside a collective cannot be unwound, and
-``os._exit`` does not wait for it. Time between steps (checkpoint saves) is not watched.
+A daemon thread watches what the training thread is doing: the step in progress (between
+``step_started()`` and ``step_finished()``) and any phase marked with ``phase(label, timeout_s)``
+(``CheckpointManager`` marks its saves and loads this way when given the watchdog, so time spent
+saving between steps is watched too). A step's deadline is an explicit ``timeout_s``, or after
+``warmup_steps`` observed steps ``safety_factor`` x the median observed step time (never below
+``min_timeout_s``); a phase has its own timeout, and the step's clock is paused while a phase
+nested in it runs.
+
+When a deadline passes, the process ends with ``os._exit(slurmft.exitcodes.HANG)``: a rank stuck
+inside a collective cannot be unwound, and ``os._exit`` does not wait for it. Before that, a
+reporting thread writes a message and every thread's stack (``faulthandler``) to stderr (the job
+log) and calls the optional ``on_fire`` hook (e.g. a journal line). Both may sit on the shared
+filesystem, which may be what hangs, so the exit never waits for them: the watchdog waits at most
+``report_timeout_s`` for the report, then exits regardless. A report blocked while holding the
+GIL (``faulthandler`` writes to a hung file that way) would stop that Python-level wait too, so
+``faulthandler``'s own C thread, which needs no GIL, is armed first to end the process a moment
+later with exit code 1 as a last resort.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import faulthandler
 import os
 import statistics
 import sys
 import threading
 import time
-from typing import Callable, TextIO
+from dataclasses import dataclass
+from typing import Callable, Iterator, TextIO
 
 from slurmft import exitcodes
+
+# Seconds the C-level backstop waits beyond report_timeout_s (the Python path normally exits first).
+BACKSTOP_MARGIN_S = 2.0
+
+
+@dataclass
+class _Watch:
+    label: str
+    started: float
+    timeout_s: float | None  # None: the adaptive step deadline
 
 
 class StepWatchdog:
@@ -37,11 +59,14 @@ class StepWatchdog:
                  warmup_steps: int = 5, min_timeout_s: float = 60.0, history: int = 50,
                  on_fire: Callable[[str], None] | None = None, stream: TextIO | None = None,
                  exit_code: int = exitcodes.HANG, poll_s: float | None = None,
+                 report_timeout_s: float = 10.0,
                  _exit: Callable[[int], None] = os._exit) -> None:
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"watchdog timeout_s must be > 0, got {timeout_s}")
         if safety_factor <= 1 or warmup_steps < 1 or min_timeout_s <= 0:
             raise ValueError("watchdog needs safety_factor > 1, warmup_steps >= 1, min_timeout_s > 0")
+        if report_timeout_s <= 0:
+            raise ValueError(f"watchdog report_timeout_s must be > 0, got {report_timeout_s}")
         self.timeout_s = timeout_s
         self.safety_factor = safety_factor
         self.warmup_steps = warmup_steps
@@ -49,11 +74,11 @@ class StepWatchdog:
         self.on_fire = on_fire
         self.stream = stream
         self.exit_code = exit_code
+        self.report_timeout_s = report_timeout_s
         self._exit = _exit
         self._durations: collections.deque[float] = collections.deque(maxlen=history)
         self._lock = threading.Lock()
-        self._step: int | None = None
-        self._started_at = 0.0
+        self._watches: list[_Watch] = []  # innermost last
         self._stop = threading.Event()
         self._poll_s = poll_s
         self._thread: threading.Thread | None = None
@@ -86,31 +111,84 @@ class StepWatchdog:
 
     def step_started(self, step: int) -> None:
         with self._lock:
-            self._step, self._started_at = step, time.monotonic()
+            self._watches = [w for w in self._watches if not w.label.startswith("step ")]
+            self._watches.insert(0, _Watch(f"step {step}", time.monotonic(), None))
 
     def step_finished(self) -> float:
-        """Mark the step done; returns its duration, which feeds the adaptive deadline."""
+        """Mark the step done; returns its duration (phases nested in it excluded), which feeds
+        the adaptive deadline."""
         with self._lock:
-            duration = time.monotonic() - self._started_at
-            self._step = None
+            steps = [w for w in self._watches if w.label.startswith("step ")]
+            self._watches = [w for w in self._watches if not w.label.startswith("step ")]
+        duration = time.monotonic() - steps[0].started if steps else 0.0
         self._durations.append(duration)
         return duration
 
+    @property
+    def watching(self) -> str | None:
+        """What is being watched now (the innermost step or phase), or None."""
+        with self._lock:
+            return self._watches[-1].label if self._watches else None
+
+    @contextlib.contextmanager
+    def phase(self, label: str, timeout_s: float) -> Iterator[None]:
+        """Watch ``label`` (e.g. "checkpoint save of step 200") for at most ``timeout_s`` seconds.
+
+        A step in progress around it is paused meanwhile: its clock resumes when the phase ends.
+        """
+        if timeout_s <= 0:
+            raise ValueError(f"watchdog phase timeout_s must be > 0, got {timeout_s}")
+        watch = _Watch(label, time.monotonic(), timeout_s)
+        with self._lock:
+            self._watches.append(watch)
+        try:
+            yield
+        finally:
+            spent = time.monotonic() - watch.started
+            with self._lock:
+                self._watches = [w for w in self._watches if w is not watch]
+                for outer in self._watches:
+                    outer.started += spent
+
+    def _current(self) -> tuple[_Watch, float] | None:
+        """The innermost watch and its limit, or None when nothing is watched (or warming up)."""
+        with self._lock:
+            watch = self._watches[-1] if self._watches else None
+            if watch is None:
+                return None
+            watch = _Watch(watch.label, watch.started, watch.timeout_s)
+        limit = watch.timeout_s if watch.timeout_s is not None else self.deadline_s()
+        return None if limit is None else (watch, limit)
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            with self._lock:
-                step, started = self._step, self._started_at
-            limit = self.deadline_s()
+            current = self._current()
+            limit = current[1] if current else self.deadline_s()
             poll = self._poll_s or (min(1.0, limit / 10) if limit else 1.0)
-            if step is not None and limit is not None and time.monotonic() - started > limit:
-                self._fire(step, time.monotonic() - started, limit)
+            if current is not None and time.monotonic() - current[0].started > current[1]:
+                watch, limit = current
+                self._fire(watch.label, time.monotonic() - watch.started, limit)
                 return
             self._stop.wait(poll)
 
-    def _fire(self, step: int, elapsed: float, limit: float) -> None:
-        stream = self.stream or sys.stderr
-        message = (f"slurmft watchdog: step {step} has run {elapsed:.1f} s, over its {limit:.1f} s "
+    def _fire(self, label: str, elapsed: float, limit: float) -> None:
+        message = (f"slurmft watchdog: {label} has run {elapsed:.1f} s, over its {limit:.1f} s "
                    f"timeout; dumping all thread stacks and exiting with {exitcodes.describe(self.exit_code)}")
+        _arm_backstop(self.report_timeout_s + BACKSTOP_MARGIN_S)
+        reported = threading.Event()
+        reporter = threading.Thread(target=self._report, args=(message, reported),
+                                    name="slurmft-watchdog-report", daemon=True)
+        reporter.start()
+        if not reported.wait(self.report_timeout_s):
+            # Said from yet another thread: stderr itself may be what hangs.
+            note = (f"slurmft watchdog: reporting did not finish within {self.report_timeout_s:g} s "
+                    f"(stderr or the journal's filesystem hangs); exiting without it\n")
+            threading.Thread(target=_write_fd, args=(2, note), daemon=True).start()
+        self._exit(self.exit_code)
+        faulthandler.cancel_dump_traceback_later()  # reached only when _exit was replaced (tests)
+
+    def _report(self, message: str, done: threading.Event) -> None:
+        stream = self.stream or sys.stderr
         try:
             print(message, file=stream, flush=True)
             faulthandler.dump_traceback(file=stream, all_threads=True)
@@ -120,6 +198,29 @@ class StepWatchdog:
         if self.on_fire is not None:
             try:
                 self.on_fire(message)
-            except Exception as exc:  # the exit below must happen whatever the hook does
-                print(f"slurmft watchdog: on_fire hook failed: {exc}", file=stream, flush=True)
-        self._exit(self.exit_code)
+            except Exception as exc:  # the exit must happen whatever the hook does
+                try:
+                    print(f"slurmft watchdog: on_fire hook failed: {exc}", file=stream, flush=True)
+                except (OSError, ValueError):
+                    pass
+        done.set()
+
+
+def _arm_backstop(after_s: float) -> None:
+    """End the process with exit code 1 after ``after_s`` seconds from a C thread (needs no GIL).
+
+    Its stack dump goes to /dev/null: the report is the reporting thread's job, and writing it
+    here could block on the very file that hangs.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        faulthandler.dump_traceback_later(after_s, exit=True, file=devnull)
+    except (OSError, RuntimeError, ValueError):
+        pass
+
+
+def _write_fd(fd: int, text: str) -> None:
+    try:
+        os.write(fd, text.encode())
+    except OSError:
+        pass

@@ -6,6 +6,7 @@ import os
 import pickle
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, Checkpoi
 from slurmft.train.ckpt_listing import list_checkpoints
 from slurmft.train.manifest import DCP_METADATA_NAME, MANIFEST_NAME, verify_checkpoint
 from slurmft.train.state import TrainState
+from slurmft.train.watchdog import StepWatchdog
 from slurmft.train.writer import CommitWriter
 
 
@@ -319,3 +321,54 @@ def test_a_manager_that_is_dropped_is_not_kept_alive_by_its_idle_save_thread(tmp
     del manager
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.timeout(60)
+def test_every_wait_for_a_stuck_save_is_bounded_and_names_it(tmp_path, monkeypatch):
+    gate = threading.Event()
+    real_finish = CommitWriter.finish
+
+    def stuck_finish(self, metadata, results):
+        gate.wait(60)  # a commit that never ends (a dead peer, a hung filesystem)
+        real_finish(self, metadata, results)
+
+    monkeypatch.setattr(CommitWriter, "finish", stuck_finish)
+    state = make_state()
+    manager = CheckpointManager(tmp_path, CheckpointConfig(save_timeout_s=0.3, exit_timeout_s=0.3))
+    try:
+        assert manager.save(1, state) is True
+        with pytest.raises(CheckpointError, match=r"checkpoint save of step 1 still in flight after waiting 0.3 s"):
+            manager.wait()
+        with pytest.raises(CheckpointError, match="checkpoint save of step 1 still in flight"):
+            manager.save(2, state)
+        with pytest.raises(CheckpointError, match="checkpoint save of step 1 still in flight"):
+            manager.emergency_save(2, state)
+        t0 = time.monotonic()
+        manager.close()  # gives up on the stuck save after exit_timeout_s instead of waiting for it
+        assert time.monotonic() - t0 < 5
+    finally:
+        gate.set()
+
+
+def test_saves_and_loads_are_phases_of_the_step_watchdog(tmp_path, monkeypatch):
+    seen = []
+    real_finish = CommitWriter.finish
+
+    def spying_finish(self, metadata, results):
+        seen.append(dog.watching)
+        real_finish(self, metadata, results)
+
+    monkeypatch.setattr(CommitWriter, "finish", spying_finish)
+    dog = StepWatchdog(timeout_s=60)
+    manager = CheckpointManager(tmp_path, watchdog=dog)
+    state = make_state()
+    dog.step_started(3)
+    manager.emergency_save(3, state)
+    assert seen == ["checkpoint save of step 3"]
+    assert dog.watching == "step 3"  # the phase ended; the step goes on
+    dog.step_finished()
+    real_load = manager._load
+    monkeypatch.setattr(manager, "_load", lambda *a: (seen.append(dog.watching), real_load(*a)))
+    assert manager.load_latest(make_state()) == 3
+    assert seen[-1] == "checkpoint load"
+    manager.close()

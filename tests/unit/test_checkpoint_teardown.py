@@ -127,3 +127,65 @@ def test_close_after_a_global_destroy_process_group_joins_the_groups(tmp_path):
         time.sleep(0.05)
     assert not gloo_threads() - before
     assert RunDir(tmp_path / "run").committed_steps() == [1]
+
+
+DEAD_PEER_SCRIPT = textwrap.dedent("""
+    import os
+    import sys
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+    from slurmft.train.state import TrainState
+
+    rank, store, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if rank == 1:  # this rank stops dead at its first shard write, like a peer that hung or died
+        os.environ["SLURMFT_CKPT_FAULT"] = "write"
+        os.environ["SLURMFT_CKPT_FAULT_MARK"] = sys.argv[4]
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=600))
+    model = torch.nn.Linear(8, 4)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    manager = CheckpointManager(run_dir, CheckpointConfig(timeout_s=600, exit_timeout_s=2))
+    manager.save(1, state)  # rank 0's save then waits for rank 1 inside DCP's collectives
+    if rank == 0:
+        while not os.path.exists(sys.argv[4]):
+            pass
+        print("rank 0: exiting with the save stuck on rank 1", flush=True)
+        sys.exit(85)  # atexit closes the manager: it must give up on the save, not wait 600 s
+    import time
+    time.sleep(600)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_exits_within_its_exit_bound_while_its_save_waits_on_a_dead_peer(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(DEAD_PEER_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    for key in ("SLURMFT_CKPT_FAULT", "SLURMFT_CKPT_FAULT_MARK", "SLURMFT_CKPT_FAULT_DELAY"):
+        env.pop(key, None)
+    logs = [tmp_path / f"rank{rank}.log" for rank in range(2)]
+    procs = []
+    for rank, log in enumerate(logs):
+        with open(log, "wb") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(script), str(rank), str(tmp_path / "store"), str(tmp_path / "run"),
+                 str(tmp_path / "mark")], env=env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "mark").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "mark").exists(), logs[1].read_text(errors="replace")
+        t0 = time.monotonic()
+        code = procs[0].wait(timeout=60)
+        waited = time.monotonic() - t0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    output = logs[0].read_text(errors="replace")
+    assert code == 85, output
+    assert waited < 30, output
+    assert "giving up on the checkpoint save at exit: checkpoint save of step 1 still in flight" in output
+    assert RunDir(tmp_path / "run").committed_steps() == []

@@ -70,3 +70,83 @@ def test_bad_settings_are_refused():
         StepWatchdog(timeout_s=0)
     with pytest.raises(ValueError):
         StepWatchdog(safety_factor=1)
+
+
+# The exit must not depend on the run dir's filesystem: each script below makes reporting hang
+# in a different way, and the process must still end within a bound.
+BLOCKED_REPORT = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    from slurmft.journal import Journal
+    from slurmft.train.watchdog import StepWatchdog
+    run_dir = Path(sys.argv[1])
+    {setup}
+    dog = StepWatchdog(timeout_s=0.5, report_timeout_s=1.0, poll_s=0.05, **kwargs).start()
+    dog.step_started(7)
+    print("watching", flush=True)
+    time.sleep(60)
+""")
+
+JOURNAL_ON_A_FIFO = """
+os.mkfifo(run_dir / "events.jsonl")  # opening it for writing blocks: no reader, like a hung mount
+journal = Journal(run_dir)
+kwargs = dict(on_fire=lambda message: journal.append("hang", message=message))
+"""
+
+HOOK_THAT_SLEEPS = """
+kwargs = dict(on_fire=lambda message: time.sleep(3600))
+"""
+
+# faulthandler writes the stacks to the stream's descriptor while holding the GIL; a pipe that is
+# already full blocks that write, so every Python thread stops, the watchdog's own wait included.
+STREAM_ON_A_FULL_PIPE = """
+import fcntl
+read_end, write_end = os.pipe()
+fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)
+try:
+    while True:
+        os.write(write_end, b"x" * 65536)
+except BlockingIOError:
+    pass
+fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
+class Stream:
+    def write(self, text): return len(text)
+    def flush(self): pass
+    def fileno(self): return write_end
+kwargs = dict(stream=Stream())
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("setup, code", [
+    (JOURNAL_ON_A_FIFO, exitcodes.HANG),
+    (HOOK_THAT_SLEEPS, exitcodes.HANG),
+    (STREAM_ON_A_FULL_PIPE, 1),  # the GIL-free backstop: faulthandler's own thread ends it
+], ids=["journal-on-a-fifo", "hook-that-sleeps", "stream-on-a-full-pipe"])
+def test_exit_happens_within_a_bound_when_reporting_hangs(tmp_path, setup, code):
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", BLOCKED_REPORT.format(setup=setup), str(tmp_path)],
+                          capture_output=True, text=True, timeout=40)
+    elapsed = time.monotonic() - t0
+    assert proc.stdout == "watching\n", proc.stderr
+    assert proc.returncode == code, proc.stderr
+    assert elapsed < 30, elapsed  # 0.5 s step timeout + 1 s report bound (+2 s backstop) + start-up
+
+
+def test_a_phase_is_watched_and_pauses_the_step_around_it():
+    exits, fired = [], []
+    dog = StepWatchdog(timeout_s=0.3, poll_s=0.02, on_fire=fired.append, _exit=exits.append).start()
+    try:
+        dog.step_started(1)
+        with dog.phase("checkpoint save of step 1", timeout_s=5.0):
+            time.sleep(0.6)  # longer than the step's timeout: the step's clock is paused
+        assert dog.step_finished() < 0.3
+        assert exits == []
+        with dog.phase("checkpoint save of step 2", timeout_s=0.2):
+            deadline = time.monotonic() + 10
+            while not exits and time.monotonic() < deadline:
+                time.sleep(0.02)
+    finally:
+        dog.stop()
+    assert exits == [exitcodes.HANG]
+    assert fired and "checkpoint save of step 2 has run" in fired[0]
