@@ -1,11 +1,17 @@
 """The run's journal, ``<run_dir>/events.jsonl``: one versioned JSON event per line, append-only.
 
 Both sides write it (the training job: segment start/end, checkpoint committed, guard trips,
-preemption, losses; the watcher: detections and actions) and both read it. Each event is written
+preemption, losses; the watcher: detections and actions) and both read it. Events are written
 with ONE ``write`` on an ``O_APPEND`` descriptor followed by ``fsync``, so concurrent writers on
 one host never interleave bytes inside a line and an event that was reported written survives a
-crash. A reader skips a line it cannot parse (a torn tail after a crash on a filesystem that
-does not honour O_APPEND atomically) and says so once, instead of failing the whole read.
+crash. Per-step events (``loss``) would make that a metadata round trip per step on a parallel
+filesystem, so :class:`Journal` buffers them in memory and writes them, in order, in one write +
+fsync together with the next durable event (every other kind: segment start/end, checkpoint
+committed, preemption, hang, guard trips), or once ``flush_every_events`` are pending or the
+oldest is ``flush_every_s`` old, on ``flush()`` and at interpreter exit. A crash loses at most
+those buffered per-step lines, never an event the watcher acts on. A reader skips a line it
+cannot parse (a torn tail after a crash on a filesystem that does not honour O_APPEND
+atomically) and says so once, instead of failing the whole read.
 
 The journal sits in the user's run directory, so the reader treats it as untrusted: it is
 opened without following a link and only as a regular file (a FIFO must not stall the
@@ -19,17 +25,21 @@ longer than ``MAX_LINE_BYTES`` or one that is not JSON of bounded depth is skipp
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
 import re
 import stat
 import sys
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from slurmft.config import load_section
 from slurmft.rundir import RunDir
 from slurmft.safeio import UnsafeFileError, open_regular, refusal
 
@@ -105,8 +115,11 @@ def encode_event(kind: str, fields: Mapping[str, Any], *, now: float | None = No
 
 def append_event(path: Path, kind: str, /, **fields: Any) -> None:
     """Append one event to the journal at ``path`` (one O_APPEND write + fsync)."""
-    data = encode_event(kind, fields)
-    path = Path(path)
+    _append_lines(Path(path), encode_event(kind, fields))
+
+
+def _append_lines(path: Path, data: bytes) -> None:
+    """Append whole encoded lines with one O_APPEND write, then fsync."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = open_for_append(path)
     try:
@@ -132,25 +145,105 @@ def open_for_append(path: Path) -> int:
     return fd
 
 
+# Kinds a Journal buffers by default: written every step, and nobody acts on one of them alone.
+BUFFERED_KINDS = frozenset({LOSS})
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    """``[journal]`` settings of the in-job writer (slurmft.toml, ``SLURMFT_JOURNAL_<FIELD>``).
+
+    ``flush_every_events = 1`` makes every per-step event durable at once (as before buffering).
+    """
+
+    flush_every_events: int = 100
+    flush_every_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.flush_every_events < 1:
+            raise ValueError(f"flush_every_events must be >= 1, got {self.flush_every_events}")
+        if self.flush_every_s <= 0:
+            raise ValueError(f"flush_every_s must be > 0, got {self.flush_every_s}")
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
+             **overrides: Any) -> "JournalConfig":
+        """Defaults < ``[journal]`` of the config file < environment < ``overrides``."""
+        return load_section(cls, "journal", config_file=config_file, environ=environ, overrides=overrides)
+
+
+def _flush_at_exit(ref: "weakref.ref[Journal]") -> None:
+    journal = ref()
+    if journal is not None:
+        try:
+            journal.flush()
+        except OSError as exc:
+            log.error("journal %s: %d buffered event(s) lost at exit: %s", journal.path,
+                      len(journal._pending), exc)
+
+
 class Journal:
-    """The journal of one run directory, stamped with the job id and restart count of this writer."""
+    """The journal of one run directory, stamped with the job id and restart count of this writer.
+
+    ``buffered_kinds`` are kept in memory until the next durable event, ``flush_every_events``
+    of them, the oldest being ``flush_every_s`` old, ``flush()`` or interpreter exit; every other
+    kind is written and fsynced before ``append`` returns. Safe to call from several threads.
+    """
 
     def __init__(self, run_dir: RunDir | Path, *, job_id: str | None = None,
-                 restart_count: int | None = None) -> None:
+                 restart_count: int | None = None, buffered_kinds: Iterable[str] = BUFFERED_KINDS,
+                 flush_every_events: int = JournalConfig.flush_every_events,
+                 flush_every_s: float = JournalConfig.flush_every_s) -> None:
+        JournalConfig(flush_every_events, flush_every_s)  # validates both
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
         self.job_id = job_id
         self.restart_count = restart_count
+        self.buffered_kinds = frozenset(buffered_kinds)
+        self.flush_every_events = flush_every_events
+        self.flush_every_s = flush_every_s
+        self._pending: list[bytes] = []
+        self._pending_since = 0.0
+        self._lock = threading.Lock()
+        if self.buffered_kinds:
+            atexit.register(_flush_at_exit, weakref.ref(self))
 
     @property
     def path(self) -> Path:
         return self.run_dir.events
 
+    @property
+    def pending(self) -> int:
+        """Buffered events not written yet."""
+        return len(self._pending)
+
     def append(self, kind: str, /, **fields: Any) -> None:
         stamped = {"job_id": self.job_id, "restart_count": self.restart_count}
         stamped.update(fields)
-        append_event(self.path, kind, **stamped)
+        line = encode_event(kind, stamped)  # validated (and timestamped) now, even if written later
+        with self._lock:
+            if kind in self.buffered_kinds:
+                if not self._pending:
+                    self._pending_since = time.monotonic()
+                self._pending.append(line)
+                if (len(self._pending) < self.flush_every_events
+                        and time.monotonic() - self._pending_since < self.flush_every_s):
+                    return
+                line = b""
+            self._write_locked(line)
+
+    def flush(self) -> None:
+        """Write and fsync every buffered event now."""
+        with self._lock:
+            self._write_locked(b"")
+
+    def _write_locked(self, tail: bytes) -> None:
+        data = b"".join(self._pending) + tail
+        if data:
+            _append_lines(self.path, data)  # on failure the buffer is kept for the next try
+        self._pending.clear()
 
     def read(self, kinds: Iterable[str] | None = None) -> list[Event]:
+        self.flush()  # this writer's own buffered events are part of what it reads back
         return read_events(self.path, kinds)
 
 

@@ -7,6 +7,13 @@ rank must not act on its own flag: ``should_stop()`` all-reduces MAX of the flag
 and every rank gets the same answer at the same step. Then all ranks join one emergency save of
 that step and exit with ``slurmft.exitcodes.REQUEUE``.
 
+The agreement costs a collective and a host sync (``.item()``), so it runs only on every
+``check_every``-th call (``[preemption] check_every``, default 10): every rank counts its calls
+the same way, so they all agree at the same step. The price is latency: a signal is acted on at
+most ``check_every`` steps after it arrived (``check_every`` x step time must stay well inside
+the grace time the template asks for, 120 s). Without a process group there is nobody to agree
+with and the local flag answers at once. ``benchmarks/step_cost_bench.py`` measures the cost.
+
 The handler only sets the flag; a second signal during the save sets it again and nothing else,
 so it cannot interrupt or corrupt the save.
 """
@@ -15,13 +22,35 @@ from __future__ import annotations
 
 import signal
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as dist
 
+from slurmft.config import load_section
+
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR2, signal.SIGTERM)
+SECTION = "preemption"
+
+
+@dataclass(frozen=True)
+class PreemptionConfig:
+    """``[preemption]`` settings (slurmft.toml, ``SLURMFT_PREEMPTION_<FIELD>``, or overrides)."""
+
+    check_every: int = 10  # steps between agreements (each one all-reduce + host sync)
+
+    def __post_init__(self) -> None:
+        if self.check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {self.check_every}")
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
+             **overrides: Any) -> "PreemptionConfig":
+        """Defaults < ``[preemption]`` of the config file < environment < ``overrides``."""
+        return load_section(cls, SECTION, config_file=config_file, environ=environ, overrides=overrides)
 
 
 class PreemptionHandler:
@@ -34,7 +63,7 @@ class PreemptionHandler:
 
     def __init__(self, signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS, *,
                  process_group: Any = None, device: torch.device | str = "cpu",
-                 check_every: int = 1) -> None:
+                 check_every: int = PreemptionConfig.check_every) -> None:
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.signals = tuple(signals)
@@ -43,6 +72,7 @@ class PreemptionHandler:
         self.check_every = check_every
         self.received: signal.Signals | None = None
         self.count = 0
+        self.agreements = 0  # collectives run so far
         self._previous: dict[signal.Signals, Callable | int | None] = {}
         self._calls = 0
 
@@ -77,13 +107,15 @@ class PreemptionHandler:
     def should_stop(self, *, force: bool = False) -> bool:
         """Collective: True on every rank when any rank saw a signal. Call on every rank, every step.
 
-        With ``check_every=k`` the all-reduce runs only on every k-th call (all ranks count calls
-        identically), trading up to k-1 steps of reaction time for fewer collectives.
+        The all-reduce runs on every ``check_every``-th call (all ranks count calls identically)
+        or when ``force`` is given on every rank; other calls return False without communicating.
         """
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.requested  # a single process: its own flag is the decision
         self._calls += 1
         if not force and self._calls % self.check_every:
             return False
+        self.agreements += 1
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=self.device)
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
         return bool(flag.item())

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NoReturn
 
 from slurmft import exitcodes, journal
-from slurmft.journal import Journal
+from slurmft.journal import Journal, JournalConfig
 from slurmft.rundir import RunDir, atomic_write_bytes
 
 
@@ -126,7 +126,10 @@ class Segment:
 
     def __init__(self, env: JobEnv, run_dir: RunDir) -> None:
         self.env = env
-        self.journal = Journal(run_dir, job_id=env.job_id, restart_count=env.restart_count)
+        flushing = JournalConfig.load()  # per-step events buffered ([journal], SLURMFT_JOURNAL_*)
+        self.journal = Journal(run_dir, job_id=env.job_id, restart_count=env.restart_count,
+                               flush_every_events=flushing.flush_every_events,
+                               flush_every_s=flushing.flush_every_s)
 
     def record(self, kind: str, /, **fields: Any) -> None:
         """Journal an event from rank 0 only (events every rank would write identically)."""

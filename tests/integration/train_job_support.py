@@ -27,7 +27,10 @@ EXAMPLE = REPO / "examples" / "train_gpt.py"
 # Tiny and deterministic: 2 cores run every rank, so one thread per rank.
 TINY_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "2"]
 RELEASE_AFTER_S = 1.5
-JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable}
+# The tests wait for given steps' losses and compare a crashed segment's last steps: every loss
+# line must be on disk at once, not buffered until the next checkpoint (the default).
+JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
+           "SLURMFT_JOURNAL_FLUSH_EVERY_EVENTS": "1"}
 
 
 @dataclass
