@@ -7,9 +7,12 @@ checksums, fsyncs, writes the manifest and renames ``step_N.tmp-<id>`` to ``step
 save is in flight; the next one waits for it or, with ``on_busy = "skip"``, is skipped by every
 rank together. After each commit the coordinator applies retention and calls ``on_commit``.
 
-``load_latest`` tries committed checkpoints newest first; ranks share the checksum work, merge
-their findings so all agree, skip (and log) any checkpoint that fails, and load the first good one
-with DCP (resharding to the current world size). None left means a fresh start, logged. DCP's
+``load_latest`` tries committed checkpoints newest first: the manifest, presence and sizes are
+checked first (no reads), then DCP loads it (resharding to the current world size) through
+:class:`slurmft.train.verified_read.VerifyingReader`, which checksums every file in the same
+single read and lets the ranks agree before anything is copied into the state. A checkpoint that
+fails is skipped (and logged) by all ranks together, the state untouched, and the next older one
+is tried. None left means a fresh start, logged. DCP's
 ``.metadata`` (a pickle) is only ever unpickled through the allow-list of
 :mod:`slurmft.train.dcp_metadata`; one it refuses fails that checkpoint like a bad checksum.
 """
@@ -29,13 +32,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from slurmft.rundir import RunDir
 from slurmft.train.ckpt_config import CheckpointConfig
-from slurmft.train.dcp_metadata import SafeMetadataReader, metadata_problem
+from slurmft.train.dcp_metadata import metadata_problem
 from slurmft.train.groups import CheckpointGroups
 from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
 from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
@@ -43,6 +45,8 @@ from slurmft.train.rng import reseed_for_new_world
 from slurmft.train.save_thread import SaveThread, SaveWaitTimeout
 from slurmft.train.staging import Stager
 from slurmft.train.state import RNG, TrainState
+from slurmft.train.torch_compat import set_element
+from slurmft.train.verified_read import CorruptCheckpoint, VerifyingReader
 from slurmft.train.writer import CommitWriter, FaultPlan
 
 if TYPE_CHECKING:
@@ -83,6 +87,17 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, CheckpointException):
         return "; ".join(f"rank {rank}: {type(e).__name__}: {e}" for rank, (e, _tb) in sorted(exc.failures.items()))
     return f"{type(exc).__name__}: {exc}"
+
+
+def _corruption(exc: BaseException) -> CorruptCheckpoint | None:
+    """The agreed verification failure inside a DCP failure, if that is what it was."""
+    if isinstance(exc, CorruptCheckpoint):
+        return exc
+    if isinstance(exc, CheckpointException):
+        for failure, _tb in exc.failures.values():
+            if isinstance(failure, CorruptCheckpoint):
+                return failure
+    return None
 
 
 def _close_at_exit(ref: "weakref.ref[CheckpointManager]") -> None:
@@ -324,7 +339,7 @@ class CheckpointManager:
             path = self.run.checkpoint(step)
             started = time.perf_counter()
             try:  # every rank reads the manifest, so every rank raises together
-                report = verify_checkpoint(path, part=(groups.rank, groups.world_size))
+                report = verify_checkpoint(path, checksums=False)  # stat only; checksums below
             except ManifestVersionError as exc:
                 raise CheckpointError(str(exc)) from None
             mine = list(report.problems)
@@ -332,32 +347,43 @@ class CheckpointManager:
                 refused = metadata_problem(path)    # allow-list (structure too), never freely
                 mine += [refused] if refused else []
             problems = groups.union(mine)
+            if not problems:
+                problems = self._load(path, step, state)
             if problems:
                 if groups.is_coordinator:
                     for problem in problems:
                         log.warning("checkpoint step %d skipped: %s", step, problem)
                 continue
-            verified_s = time.perf_counter() - started
-            self._load(path, step, state)
             self._last_committed = step
             if groups.is_coordinator:
-                log.info("resumed from %s (verified in %.2fs, loaded in %.2fs)", path, verified_s,
-                         time.perf_counter() - started - verified_s)
+                log.info("resumed from %s (verified while loading, one read, in %.2fs)", path,
+                         time.perf_counter() - started)
             return step
         if groups.is_coordinator:
             log.info("no valid checkpoint under %s: fresh start", self.run.checkpoints)
         return None
 
-    def _load(self, path: Path, step: int, state: TrainState) -> None:
-        manifest = self._groups.broadcast(read_manifest(path) if self._groups.is_coordinator else None)
-        same_world = manifest.world_size == self._groups.world_size
+    def _load(self, path: Path, step: int, state: TrainState) -> list[str]:
+        """Load ``path`` into ``state``, checksumming as it reads; the problems that made every
+        rank refuse it (state untouched), or [] once loaded."""
+        groups = self._groups
+        manifest = groups.broadcast(read_manifest(path) if groups.is_coordinator else None)
+        same_world = manifest.world_size == groups.world_size
         template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
+        reader = VerifyingReader(path, manifest.files, rank=groups.rank, world_size=groups.world_size,
+                                 union=groups.union)
         try:
-            dcp.load(template, storage_reader=SafeMetadataReader(path),
-                     planner=_PlainDataLoadPlanner(), process_group=self._groups.io,
-                     no_dist=not self._groups.distributed)
-            state.load_state_dict(template)
+            dcp.load(template, storage_reader=reader, planner=_PlainDataLoadPlanner(),
+                     process_group=groups.io, no_dist=not groups.distributed)
         except (Exception, CheckpointException) as exc:
+            corrupt = _corruption(exc)
+            if corrupt is not None:
+                return corrupt.problems
+            raise CheckpointError(
+                f"{path} verified but does not load into this state: {describe_failure(exc)}") from None
+        try:
+            state.load_state_dict(template)
+        except Exception as exc:
             raise CheckpointError(
                 f"{path} verified but does not load into this state: {describe_failure(exc)}") from None
         if state.step != step:
@@ -366,3 +392,4 @@ class CheckpointManager:
             seed = reseed_for_new_world(step, self._groups.rank)
             log.info("world size changed %d -> %d: RNG reseeded from (step, rank), seed %d",
                      manifest.world_size, self._groups.world_size, seed)  # per rank: its own seed
+        return []

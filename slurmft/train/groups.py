@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from slurmft.train.torch_compat import destroy_group
+
 
 class CheckpointGroups:
     def __init__(self, process_group: dist.ProcessGroup | None = None, *, timeout_s: float = 1800.0) -> None:
@@ -61,8 +63,10 @@ class CheckpointGroups:
         """Rank 0's ``obj`` on every rank."""
         if not self.distributed:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.control, 0), group=self.control)
+        box, control = [obj], self.control
+        if control is None:
+            raise RuntimeError("checkpoint groups used after destroy()")
+        dist.broadcast_object_list(box, src=dist.get_global_rank(control, 0), group=control)
         return box[0]
 
     def union(self, items: list[str]) -> list[str]:
@@ -81,7 +85,5 @@ class CheckpointGroups:
         """
         groups = [group for group in (self.io, self.control) if group is not None]
         self.io = self.control = None
-        registered = dist.distributed_c10d._world.pg_map if dist.is_initialized() else {}
         for group in groups:
-            if group in registered:
-                dist.destroy_process_group(group)
+            destroy_group(group)

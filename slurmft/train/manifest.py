@@ -297,13 +297,16 @@ def split_files(files: Iterable[FileEntry], parts: int) -> list[list[FileEntry]]
 
 
 def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | None = None, *,
-                      part: tuple[int, int] | None = None, threads: int = VERIFY_THREADS) -> VerifyReport:
+                      part: tuple[int, int] | None = None, threads: int = VERIFY_THREADS,
+                      checksums: bool = True) -> VerifyReport:
     """Check every file of a checkpoint against its manifest: presence, size, checksum, nothing extra.
 
     ``progress(done_bytes, total_bytes)`` is called on the caller's thread as checksums advance.
     Problems name the file, in manifest order. ``part=(i, n)`` checksums only the i-th of n
     byte-balanced groups of files (ranks share the work and merge their problems); presence and
-    sizes are always checked for every file. ``threads``: files hashed at once.
+    sizes are always checked for every file. ``threads``: files hashed at once. ``checksums=False``
+    checks only the manifest, presence, sizes and extra files (stat calls, no reads): a loader
+    that checksums while it reads (:mod:`slurmft.train.verified_read`) does the rest.
 
     Raises :class:`ManifestVersionError` for a manifest newer than this slurmft reads: that says
     nothing about the checkpoint's integrity, so it is not reported as a problem of it.
@@ -345,6 +348,8 @@ def _verify_open_dir(ckpt_dir: Path, dir_fd: int, progress: ProgressFn | None,
     for extra in sorted(on_disk - listed):
         problems.append(f"{ckpt_dir / extra}: extra file, not listed in the manifest")
     to_hash = {f.path for f in (split_files(manifest.files, part[1])[part[0]] if part else manifest.files)}
+    if not checksums:
+        to_hash = set()
     total = sum(f.size for f in manifest.files if f.path in to_hash)
     done = 0
 

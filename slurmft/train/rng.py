@@ -33,7 +33,7 @@ def capture_rng_state() -> dict[str, torch.Tensor]:
     state = {
         "python": torch.tensor([version, *words], dtype=torch.int64),
         "python_gauss": torch.tensor([0.0 if gauss is None else gauss, gauss is not None], dtype=torch.float64),
-        "numpy": torch.from_numpy(np.concatenate([np_keys.astype(np.int64), [np_pos, np_has_gauss]])),
+        "numpy": torch.from_numpy(np.concatenate([np.asarray(np_keys).astype(np.int64), [np_pos, np_has_gauss]])),
         "numpy_gauss": torch.tensor([np_gauss], dtype=torch.float64),
         "torch": torch.get_rng_state(),
     }

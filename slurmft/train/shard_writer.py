@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
-from torch.serialization import DEFAULT_PROTOCOL
 
+from slurmft.train import torch_compat
 from slurmft.train.manifest import FileEntry, StreamHasher
 
 WRITEBACK_BYTES = 32 << 20
@@ -86,14 +84,19 @@ class ShardStream(io.RawIOBase):
 
 
 def save_tensor(tensor: torch.Tensor, stream: Any) -> None:
-    """``torch.save(tensor, stream)`` byte for byte, except that the zip records carry no CRC-32."""
-    archive = torch._C.PyTorchFileWriter(stream, False, torch.serialization._get_storage_alignment())
-    torch.serialization._save(tensor, archive, pickle, DEFAULT_PROTOCOL, False)
-    archive.write_end_of_file()
+    """``torch.save(tensor, stream)`` byte for byte, except that the zip records carry no CRC-32.
+
+    Only used when :data:`slurmft.train.torch_compat.FAST_SHARD_WRITE` (torch's private zip
+    writer is there); otherwise ``CommitWriter`` lets DCP write the shards.
+    """
+    torch_compat.save_tensor_without_crc(tensor, stream)
 
 
 def _tensor_for(planner: SavePlanner, item: WriteItem) -> torch.Tensor:
-    tensor = planner.resolve_data(item).detach()
+    data = planner.resolve_data(item)
+    if not isinstance(data, torch.Tensor):
+        raise TypeError(f"{item.index.fqn}: planned as a tensor, resolved to {type(data).__name__}")
+    tensor = data.detach()
     if not tensor.is_cpu:
         raise RuntimeError(f"{item.index.fqn}: checkpoint tensors must be staged to CPU first")
     if tensor.untyped_storage().nbytes() != tensor.nbytes:
@@ -118,6 +121,8 @@ def write_shard_file(path: Path, relative: str, items: list[WriteItem], planner:
         for item in byte_items:
             offset = stream.tell()
             data = planner.resolve_data(item)
+            if not isinstance(data, io.BytesIO):
+                raise TypeError(f"{item.index.fqn}: planned as bytes, resolved to {type(data).__name__}")
             stream.write(data.getbuffer())
             results.append(_result(item.index, relative, offset, stream.tell() - offset))
         for item in tensor_items:
@@ -133,4 +138,4 @@ def write_shard_file(path: Path, relative: str, items: list[WriteItem], planner:
 
 def _result(index: MetadataIndex, relative: str, offset: int, length: int) -> WriteResult:
     return WriteResult(index=index, size_in_bytes=length,
-                       storage_data=_StorageInfo(relative_path=relative, offset=offset, length=length))
+                       storage_data=torch_compat.storage_info(relative, offset, length))

@@ -32,12 +32,13 @@ from typing import Any, Generator
 import torch
 from torch.futures import Future
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystem, _split_by_size_and_type
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystem
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
 from slurmft.rundir import fsync_dir
+from slurmft.train import torch_compat
 from slurmft.train.manifest import FileEntry, build_manifest, tmp_dirname, write_manifest
 from slurmft.train.shard_writer import ShardStream, write_shard_file
 
@@ -133,7 +134,8 @@ class CommitWriter(FileSystemWriter):
         self.job_id = job_id
         self.restart_count = restart_count
         self.faults = faults or FaultPlan()
-        self.fs = _HashingFileSystem(Path(self.path))
+        self.hashing = _HashingFileSystem(Path(self.path))
+        self.fs = self.hashing
         self.bytes_written = 0
 
     def storage_meta(self) -> StorageMeta | None:
@@ -143,15 +145,20 @@ class CommitWriter(FileSystemWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         # DCP's own write_data would do the same split into files (one per writer thread), but
         # through torch.save with its CRC-32 and a buffered stream; see slurmft.train.shard_writer.
+        # Without the private APIs that needs, DCP's own (public) path writes them instead.
+        if not torch_compat.FAST_SHARD_WRITE:
+            self.faults.at("write", self.step)
+            results = super().write_data(plan, planner).wait()
+            return self._shards_done(results)
         prefix = plan.storage_data.prefix
         jobs = [(f"{prefix}{i}{DEFAULT_SUFFIX}", items)
-                for i, items in enumerate(_split_by_size_and_type(self.thread_count, plan.items))]
+                for i, items in enumerate(torch_compat.split_by_size_and_type(self.thread_count, plan.items))]
 
         def write(job: tuple[str, list[Any]]) -> list[WriteResult]:
             name, items = job
             written = write_shard_file(Path(self.path) / name, name, items, planner,
                                        on_first_write=lambda: self.faults.at("write", self.step))
-            self.fs.record(written.entry)
+            self.hashing.record(written.entry)
             return written.results
 
         if len(jobs) == 1:
@@ -159,11 +166,14 @@ class CommitWriter(FileSystemWriter):
         else:
             with ThreadPoolExecutor(len(jobs), thread_name_prefix="slurmft-shard") as pool:
                 per_file = list(pool.map(write, jobs))
-        results = [r for file_results in per_file for r in file_results]
+        return self._shards_done([r for file_results in per_file for r in file_results])
+
+    def _shards_done(self, results: list[WriteResult]) -> Future[list[WriteResult]]:
+        """Every shard file is written and fsynced: sync the dir, hand the file list on."""
         self.faults.at("shards_written", self.step)
         fsync_dir(Path(self.path))
         self.faults.at("shards_synced", self.step)
-        entries = tuple(self.fs.entries.values())
+        entries = tuple(self.hashing.entries.values())
         self.bytes_written = sum(e.size for e in entries)
         carrier = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0,
                               storage_data=(str(self.path), entries))
@@ -185,7 +195,7 @@ class CommitWriter(FileSystemWriter):
                     files.extend(entries)
         super().finish(metadata, plain)
         self.faults.at("metadata_written", self.step)
-        files.extend(e for e in self.fs.entries.values() if e.path == ".metadata")
+        files.extend(e for e in self.hashing.entries.values() if e.path == ".metadata")
         manifest = build_manifest(self.step, self.world_size, torch.__version__, files,
                                   job_id=self.job_id, restart_count=self.restart_count)
         write_manifest(self.path, manifest)  # fsyncs the file and the tmp dir (covers .metadata)

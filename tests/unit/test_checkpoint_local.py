@@ -368,7 +368,49 @@ def test_saves_and_loads_are_phases_of_the_step_watchdog(tmp_path, monkeypatch):
     assert dog.watching == "step 3"  # the phase ended; the step goes on
     dog.step_finished()
     real_load = manager._load
-    monkeypatch.setattr(manager, "_load", lambda *a: (seen.append(dog.watching), real_load(*a)))
+    monkeypatch.setattr(manager, "_load", lambda *a: (seen.append(dog.watching), real_load(*a))[1])
     assert manager.load_latest(make_state()) == 3
     assert seen[-1] == "checkpoint load"
     manager.close()
+
+
+def test_a_restart_reads_the_checkpoint_once_verifying_as_it_loads(tmp_path, monkeypatch):
+    import slurmft.train.checkpoint as checkpoint_module
+    import slurmft.train.manifest as manifest_module
+    from slurmft.train.manifest import read_manifest
+    from slurmft.train.verified_read import VerifyingReader
+
+    state = make_state()
+    train_step(state)
+    CheckpointManager(tmp_path).save(1, state, block=True)
+    readers = []
+
+    class Recording(VerifyingReader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            readers.append(self)
+
+    def no_second_pass(paths, *args, **kwargs):
+        if paths:
+            raise AssertionError(f"hashed in a pass of its own before loading: {paths}")
+        return []
+
+    monkeypatch.setattr(checkpoint_module, "VerifyingReader", Recording)
+    monkeypatch.setattr(manifest_module, "hash_files", no_second_pass)
+    fresh = make_state(seed=3)
+    assert CheckpointManager(tmp_path).load_latest(fresh) == 1
+    assert_same_model(snapshot(state), snapshot(fresh))
+    total = read_manifest(RunDir(tmp_path).checkpoint(1)).total_bytes
+    assert [r.bytes_read for r in readers] == [total]  # every byte once, shards and .metadata
+
+
+def test_a_corrupt_only_checkpoint_leaves_the_state_untouched(tmp_path):
+    state = make_state()
+    train_step(state)
+    CheckpointManager(tmp_path).save(1, state, block=True)
+    _flip(RunDir(tmp_path).checkpoint(1) / "__0_0.distcp", 5000)
+    fresh = make_state(seed=3)
+    before = snapshot(fresh)
+    assert CheckpointManager(tmp_path).load_latest(fresh) is None  # a fresh start...
+    assert_same_model(before, snapshot(fresh))  # ...from the untouched initial state
+    assert fresh.sampler.offset == 0

@@ -1,0 +1,156 @@
+"""Loading a checkpoint with ONE read: every file is checksummed as DCP's reads stream through.
+
+``VerifyingReader`` is DCP's ``FileSystemReader`` with its ``read_data`` replaced (and, through
+:class:`slurmft.train.dcp_metadata.SafeMetadataReader`, ``.metadata`` read by the allow-list). Each rank reads
+each file its load plan needs once, front to back in 1 MiB pieces, hashing every byte and keeping
+the byte ranges its plan asks for; files no rank's plan needs (``.metadata``, which DCP already
+parsed, or shards another world size does not read) are hashed by one rank each, byte-balanced.
+The ranks then agree (one small all-gather on the checkpoint's control group) whether every file
+matched its manifest entry, and only then copy anything into the state: a checkpoint that fails
+leaves the model, optimizer and the rest exactly as they were, so the next older one (or a fresh
+start) can be tried. If any rank found a problem every rank raises :class:`CorruptCheckpoint`,
+which DCP hands back wrapped in its ``CheckpointException``.
+
+Cost: the bytes a rank needs are held in host memory until the agreement, about the rank's share
+of the state, the size of the staging buffers the first save allocates anyway.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
+
+from slurmft.train.checksum import HASH_CHUNK, StreamHasher
+from slurmft.train.dcp_metadata import SafeMetadataReader
+from slurmft.train.manifest import FileEntry, split_files
+
+# Every rank's strings merged on every rank (CheckpointGroups.union): the reader's only collective.
+Union = Callable[[list[str]], list[str]]
+
+
+class CorruptCheckpoint(RuntimeError):
+    """Some file of the checkpoint did not match its manifest; nothing was loaded."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class _Wanted:
+    req: ReadItem
+    offset: int
+    data: bytearray
+    filled: int = 0
+
+
+def _no_transforms(storage_info: Any) -> bool:
+    return not getattr(storage_info, "transform_descriptors", None)
+
+
+class VerifyingReader(SafeMetadataReader):
+    def __init__(self, path: Path, files: tuple[FileEntry, ...], *, rank: int, world_size: int,
+                 union: Union) -> None:
+        super().__init__(path)
+        self.root = Path(path)
+        self.files = {f.path: f for f in files}
+        self.share, self.shares = rank, world_size  # this rank's part of the files nobody reads
+        self.union = union
+        self.bytes_read = 0
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        wanted: dict[str, list[_Wanted]] = {}
+        problems: list[str] = []
+        try:  # nothing may raise before the agreements below, or the other ranks would wait there
+            for req in plan.items:
+                info = self.storage_data[req.storage_index]
+                if not _no_transforms(info):
+                    problems.append(f"{self.root / info.relative_path}: stored with DCP transforms, "
+                                    f"which slurmft never writes")
+                    continue
+                wanted.setdefault(info.relative_path, []).append(
+                    _Wanted(req, info.offset, bytearray(info.length)))
+        except Exception as exc:
+            problems.append(f"{self.root}: cannot plan the read: {type(exc).__name__}: {exc}")
+        read_anywhere = set(self.union(sorted(wanted)))
+        unread = [f for path, f in self.files.items() if path not in read_anywhere]
+        mine = split_files(unread, self.shares)[self.share] if unread else []
+        for relative in [*sorted(wanted), *(f.path for f in mine)]:
+            problems.extend(self._read_one(relative, wanted.get(relative, [])))
+        problems = self.union(problems)
+        if problems:
+            raise CorruptCheckpoint(problems)
+        for parts in wanted.values():
+            for part in parts:
+                _deliver(part, planner)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def _read_one(self, relative: str, parts: list[_Wanted]) -> list[str]:
+        """Hash ``relative`` front to back, filling ``parts``; the problems found (none = good)."""
+        path = self.root / relative
+        entry = self.files.get(relative)
+        if entry is None:
+            return [f"{path}: read by the load but not listed in the manifest"]
+        hasher = StreamHasher()
+        parts = sorted(parts, key=lambda p: p.offset)
+        buf = bytearray(HASH_CHUNK)
+        view = memoryview(buf)
+        try:
+            with open(path, "rb", buffering=0) as fh:
+                if hasattr(os, "posix_fadvise"):
+                    try:
+                        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                    except OSError:
+                        pass
+                pos = 0
+                while True:
+                    n = fh.readinto(buf)
+                    if not n:
+                        break
+                    chunk = view[:n]
+                    hasher.update(chunk)
+                    for part in parts:  # few per file; each copies only its overlap
+                        start, end = max(pos, part.offset), min(pos + n, part.offset + len(part.data))
+                        if start < end:
+                            part.data[start - part.offset:end - part.offset] = chunk[start - pos:end - pos]
+                            part.filled += end - start
+                    pos += n
+        except OSError as exc:
+            return [f"{path}: unreadable ({exc.strerror or exc})"]
+        self.bytes_read += hasher.size
+        if hasher.size != entry.size:
+            return [f"{path}: wrong size {hasher.size}, manifest says {entry.size}"]
+        if hasher.hexdigest() != entry.hash:
+            return [f"{path}: wrong checksum {hasher.hexdigest()}, manifest says {entry.hash}"]
+        short = [p for p in parts if p.filled != len(p.data)]
+        if short:
+            return [f"{path}: {short[0].req.storage_index.fqn} lies past the end of the file"]
+        return []
+
+
+def _deliver(part: _Wanted, planner: LoadPlanner) -> None:
+    """Hand one verified byte range to the planner, as DCP's own reader would."""
+    req = part.req
+    stream = io.BytesIO(part.data)
+    if req.type == LoadItemType.BYTE_IO:
+        planner.load_bytes(req, stream)
+        return
+    tensor = torch.load(stream, map_location="cpu", weights_only=True)
+    for dim, (offset, length) in enumerate(zip(req.storage_offsets, req.lengths)):
+        if length < tensor.size(dim):
+            tensor = tensor.narrow(dim, offset, length)
+    target = planner.resolve_tensor(req).detach()
+    if target.size() != tensor.size():
+        raise RuntimeError(f"{req.storage_index.fqn}: stored shape {tuple(tensor.size())} does not "
+                           f"fit {tuple(target.size())}")
+    target.copy_(tensor)
+    planner.commit_tensor(req, target)
