@@ -138,9 +138,10 @@ def _committed_state(run_dir: Path) -> int | None:
     return steps[-1] if steps else None
 
 
-def _wait_for(path: Path, procs: list[subprocess.Popen], timeout: float) -> None:
+def _wait_for(path: Path, procs: list[subprocess.Popen], timeout: float, *, nonempty: bool = False) -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    # A fault mark is created, then its line is written: wait for the line (once seen empty).
+    while not (path.exists() and (not nonempty or path.stat().st_size > 0)):
         dead = [p.returncode for p in procs if p.poll() is not None]
         if dead or time.monotonic() > deadline:
             kill(procs)
@@ -165,7 +166,7 @@ def test_kill_9_at_any_moment_leaves_newest_committed_loadable(tmp_path):
         procs = start(2, ["crash", "--run-dir", str(run_dir), "--out", str(out), "--ready", str(ready)], env)
         try:
             if phase:
-                _wait_for(mark, procs, timeout=90)
+                _wait_for(mark, procs, timeout=90, nonempty=True)
                 paused_step = int(mark.read_text().split()[1])
             else:
                 _wait_for(ready, procs, timeout=90)
