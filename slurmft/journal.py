@@ -204,8 +204,7 @@ class Journal:
         self._pending: list[bytes] = []
         self._pending_since = 0.0
         self._lock = threading.Lock()
-        if self.buffered_kinds:
-            atexit.register(_flush_at_exit, weakref.ref(self))
+        self._flushes_at_exit = False  # registered with the first buffered event, not per Journal
 
     @property
     def path(self) -> Path:
@@ -222,6 +221,9 @@ class Journal:
         line = encode_event(kind, stamped)  # validated (and timestamped) now, even if written later
         with self._lock:
             if kind in self.buffered_kinds:
+                if not self._flushes_at_exit:
+                    atexit.register(_flush_at_exit, weakref.ref(self))
+                    self._flushes_at_exit = True
                 if not self._pending:
                     self._pending_since = time.monotonic()
                 self._pending.append(line)

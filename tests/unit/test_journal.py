@@ -150,3 +150,15 @@ def test_segment_journal_is_durable_per_event_when_configured(tmp_path, monkeypa
     segment = Segment(JobEnv.from_environ({}), RunDir(tmp_path))
     segment.record(journal.LOSS, step=1, loss=2.0)
     assert [e.get("step") for e in read_events(tmp_path / "events.jsonl")] == [1]
+
+
+def test_a_journal_that_buffers_nothing_registers_nothing_at_exit(tmp_path, monkeypatch):
+    registered = []
+    monkeypatch.setattr(journal.atexit, "register", lambda *a: registered.append(a))
+    for _ in range(3):  # the watcher makes one Journal per event it writes
+        Journal(tmp_path).append(journal.SEGMENT_START)
+    assert registered == []
+    j = Journal(tmp_path)
+    j.append(journal.LOSS, step=1)
+    j.append(journal.LOSS, step=2)
+    assert len(registered) == 1
