@@ -47,7 +47,7 @@ SYSTEM_CONFIG = Path("/etc/slurmft/slurmft.toml")
 # Every table slurmft.toml may hold, one per component's config dataclass. A component that
 # adds a section adds its name here (tests/unit/test_config.py checks every load_section call).
 SECTIONS = ("checkpoint", "guards", "health_dcgm", "health_external", "health_gpu",
-            "health_node", "health_xid", "loop", "slurm", "sweep", "watch")
+            "health_node", "health_xid", "journal", "loop", "preemption", "slurm", "sweep", "watch")
 
 
 class ConfigError(ValueError):

@@ -137,7 +137,7 @@ def test_unknown_section_is_rejected_with_the_valid_ones(tmp_path):
         load_section(Demo, "demo", config_file=cfg, environ={})
     assert str(err.value) == (
         f"config file {cfg}: unknown section [sweeep]; valid sections: checkpoint, demo, guards, "
-        "health_dcgm, health_external, health_gpu, health_node, health_xid, loop, slurm, sweep, watch")
+        "health_dcgm, health_external, health_gpu, health_node, health_xid, journal, loop, preemption, slurm, sweep, watch")
 
 
 def test_known_sections_of_other_components_are_accepted(tmp_path):
