@@ -136,6 +136,8 @@ class CheckpointManager:
     process_group: the ranks that save together (default: the whole world). job_id,
     restart_count: recorded in each manifest (default None). on_commit: called on the
     coordinator as ``on_commit(step, path, stats)`` after each commit (default None).
+    watchdog: a :class:`StepWatchdog` that watches saves and loads as phases (default None; the
+    attribute may also be set later).
     """
 
     def __init__(

@@ -26,7 +26,9 @@ class CheckpointConfig:
     keep_every: also keep every M-th step (None). milestones: steps never pruned (()).
     on_busy: a save while the previous one is in flight "wait"s for it or is "skip"ped ("wait").
     thread_count: writer threads (files) per rank (1). timeout_s: the checkpoint groups'
-    collective timeout (1800).
+    collective timeout (1800). save_timeout_s: longest the training loop waits for a save in
+    flight, then CheckpointError names it (3600). exit_timeout_s: longest close() (the exit)
+    waits for a save still in flight before abandoning it (60).
     """
 
     interval: int = 500  # steps between periodic saves (see CheckpointManager.due)

@@ -320,13 +320,13 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | N
         what = str(exc) if isinstance(exc, UnsafeFileError) else f"{ckpt_dir}: unreadable ({exc.strerror})"
         return VerifyReport(ckpt_dir, None, (what,), 0)
     try:
-        return _verify_open_dir(ckpt_dir, dir_fd, progress, part, threads)
+        return _verify_open_dir(ckpt_dir, dir_fd, progress, part, threads, checksums)
     finally:
         os.close(dir_fd)
 
 
 def _verify_open_dir(ckpt_dir: Path, dir_fd: int, progress: ProgressFn | None,
-                     part: tuple[int, int] | None, threads: int) -> VerifyReport:
+                     part: tuple[int, int] | None, threads: int, checksums: bool) -> VerifyReport:
     try:
         manifest = read_manifest(ckpt_dir, dir_fd=dir_fd)
     except ManifestVersionError:

@@ -58,7 +58,7 @@ class PreemptionHandler:
 
     signals: the signals that mean "save and requeue" (USR2, TERM). process_group: who agrees
     (default: the world). device: where the flag is all-reduced ("cpu"; a CUDA device for NCCL).
-    check_every: all-reduce on every k-th ``should_stop()`` call only (1).
+    check_every: all-reduce on every k-th ``should_stop()`` call only (10; ``[preemption]``).
     """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS, *,

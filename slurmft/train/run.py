@@ -173,6 +173,7 @@ class Run:
         if self.config.watchdog:
             self._watchdog = StepWatchdog(timeout_s=self.config.watchdog_timeout_s,
                                           on_fire=self._on_hang).start()
+            self._checkpoints.watchdog = self._watchdog  # saves between steps are watched too
         self._preemption = PreemptionHandler(process_group=self.process_group,
                                              device=self.device).install()
         self._boundary = BoundaryCheck(rank=self.rank, enabled=self.config.check_boundaries)

@@ -53,6 +53,7 @@ class StepWatchdog:
     floor of the adaptive limit (60). history: steps in the median (50). on_fire: called with the
     message before exiting (None). stream: where stacks go (stderr). exit_code: (87, HANG).
     poll_s: how often the thread looks (default: a tenth of the limit, at most 1 s).
+    report_timeout_s: longest the exit waits for the message, stacks and ``on_fire`` (10).
     """
 
     def __init__(self, *, timeout_s: float | None = None, safety_factor: float = 10.0,

@@ -101,7 +101,7 @@ def test_steps_are_one_based_and_resume_after_the_saved_step(tmp_path):
             if step == 4:
                 break  # leaving early: step 4 never completed, no final save, no DONE
             train(model, optimizer, run, draw_batch())
-        assert run.watchdog is None or run.watchdog._step is None  # the unfinished step is not watched
+        assert run.watchdog is None or run.watchdog.watching is None  # the unfinished step is not watched
     assert seen == [1, 2, 3, 4] and run.step == 3 and RunDir(run_dir).committed_steps() == [3]
     assert not RunDir(run_dir).done.exists()
     model, optimizer, run = make_run(run_dir)
