@@ -88,9 +88,13 @@ BLOCKED_REPORT = textwrap.dedent("""
 """)
 
 JOURNAL_ON_A_FIFO = """
-os.mkfifo(run_dir / "events.jsonl")  # opening it for writing blocks: no reader, like a hung mount
+os.mkfifo(run_dir / "events.jsonl")
 journal = Journal(run_dir)
-kwargs = dict(on_fire=lambda message: journal.append("hang", message=message))
+def on_fire(message):
+    with open(run_dir / "events.jsonl", "w"):  # blocks: no reader, like a hung mount
+        pass
+    journal.append("hang", message=message)  # (the journal itself refuses a FIFO at once)
+kwargs = dict(on_fire=on_fire)
 """
 
 HOOK_THAT_SLEEPS = """
