@@ -58,6 +58,7 @@ test-matrix:
 # ruff (pycodestyle + pyflakes) and mypy on slurmft/, configured in pyproject.toml. Not part of
 # `make test` yet: the mypy overrides there list the modules still to clean up.
 lint: venv
+	$(PIP) install -q -e ".[lint]"
 	$(VENV)/bin/ruff check slurmft
 	$(VENV)/bin/mypy
 

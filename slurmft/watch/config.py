@@ -55,7 +55,8 @@ class WatchConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        non_negative = ("checkpoint_overdue_min_s", "silent_node_stale_s", "hang_timeout_s", "startup_grace_s", "pending_warn_s", "start_now_delay_s")
+        non_negative = ("checkpoint_overdue_min_s", "silent_node_stale_s", "hang_timeout_s",
+                        "startup_grace_s", "pending_warn_s", "start_now_delay_s")
         for name in non_negative:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -309,7 +309,6 @@ class RunWatch:
             self._give_up(finding.cause, why, None)
             return
         found = self._resubmitted_before(st.resubmit_started) if st.resubmit_started else None
-        client = self.actor.client
         if found is None:
             try:
                 argv = resubmit.resubmit_argv(record, resubmit.SubmitRecord.paths(self.run_dir)[1],
