@@ -22,6 +22,7 @@ _COMMANDS: list[tuple[str, str]] = [
     ("ckpt", "ckpt"),
     ("devcluster", "devcluster"),
     ("interval", "interval"),
+    ("launch", "launch"),
     ("status", "status"),
     ("sweep", "sweep"),
     ("watch", "watch"),
@@ -36,7 +37,9 @@ def _mount() -> None:
         if isinstance(sub.app, typer.Typer):
             app.add_typer(sub.app, name=name)
         else:
-            app.command(name=name)(sub.app)
+            # A module may pass click context settings (``launch`` takes the training command's
+            # own options through unparsed).
+            app.command(name=name, context_settings=getattr(sub, "CONTEXT_SETTINGS", None))(sub.app)
 
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,61 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
 def atomic_write_json(path: Path, obj: Any) -> None:
     """Atomically write ``obj`` as indented, key-sorted JSON with a trailing newline."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+DONE_VERSION = 1
+MAX_DONE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Done:
+    """What the ``DONE`` marker says: which job (and restart) reached which step of how many.
+    A later run in the same directory (a larger ``--steps``) may train past it; the launcher
+    decides "finished" from its own segment's recorded outcome, never from this file."""
+
+    job_id: str | None
+    step: int | None
+    total_steps: int | None
+    restart_count: int | None = None
+
+
+def write_done(run_dir: RunDir, *, job_id: str | None, step: int, total_steps: int,
+               restart_count: int | None = None) -> None:
+    """Write ``DONE`` (atomically) for this job's run that reached ``step`` of ``total_steps``."""
+    atomic_write_json(run_dir.done, {"version": DONE_VERSION, "job_id": job_id, "step": step,
+                                     "total_steps": total_steps, "restart_count": restart_count})
+
+
+def read_done(run_dir: RunDir) -> Done | None:
+    """The ``DONE`` marker, or None when there is none. Only a regular file is read (no symlink,
+    no FIFO), at most MAX_DONE_BYTES; an older plain-text marker (``<step>\n``) and anything
+    unparseable give a ``Done`` with the fields it could not tell left None."""
+    try:
+        fd = os.open(run_dir.done, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, MAX_DONE_BYTES)
+    finally:
+        os.close(fd)
+
+    def integer(value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        record = None
+    if isinstance(record, int) and not isinstance(record, bool):  # "1200\n": the older marker
+        return Done(job_id=None, step=record, total_steps=None)
+    if not isinstance(record, dict):
+        return Done(job_id=None, step=None, total_steps=None)
+    job = record.get("job_id")
+    return Done(job_id=str(job) if isinstance(job, (str, int)) and not isinstance(job, bool) else None,
+                step=integer(record.get("step")), total_steps=integer(record.get("total_steps")),
+                restart_count=integer(record.get("restart_count")))
 
 
 def read_json(path: Path) -> Any:

@@ -250,6 +250,18 @@ class CliSlurmClient:
             argv.append("StartTime=now")
         self._change(argv, lambda: policy.pending_update_done(self.job(job_id), extra, start_now))
 
+    def comment(self, job_id: str) -> str:
+        """The job's comment text ('' when none): ``squeue -h -o %k`` (text output honours ``-j``
+        on every release, unlike 22.05's JSON)."""
+        out = self._run(["squeue", "-h", "-j", validate.job_id(job_id), "-o", "%k"]).stdout.strip()
+        return "" if out in ("", "(null)") else out
+
+    def set_comment(self, job_id: str, text: str) -> None:
+        """``scontrol update JobId=<id> Comment=<text>`` (one printable line)."""
+        if not isinstance(text, str) or not text.isprintable() or len(text) > 1000:
+            raise InvalidArgument(f"invalid job comment {text!r}: one printable line, at most 1000 characters")
+        self._run(["scontrol", "update", f"JobId={validate.job_id(job_id)}", f"Comment={text}"])
+
     def hold(self, job_id: str) -> None:
         job_id = validate.job_id(job_id)
         self._change(["scontrol", "hold", job_id], lambda: self.job(job_id).reason in policy.HELD_REASONS)

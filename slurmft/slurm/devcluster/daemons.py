@@ -55,12 +55,16 @@ def log_tail(paths: list[Path], lines: int = LOG_TAIL_LINES) -> str:
 
 
 def spawn(layout: Layout, name: str, argv: list[str], env: Mapping[str, str]) -> ProcId:
-    """Start one daemon in its own session, output to log/<name>.out; return its identity."""
+    """Start one daemon in its own session, in the cluster's directory, output to
+    log/<name>.out; return its identity."""
     with open(out_file(layout, name), "ab") as out:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, env=dict(env),
-                                    start_new_session=True, close_fds=True)
+                                    start_new_session=True, close_fds=True,
+                                    # not the caller's directory: a crashing slurmstepd leaves
+                                    # `core` files in it, HealthCheckProgram runs in it
+                                    cwd=layout.root)
         except OSError as exc:
             raise DaemonFailed(f"{name} did not start: {argv[0]}: {exc.strerror}") from None
     ident = identify(proc.pid)

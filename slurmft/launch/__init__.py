@@ -1,0 +1,19 @@
+"""``slurmft launch``: what ``sbatch_templates/train.sbatch`` runs inside the allocation.
+
+The template is only ``#SBATCH`` lines, the NCCL/IB environment and one ``exec`` of this
+launcher, which owns the orchestration as small, unit-tested modules:
+
+  ``identity``   who this job is (array-aware ``<array_job_id>_<task_id>``; hetjobs refused)
+  ``settings``   every ``SLURMFT_*`` number from the environment, validated, with floors
+  ``preflight``  one bounded ``srun`` of ``nodecheck`` on every node; which nodes to exclude
+  ``nodecheck``  runs on each node: run dir, disk, torch, ``slurmft sweep --quick --dry-run``
+  ``rendezvous`` torchrun's c10d endpoint from ``SLURM_JOB_NODELIST`` (python-hostlist)
+  ``step``       the training ``srun``: signals go to that child only, re-sent with a floor
+  ``requeue``    self-requeue through ``slurmft.slurm`` when scontrol exists, else a journaled
+                 ``requeue_request`` for ``slurmft watch``
+  ``outcome``    the recorded outcome of THIS segment -> exit 0 / 85 / 86 / 87 / passed on
+  ``main``       the order of the above, and the one place that exits
+
+Torch-free: torch is imported only by the training ranks and by the per-node torch check, each
+in its own process.
+"""

@@ -1,0 +1,180 @@
+"""The launcher's order of work, and the one place that decides its exit code.
+
+  identity + settings (bad input -> 86, the one deliberate "do not requeue" besides training's)
+  -> job comment -> pre-flight (exclusions -> requeue, 85) -> a signal before training? (checked)
+  -> rendezvous -> training step with signals forwarded -> outcome -> 0 / 85 / 86 / passed on.
+
+A missing tool, a failed pre-flight or a stray signal never ends in 86: they are requeued (by
+Slurm, or by ``slurmft watch`` from a journaled ``requeue_request``) or passed on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Mapping, Sequence
+
+from slurmft import exitcodes, journal
+from slurmft.journal import read_events, segment_outcome
+from slurmft.launch import identity as identity_mod
+from slurmft.launch import preflight, rendezvous, requeue, settings as settings_mod
+from slurmft.launch.journaling import Voice
+from slurmft.launch.outcome import Next, decide
+from slurmft.launch.signals import SignalLog, is_for_this_run
+from slurmft.launch.step import run_step
+from slurmft.rundir import RunDir
+
+USAGE = "usage: slurmft launch SCRIPT.py [ARGS...]  (or -m MODULE [ARGS...])"
+
+
+def give_up(voice: Voice, reason: str) -> int:
+    voice.log(f"ERROR: {reason} -> exit {exitcodes.NO_REQUEUE} (do not requeue)")
+    voice.template("give_up", reason=reason)
+    return exitcodes.NO_REQUEUE
+
+
+def check_command(command: Sequence[str], cwd: str) -> str | None:
+    if not command:
+        return f"no training command: {USAGE}"
+    if command[0] == "-m":
+        return None if len(command) >= 2 else "-m needs a module name"
+    if not os.access(command[0], os.R_OK) or not os.path.isfile(command[0]):
+        return f"training script {command[0]} does not exist or is not readable (cwd: {cwd})"
+    return None
+
+
+def check_run_dir_here(run_dir: str) -> str | None:
+    """The run dir as the batch node sees it: a directory (created if missing), not a file."""
+    if os.path.lexists(run_dir) and (os.path.islink(run_dir) or not os.path.isdir(run_dir)):
+        return f"SLURMFT_RUN_DIR={run_dir}: it is not a directory"
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as exc:
+        return f"SLURMFT_RUN_DIR={run_dir}: cannot create it: {exc.strerror or exc}"
+    return None
+
+
+def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    env = dict(os.environ if env is None else env)
+    signals = SignalLog()
+    signals.install()  # from here on a TERM/USR2 is recorded, never fatal
+    voice = Voice(None)
+    try:
+        ident = identity_mod.from_environ(env)
+    except identity_mod.IdentityError as exc:
+        return give_up(voice, str(exc))
+    voice = Voice(ident)
+    try:
+        run_dir = settings_mod.run_dir_for(env.get("SLURMFT_RUN_DIR"), ident)
+    except settings_mod.SettingsError as exc:
+        return give_up(voice, str(exc))
+    problem = check_run_dir_here(str(run_dir))
+    if problem:
+        return give_up(voice, problem)
+    voice = Voice(ident, run_dir)  # from here on, reasons are journaled too
+    try:
+        cfg = settings_mod.from_environ(env, ident)
+    except settings_mod.SettingsError as exc:
+        return give_up(voice, str(exc))
+    problem = check_command(command, os.getcwd())
+    if problem:
+        return give_up(voice, problem)
+    if shutil.which("srun", path=env.get("PATH", "")) is None:
+        # Not 86: the same job may run where srun is on the PATH; the watcher decides.
+        voice.log("ERROR: srun is not on the PATH: cannot start the pre-flight or the training step")
+        voice.template("error", reason="srun is not on the PATH")
+        return 1
+
+    env["SLURMFT_RUN_DIR"] = str(cfg.run_dir)
+    env["SLURMFT_JOB_ID"] = ident.slurm_id  # the array-aware id, for the ranks
+    env["SLURMFT_PG_TIMEOUT_S"] = str(cfg.pg_timeout_s)
+    client = requeue.slurm_client(env)
+    voice.template("launch", nodes=list(ident.nodes), scontrol=client is not None,
+                   nproc_per_node=cfg.nproc_per_node)
+    requeue.publish_run_dir(client, ident, str(cfg.run_dir), voice)
+
+    voice.log(f"pre-flight on {ident.num_nodes} node(s): {','.join(ident.nodes)} "
+              f"(bound {cfg.preflight_timeout_s:g} s)")
+    result = preflight.run(ident, cfg, env)
+    for node in sorted(result.skipped):
+        for detail in result.skipped[node]:
+            voice.log(f"  pre-flight {node}: not judged: {detail}")
+        voice.template("preflight_skip", node=node, evidence=result.skipped[node])
+    if not result.ran:
+        reason = (f"the pre-flight produced no verdict on any node (srun exit {result.rc}"
+                  f"{', timed out' if result.timed_out else ''}): {result.output_tail[-300:].strip()}")
+        voice.template("preflight_not_run", reason=reason)
+        return requeue.requeue_self(client, ident, voice, reason)
+    exclude = result.exclusions()
+    if exclude:
+        for node, evidence in exclude.items():
+            voice.log(f"  pre-flight {node}: FAILED: {evidence}")
+            voice.template("exclude", node=node, evidence=evidence)
+        if len(exclude) == ident.num_nodes:
+            # Every node failing alike is rarely every node's fault (a shared filesystem).
+            reason = "the pre-flight failed on every node: requeued without exclusions"
+            return requeue.requeue_self(client, ident, voice, reason)
+        return requeue.requeue_self(client, ident, voice, "pre-flight failed before rendezvous",
+                                    exclude)
+    voice.log("pre-flight passed on every node")
+
+    early = signals.take()
+    if early:
+        job = None
+        if client is not None:
+            try:
+                job = client.job(ident.slurm_id)
+            except Exception as exc:  # could not observe: take the signal as meant for us
+                voice.log(f"WARNING: could not read the job to judge {early}: {exc}")
+        act, why = is_for_this_run(job, ident)
+        voice.template("early_signal", signals=early, acted=act, why=why)
+        if act:
+            voice.log(f"received {','.join(early)} before training started ({why}): requeueing; "
+                      "the newest checkpoint is intact")
+            return requeue.requeue_self(client, ident, voice, f"{early[0]} before training started")
+        voice.log(f"ignoring {','.join(early)} received before training started: {why}")
+
+    try:
+        rdzv = rendezvous.choose(ident, result.ports)
+    except rendezvous.RendezvousError as exc:
+        return requeue.requeue_self(client, ident, voice, str(exc))
+    voice.log(f"torchrun: {ident.num_nodes} node(s) x {cfg.nproc_per_node} rank(s), "
+              f"rendezvous {rdzv.endpoint} id {rdzv.rdzv_id}")
+
+    def forward(name: str) -> None:
+        voice.log(f"received {name}: forwarding USR2 to the training step (re-sent every "
+                  f"{cfg.resignal_s:g} s until it ends)")
+        voice.template("forward", signal=name)
+
+    srun_rc = run_step(rendezvous.step_argv(rdzv, ident, cfg, command), env, signals,
+                       cfg.resignal_s, forward, pending=signals.take())
+    recorded = segment_code(cfg.run_dir, ident)
+    decision = decide(recorded, srun_rc)
+    voice.log(f"training step ended: srun exit {srun_rc}, recorded outcome "
+              f"{'none' if recorded is None else exitcodes.describe(recorded)}: {decision.why}")
+    if decision.next is Next.REQUEUE:
+        return requeue.requeue_self(client, ident, voice, "training saved and asked to be requeued")
+    voice.template("end", exit_code=decision.code, why=decision.why)
+    return decision.code
+
+
+def segment_code(run_dir, ident) -> int | None:
+    """The exit code this segment's ranks journaled (they stamp the raw SLURM_JOB_ID)."""
+    events = read_events(RunDir(run_dir).events, [journal.SEGMENT_END])
+    for job_id in (ident.raw_job_id, ident.slurm_id):
+        event = segment_outcome(events, job_id, ident.restart_count)
+        code = None if event is None else event.get("exit_code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip().splitlines()[0] + "\n" + USAGE)
+        return 0
+    if args[:1] == ["--"]:
+        args = args[1:]
+    return launch(args)
