@@ -1,5 +1,6 @@
 """Run-dir layout and atomic writes."""
 
+import json
 import os
 
 import pytest
@@ -44,3 +45,30 @@ def test_atomic_write_failure_keeps_old(tmp_path):
 
 def test_rundir_accepts_a_string(tmp_path):
     assert RunDir(str(tmp_path)).checkpoints == tmp_path / "checkpoints"
+
+
+def test_done_names_the_job_and_step_it_belongs_to(tmp_path):
+    from slurmft.rundir import Done, read_done, write_done
+
+    run = RunDir(tmp_path)
+    assert read_done(run) is None
+    write_done(run, job_id="104_1", step=40, total_steps=40, restart_count=2)
+    assert read_done(run) == Done(job_id="104_1", step=40, total_steps=40, restart_count=2)
+    assert json.loads(run.done.read_text())["version"] == 1
+
+
+def test_done_reader_takes_the_older_text_marker_and_refuses_special_files(tmp_path):
+    from slurmft.rundir import Done, read_done
+
+    run = RunDir(tmp_path)
+    run.done.write_text("1200\n")
+    assert read_done(run) == Done(job_id=None, step=1200, total_steps=None)
+    run.done.write_text("[" * 100000)
+    assert read_done(run) == Done(job_id=None, step=None, total_steps=None)
+    run.done.unlink()
+    os.mkfifo(run.done)
+    assert read_done(run) is None   # never blocks on a FIFO
+    run.done.unlink()
+    (tmp_path / "elsewhere").write_text('{"job_id": "9"}')
+    run.done.symlink_to(tmp_path / "elsewhere")
+    assert read_done(run) is None   # never follows a link

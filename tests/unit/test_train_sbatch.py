@@ -1,27 +1,24 @@
-"""The sbatch template agrees with the Python side and refuses bad input before touching Slurm."""
+"""The sbatch template is short (#SBATCH lines, NCCL env, one exec of the launcher) and bad input
+is refused with one clear line and "do not requeue" before anything touches Slurm."""
 
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from slurmft import exitcodes, rundir
+from launch_envs import recorded
+from slurmft import exitcodes
 
+pytestmark = pytest.mark.timeout(60)
 TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "train.sbatch"
 
 
-def _assignment(name):
-    match = re.search(rf"^{name}=(\S+)$", TEMPLATE.read_text(), re.M)
-    assert match, f"{name}= not found in {TEMPLATE}"
-    return match.group(1)
-
-
-def test_template_uses_the_python_exit_codes_and_done_name():
-    assert int(_assignment("EXIT_REQUEUE")) == exitcodes.REQUEUE
-    assert int(_assignment("EXIT_NO_REQUEUE")) == exitcodes.NO_REQUEUE
-    assert _assignment("DONE_NAME") == rundir.DONE
+def test_template_uses_the_python_exit_code():
+    match = re.search(r"^EXIT_NO_REQUEUE=(\S+)$", TEMPLATE.read_text(), re.M)
+    assert match and int(match.group(1)) == exitcodes.NO_REQUEUE
 
 
 def test_template_asks_slurm_for_requeue_append_and_a_usr2_warning():
@@ -30,31 +27,44 @@ def test_template_asks_slurm_for_requeue_append_and_a_usr2_warning():
     assert any(re.fullmatch(r"--signal=B:USR2@\d+", d) for d in directives)
 
 
+def test_template_is_one_exec_of_the_launcher_and_calls_no_slurm_command():
+    code = [l for l in TEMPLATE.read_text().splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    assert sum(1 for l in code if l.startswith("exec ")) == 1
+    assert code[-1] == 'exec "$PYTHON" -m slurmft.launch "$@"'
+    assert not any(re.search(r"\b(srun|scontrol|scancel|squeue|sbatch)\b", l) for l in code)
+
+
 def test_template_is_valid_bash():
     subprocess.run(["bash", "-n", str(TEMPLATE)], check=True, timeout=10)
 
 
 def _run(tmp_path, env_extra, args=()):
-    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "123", "SLURM_JOB_NUM_NODES": "1",
-           "SLURMFT_PYTHON": os.environ.get("PYTHON", "python3"), **env_extra}
+    env = {"PATH": os.environ["PATH"], **recorded("nonarray"), "SLURMFT_PYTHON": sys.executable,
+           **env_extra}
+    env = {k: v for k, v in env.items() if v is not None}
     return subprocess.run(["bash", str(TEMPLATE), *args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=50)
 
 
 @pytest.mark.parametrize("env_extra, args, needle", [
     ({}, ["train.py"], "SLURMFT_RUN_DIR is not set"),
+    ({"SLURM_JOB_ID": None}, ["train.py"], "SLURM_JOB_ID is not set: not inside a Slurm job"),
     ({"SLURMFT_RUN_DIR": "relative/dir"}, ["train.py"], "must be an absolute path"),
     ({"SLURMFT_RUN_DIR": "/tmp/x", "SLURMFT_PYTHON": "/nonexistent/python"}, ["train.py"],
      "is not an executable"),
     ({"SLURMFT_RUN_DIR": "{tmp}/run"}, [], "no training command"),
     ({"SLURMFT_RUN_DIR": "{tmp}/run"}, ["missing.py"], "training script missing.py does not exist"),
     ({"SLURMFT_RUN_DIR": "{tmp}/run", "SLURMFT_NPROC_PER_NODE": "two"}, ["-m", "x"],
-     "SLURMFT_NPROC_PER_NODE=two must be a positive integer"),
+     "SLURMFT_NPROC_PER_NODE='two' must be an integer"),
+    ({"SLURMFT_RUN_DIR": "{tmp}/run", "SLURMFT_RESIGNAL_S": "abc"}, ["-m", "x"],
+     "SLURMFT_RESIGNAL_S='abc' must be a number"),
+    ({"SLURMFT_RUN_DIR": "{tmp}/file"}, ["-m", "x"], "it is not a directory"),
+    ({"SLURMFT_HET_SIZE": None, **recorded("hetjob"), "SLURMFT_RUN_DIR": "{tmp}/run"}, ["-m", "x"],
+     "heterogeneous jobs are not supported"),
 ])
 def test_bad_input_exits_do_not_requeue_with_one_clear_line(tmp_path, env_extra, args, needle):
-    env_extra = {k: v.replace("{tmp}", str(tmp_path)) for k, v in env_extra.items()}
-    if "SLURMFT_PYTHON" not in env_extra:
-        env_extra["SLURMFT_PYTHON"] = str(Path(os.sys.executable))
+    (tmp_path / "file").write_text("not a directory\n")
+    env_extra = {k: v.replace("{tmp}", str(tmp_path)) if v else v for k, v in env_extra.items()}
     proc = _run(tmp_path, env_extra, args)
     assert proc.returncode == exitcodes.NO_REQUEUE, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
