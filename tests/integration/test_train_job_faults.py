@@ -121,8 +121,7 @@ def test_run_dir_that_is_not_a_directory_gives_up(slurm_cluster, tmp_path):
     job = submit(slurm_cluster, run, [*TINY_ARGS, "--steps", "4"], nodes=2)
     final = job.wait_finished(timeout=50)
     assert final.state is JobState.FAILED and final.exit_code == exitcodes.NO_REQUEUE
-    assert "the run directory fails on every node" in job.log_text()
-    assert "it is not a directory" in job.log_text()
+    assert f"SLURMFT_RUN_DIR={run}: it is not a directory" in job.log_text()
 
 
 @pytest.mark.timeout(60)

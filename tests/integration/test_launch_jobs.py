@@ -1,0 +1,157 @@
+"""The launcher on the devcluster, in the four situations that broke the bash template
+(issue 19): an array task preempted alone, two pre-flights on one node at once, a job without
+scontrol, and outside requeues followed at once by a restart. The real template runs the real
+example; the test plays only the watcher's part it needs (``StartTime=now``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmft import exitcodes, journal
+from slurmft.journal import read_events
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import JobState
+from slurmft.sweep.lock import SweepLock
+
+from train_job_support import TINY_ARGS, TrainJob, submit
+
+pytestmark = pytest.mark.integration
+
+
+def _events(run: Path, kinds=None):
+    return read_events(RunDir(run).events, kinds)
+
+
+def _template(run: Path, action: str):
+    return [e for e in _events(run, [journal.TEMPLATE]) if e.get("action") == action]
+
+
+@pytest.mark.timeout(240)
+def test_array_task_preempted_alone_sibling_untouched(slurm_cluster, tmp_path):
+    args = [*TINY_ARGS, "--steps", "40", "--ckpt-every", "10", "--step-sleep", "0.2"]
+    array = submit(slurm_cluster, tmp_path / "run_%a", args, nodes=1, sbatch_options=["--array=0-1"])
+    tasks = {i: TrainJob(array.client, tmp_path / f"run_{i}", f"{array.job_id}_{i}",
+                         tmp_path / f"run_{i}-job.out") for i in (0, 1)}  # sbatch expands %a
+    # A pending array is one squeue record ("1_[0-1]"): look at the tasks once they run.
+    deadline = time.monotonic() + 120
+    while not all(any(e.get("step", 0) >= 4 for e in t.events([journal.LOSS])) for t in tasks.values()):
+        assert time.monotonic() < deadline, "\n".join(t.log_text()[-2000:] for t in tasks.values())
+        time.sleep(0.5)
+    # The task whose own SLURM_JOB_ID is the array's id: a bare-id signal would hit both.
+    raw = {i: _template(t.run_dir, "launch")[0].get("raw_job_id") for i, t in tasks.items()}
+    target = next(i for i, r in raw.items() if r == array.job_id)
+    sibling = 1 - target
+    tasks[target].client.cancel(tasks[target].job_id, signal="USR2", batch_only=True)
+    for task in tasks.values():
+        final = task.wait_finished(timeout=180)
+        assert final.state is JobState.COMPLETED, task.log_text()[-4000:]
+    assert tasks[target].state().restart_count == 1
+    assert [e.get("restart_count") for e in _events(tasks[target].run_dir, [journal.PREEMPTION])] == [0]
+    requeued = _template(tasks[target].run_dir, "requeue")
+    assert [e.get("job_id") for e in requeued] == [tasks[target].job_id]   # array-aware everywhere
+    assert tasks[sibling].state().restart_count == 0
+    assert _events(tasks[sibling].run_dir, [journal.PREEMPTION]) == []
+    assert _template(tasks[sibling].run_dir, "forward") == []
+    starts = _events(tasks[target].run_dir, [journal.SEGMENT_START])
+    assert [e.get("restored_step") for e in starts][1] is not None        # resumed, not restarted
+    assert tasks[target].state().run_dir == tasks[target].run_dir         # the comment, per task
+
+
+@pytest.mark.timeout(240)
+def test_two_preflights_on_one_busy_node_exclude_nothing(slurm_cluster, tmp_path):
+    """Both jobs start on n1 while another sweep holds n1's lock (as the cron sweep or a third
+    job's pre-flight does): both wait for it, neither excludes n1."""
+    state = tmp_path / "sweep-state"
+    env = {"SLURMFT_SWEEP_STATE_DIR": str(state), "SLURMFT_SWEEP_REPORT_DIR": str(state / "reports"),
+           "SLURMFT_SWEEP_TEXTFILE_DIR": str(state / "textfile")}
+    args = [*TINY_ARGS, "--steps", "6", "--ckpt-every", "3"]
+    from slurmft.sweep.config import SweepConfig
+    from slurmft.sweep.run import lock_path
+
+    with SweepLock(lock_path(SweepConfig(state_dir=state), "n1")):
+        jobs = [submit(slurm_cluster, tmp_path / f"run{i}", args, nodes=1,
+                       sbatch_options=["--nodelist=n1"], env=env) for i in (0, 1)]
+        for job in jobs:  # both are in their pre-flight, held by the busy sweep
+            job.wait_for(lambda j: j.state is JobState.RUNNING, 60, "start")
+        time.sleep(8)
+    for job in jobs:
+        final = job.wait_finished(timeout=180)
+        assert final.state is JobState.COMPLETED and final.restart_count == 0, job.log_text()[-4000:]
+        assert _template(job.run_dir, "exclude") == [] and _template(job.run_dir, "requeue") == []
+        assert final.nodes == ("n1",)
+
+
+@pytest.mark.timeout(240)
+def test_job_without_scontrol_saves_and_asks_the_watcher_to_requeue(slurm_cluster, tmp_path):
+    bin_dir = tmp_path / "bin"   # a container image with srun but no Slurm client tools
+    bin_dir.mkdir()
+    (bin_dir / "srun").symlink_to("/usr/bin/srun")
+    args = [*TINY_ARGS, "--steps", "200", "--ckpt-every", "50", "--step-sleep", "0.1"]
+    job = submit(slurm_cluster, tmp_path / "run", args, nodes=2,
+                 sbatch_options=[f"--export=ALL,PATH={bin_dir}"])   # the job's PATH, not sbatch's
+    job.wait_step(5, timeout=120)
+    job.client.cancel(job.job_id, signal="USR2", batch_only=True)
+    final = job.wait_finished(timeout=120)
+    assert final.exit_code == exitcodes.REQUEUE and final.restart_count == 0, job.log_text()[-4000:]
+    [request] = job.events([journal.REQUEUE_REQUEST])
+    assert request.get("restart_count") == 0 and request.get("exclude") == []
+    assert "no scontrol" in request.get("reason")
+    saved = job.events([journal.PREEMPTION])[0].get("step")
+    assert [e.get("step") for e in job.events([journal.CHECKPOINT_COMMITTED])] == [saved]
+    assert all(e.get("exit_code") != exitcodes.NO_REQUEUE for e in job.events([journal.SEGMENT_END]))
+    assert "Slurm is ending" not in job.log_text()
+    assert "no scontrol on PATH: the job comment is not set" in job.log_text()
+
+
+@pytest.mark.timeout(420)
+def test_outside_requeue_then_start_now_five_times_every_run_trains_on(slurm_cluster, tmp_path):
+    """StartTime=now 0.5 s after PENDING is sent here by the test harness only because this
+    test is about the launcher's signal handling: it recreates what a fast watcher does (the
+    new run starting within seconds of the old one's end), where signals sent by job id used to
+    land in the new run."""
+    args = [*TINY_ARGS, "--steps", "60", "--ckpt-every", "5", "--step-sleep", "0.3"]
+    job = submit(slurm_cluster, tmp_path / "run", args, nodes=2)
+    requeued_at: dict[int, float] = {}
+    for restart in range(5):
+        _wait_loss_in_run(job, restart, timeout=120)
+        requeued_at[restart] = time.time()
+        assert job.client.requeue(job.job_id)
+        deadline = time.monotonic() + 60
+        while True:
+            state = job.state()
+            if state.state is JobState.PENDING and not state.completing:
+                break
+            assert time.monotonic() < deadline, f"job never PENDING after requeue {restart}"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        job.client.update_pending(job.job_id, start_now=True)
+    final = job.wait_finished(timeout=240)
+    assert final.state is JobState.COMPLETED and final.restart_count == 5, job.log_text()[-4000:]
+    for event in job.events([journal.TEMPLATE, journal.PREEMPTION]):
+        if event.kind == journal.PREEMPTION or event.get("action") in ("forward", "early_signal"):
+            restart = event.get("restart_count")
+            assert restart in requeued_at and event.time >= requeued_at[restart], \
+                f"stray signal in run {restart}: {event}"
+    assert all(e.get("exit_code") != exitcodes.NO_REQUEUE for e in job.events([journal.SEGMENT_END]))
+    steps = {e.get("step") for e in job.events([journal.LOSS])}
+    assert steps == set(range(1, 61))
+
+
+def _wait_loss_in_run(job: TrainJob, restart: int, timeout: float) -> None:
+    """Until run ``restart`` journaled a loss past the step it restored (it trains on)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        starts = [e for e in job.events([journal.SEGMENT_START]) if e.get("restart_count") == restart]
+        if starts:
+            restored = starts[-1].get("restored_step") or 0
+            if any(e.get("restart_count") == restart and e.get("step", 0) > restored
+                   for e in job.events([journal.LOSS])):
+                return
+        state = job.state()
+        assert not state.state.finished and time.monotonic() < deadline, \
+            f"run {restart} never trained (state {state.state.value})\n{job.log_text()[-4000:]}"
+        time.sleep(0.3)
