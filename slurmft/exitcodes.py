@@ -2,7 +2,7 @@
 
 These numbers are the protocol between a training step and whoever decides what happens next
 (the template's ``scontrol requeue``, the watcher's give-up rule). They are defined here and
-nowhere else in Python; ``sbatch_templates/train.sbatch`` repeats them in bash, and a unit test
+nowhere else in Python; ``sbatch_templates/train.sbatch`` repeats ``NO_REQUEUE`` in bash, and a unit test
 checks the two agree. Torch-free.
 """
 

@@ -8,7 +8,11 @@ launcher, which owns the orchestration as small, unit-tested modules:
   ``preflight``  one bounded ``srun`` of ``nodecheck`` on every node; which nodes to exclude
   ``nodecheck``  runs on each node: run dir, disk, torch, ``slurmft sweep --quick --dry-run``
   ``rendezvous`` torchrun's c10d endpoint from ``SLURM_JOB_NODELIST`` (python-hostlist)
+  ``task``       one node's task of the training step: torchrun with USR2 ignored
+  ``signals``    the handler (records only) and the judgement of a signal before training
   ``step``       the training ``srun``: signals go to that child only, re-sent with a floor
+  ``procs``      srun children in their own process group, ended TERM-then-KILL at their bound
+  ``journaling`` the launcher's log lines and journal events (array-aware job id)
   ``requeue``    self-requeue through ``slurmft.slurm`` when scontrol exists, else a journaled
                  ``requeue_request`` for ``slurmft watch``
   ``outcome``    the recorded outcome of THIS segment -> exit 0 / 85 / 86 / 87 / passed on

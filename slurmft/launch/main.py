@@ -24,6 +24,7 @@ from slurmft.launch.outcome import Next, decide
 from slurmft.launch.signals import SignalLog, is_for_this_run
 from slurmft.launch.step import run_step
 from slurmft.rundir import RunDir
+from slurmft.slurm.client import SlurmError
 
 USAGE = "usage: slurmft launch SCRIPT.py [ARGS...]  (or -m MODULE [ARGS...])"
 
@@ -111,8 +112,9 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         for node, evidence in exclude.items():
             voice.log(f"  pre-flight {node}: FAILED: {evidence}")
             voice.template("exclude", node=node, evidence=evidence)
-        if len(exclude) == ident.num_nodes:
-            # Every node failing alike is rarely every node's fault (a shared filesystem).
+        if ident.num_nodes > 1 and len(exclude) == ident.num_nodes:
+            # Every node failing is rarely every node's fault (a shared filesystem): excluding
+            # them all would leave the job nothing to run on.
             reason = "the pre-flight failed on every node: requeued without exclusions"
             return requeue.requeue_self(client, ident, voice, reason)
         return requeue.requeue_self(client, ident, voice, "pre-flight failed before rendezvous",
@@ -125,7 +127,7 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         if client is not None:
             try:
                 job = client.job(ident.slurm_id)
-            except Exception as exc:  # could not observe: take the signal as meant for us
+            except SlurmError as exc:  # could not observe: take the signal as meant for us
                 voice.log(f"WARNING: could not read the job to judge {early}: {exc}")
         act, why = is_for_this_run(job, ident)
         voice.template("early_signal", signals=early, acted=act, why=why)
