@@ -1,0 +1,97 @@
+"""The launcher's order of work over a recorded job environment, with a stand-in ``srun`` on
+the PATH (a script that prints the pre-flight lines it is given and plays the training step by
+journaling the segment's outcome): exclusions, requeue requests without scontrol, and the exit
+decided by THIS segment's recorded outcome, never by a DONE file left by an earlier run."""
+
+import os
+import signal
+import sys
+import textwrap
+
+import pytest
+
+from launch_envs import recorded
+from slurmft import exitcodes, journal
+from slurmft.journal import read_events
+from slurmft.launch.main import launch
+from slurmft.rundir import RunDir, write_done
+
+pytestmark = pytest.mark.timeout(60)
+
+FAKE_SRUN = textwrap.dedent(f"""\
+    #!{sys.executable}
+    import os, sys
+    from slurmft import journal
+    if "slurmft.launch.nodecheck" in sys.argv:
+        print(os.environ["FAKE_PREFLIGHT"].replace(";", "\\n"))
+        sys.exit(0)
+    code = int(os.environ["FAKE_CODE"])
+    journal.append_event(os.path.join(os.environ["SLURMFT_RUN_DIR"], "events.jsonl"),
+                         journal.SEGMENT_END, job_id=os.environ["SLURM_JOB_ID"],
+                         restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+                         exit_code=code)
+    sys.exit(1 if code else 0)
+    """)
+GOOD = "PORT n1 40001;DONE n1;DONE n2"
+
+
+@pytest.fixture(autouse=True)
+def _keep_signal_handlers():
+    """launch() installs its USR2/TERM handlers; give pytest its own back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR2, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def _launch(tmp_path, preflight=GOOD, code=0, path=None):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "srun").chmod(0o755)
+    script = tmp_path / "train.py"
+    script.write_text("")
+    env = {**recorded("nonarray"), "SLURMFT_RUN_DIR": str(tmp_path / "run"),
+           "PATH": str(bin_dir) if path is None else path, "FAKE_PREFLIGHT": preflight,
+           "FAKE_CODE": str(code), "PYTHONPATH": os.pathsep.join(sys.path)}
+    return launch([str(script)], env)
+
+
+def _events(tmp_path, kind):
+    return read_events(RunDir(tmp_path / "run").events, [kind])
+
+
+def test_a_node_that_failed_a_check_is_excluded_and_without_scontrol_the_watcher_is_asked(tmp_path):
+    rc = _launch(tmp_path, "PORT n1 1;DONE n1;FAIL n2 disk: 0.1 GiB free;DONE n2")
+    assert rc == exitcodes.REQUEUE
+    [request] = _events(tmp_path, journal.REQUEUE_REQUEST)
+    assert request.get("exclude") == ["n2"]
+    [exclusion] = [e for e in _events(tmp_path, journal.TEMPLATE) if e.get("action") == "exclude"]
+    assert (exclusion.get("node"), exclusion.get("evidence")) == ("n2", "disk: 0.1 GiB free")
+
+
+def test_a_busy_sweep_alone_excludes_nothing(tmp_path):
+    rc = _launch(tmp_path, "PORT n1 1;SKIP n1 sweep: busy;DONE n1;SKIP n2 sweep: busy;DONE n2")
+    assert rc == exitcodes.OK and _events(tmp_path, journal.REQUEUE_REQUEST) == []
+
+
+def test_a_stale_done_does_not_end_a_run_that_was_preempted(tmp_path):
+    write_done(RunDir(tmp_path / "run"), job_id="7", step=40, total_steps=40)  # an earlier run's
+    rc = _launch(tmp_path, code=exitcodes.REQUEUE)
+    assert rc == exitcodes.REQUEUE
+    assert "no scontrol" in _events(tmp_path, journal.REQUEUE_REQUEST)[0].get("reason")
+
+
+@pytest.mark.parametrize("code, expected", [(0, 0), (exitcodes.NO_REQUEUE, exitcodes.NO_REQUEUE),
+                                            (exitcodes.HANG, exitcodes.HANG)])
+def test_the_recorded_outcome_decides(tmp_path, code, expected):
+    assert _launch(tmp_path, code=code) == expected
+
+
+def test_no_answer_from_any_node_requeues_without_excluding(tmp_path):
+    assert _launch(tmp_path, "srun: error: Unable to create step") == exitcodes.REQUEUE
+    assert _events(tmp_path, journal.REQUEUE_REQUEST)[0].get("exclude") == []
+
+
+def test_missing_srun_is_a_failure_never_do_not_requeue(tmp_path):
+    assert _launch(tmp_path, path=str(tmp_path / "empty")) == 1
