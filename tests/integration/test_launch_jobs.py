@@ -5,7 +5,6 @@ example; the test plays only the watcher's part it needs (``StartTime=now``)."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -155,3 +154,23 @@ def _wait_loss_in_run(job: TrainJob, restart: int, timeout: float) -> None:
         assert not state.state.finished and time.monotonic() < deadline, \
             f"run {restart} never trained (state {state.state.value})\n{job.log_text()[-4000:]}"
         time.sleep(0.3)
+
+
+@pytest.mark.timeout(240)
+def test_a_later_run_trains_past_an_earlier_runs_done_and_survives_preemption(slurm_cluster, tmp_path):
+    """Issue 13: a DONE left by an earlier run used to end every later run in the same
+    directory at its first preemption (the template exited 0 when DONE existed)."""
+    run = tmp_path / "run"
+    first = submit(slurm_cluster, run, [*TINY_ARGS, "--steps", "3", "--ckpt-every", "3"], nodes=2)
+    assert first.wait_finished(timeout=120).state is JobState.COMPLETED, first.log_text()[-4000:]
+    assert (run / "DONE").exists()
+    args = [*TINY_ARGS, "--steps", "30", "--ckpt-every", "10", "--step-sleep", "0.2"]
+    second = submit(slurm_cluster, run, args, nodes=2)
+    second.wait_step(6, timeout=120)
+    second.client.cancel(second.job_id, signal="USR2", batch_only=True)
+    final = second.wait_finished(timeout=180)
+    assert final.state is JobState.COMPLETED and final.restart_count == 1, second.log_text()[-4000:]
+    assert max(e.get("step") for e in second.events([journal.LOSS])) == 30
+    from slurmft.rundir import read_done
+    done = read_done(RunDir(run))
+    assert (done.job_id, done.step, done.total_steps) == (second.job_id, 30, 30)
