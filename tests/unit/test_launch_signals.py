@@ -11,7 +11,6 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from launch_envs import recorded
-from slurmft import exitcodes
 from slurmft.launch import identity
 from slurmft.launch.outcome import Next, decide
 from slurmft.launch.signals import SignalLog, is_for_this_run
