@@ -24,6 +24,8 @@ class SettingsError(ValueError):
 MIN_RESIGNAL_S = 1.0        # a re-sent USR2 costs one RPC per node of the step
 MIN_SWEEP_RETRY_S = 0.5     # retry period while another sweep holds a node's lock
 MIN_PREFLIGHT_TIMEOUT_S = 10.0
+# Names are chosen outside config.SECTIONS: a SLURMFT_SWEEP_<X> variable would be read (and, X
+# not being a [sweep] field, rejected) by the sweep that the pre-flight runs in this environment.
 # The comment token ``SLURMFT_RUN_DIR=<dir>`` ends at whitespace or a comma (parse_jobs.py).
 _UNSAFE_PATH = re.compile(r"[\s,\x00-\x1f\x7f]")
 
@@ -91,6 +93,6 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> LaunchSetting
         resignal_s=_number(env, "SLURMFT_RESIGNAL_S", 5.0, minimum=MIN_RESIGNAL_S, maximum=3600),
         preflight_timeout_s=_number(env, "SLURMFT_PREFLIGHT_TIMEOUT_S", 180.0,
                                     minimum=MIN_PREFLIGHT_TIMEOUT_S, maximum=3600),
-        sweep_wait_s=_number(env, "SLURMFT_SWEEP_WAIT_S", 60.0, minimum=0, maximum=3600),
-        sweep_fresh_s=_number(env, "SLURMFT_SWEEP_FRESH_S", 300.0, minimum=0, maximum=86400),
+        sweep_wait_s=_number(env, "SLURMFT_PREFLIGHT_SWEEP_WAIT_S", 60.0, minimum=0, maximum=3600),
+        sweep_fresh_s=_number(env, "SLURMFT_PREFLIGHT_SWEEP_FRESH_S", 300.0, minimum=0, maximum=86400),
     )

@@ -1,5 +1,6 @@
 """Job identity and settings over real job environments (tests/fixtures/launch-env)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def test_settings_defaults():
     ("SLURMFT_MIN_FREE_GB", "-1", "SLURMFT_MIN_FREE_GB='-1' must be between 0"),
     ("SLURMFT_PG_TIMEOUT_S", "1e400", "must be an integer"),
     ("SLURMFT_PREFLIGHT_TIMEOUT_S", "1", "must be between 10"),
-    ("SLURMFT_SWEEP_WAIT_S", "x", "SLURMFT_SWEEP_WAIT_S='x' must be a number"),
+    ("SLURMFT_PREFLIGHT_SWEEP_WAIT_S", "x", "SLURMFT_PREFLIGHT_SWEEP_WAIT_S='x' must be a number"),
     ("SLURMFT_RUN_DIR", "rel/dir", "must be an absolute path"),
     ("SLURMFT_RUN_DIR", "/a b", "must not contain spaces, commas"),
     ("SLURMFT_RUN_DIR", "/a,b", "must not contain spaces, commas"),
@@ -90,3 +91,18 @@ def test_array_task_needs_its_own_run_dir():
 
 def test_gpus_on_node_is_the_default_rank_count():
     assert _settings({"SLURM_GPUS_ON_NODE": "8"}).nproc_per_node == 8
+
+
+def test_launcher_variables_are_not_read_as_config_fields():
+    """The pre-flight's sweep and the ranks load [sweep]/[loop]/[checkpoint]... from this same
+    environment, where an unknown SLURMFT_<SECTION>_<FIELD> is an error."""
+    from slurmft.config import SECTIONS
+
+    names = ["SLURMFT_RUN_DIR", "SLURMFT_PYTHON", "SLURMFT_NPROC_PER_NODE", "SLURMFT_MIN_FREE_GB",
+             "SLURMFT_PG_TIMEOUT_S", "SLURMFT_RESIGNAL_S", "SLURMFT_PREFLIGHT_TIMEOUT_S",
+             "SLURMFT_PREFLIGHT_SWEEP_WAIT_S", "SLURMFT_PREFLIGHT_SWEEP_FRESH_S", "SLURMFT_JOB_ID"]
+    for name in names:
+        rest = name.removeprefix("SLURMFT_").lower()
+        assert not any(rest.startswith(section + "_") for section in SECTIONS), name
+    settings_src = (Path(settings.__file__)).read_text()
+    assert set(re.findall(r'"(SLURMFT_[A-Z_]+)"', settings_src)) <= set(names)
