@@ -121,3 +121,33 @@ def test_client_only_when_scontrol_is_on_the_jobs_path(tmp_path):
     (tmp_path / "scontrol").write_text("#!/bin/sh\n")
     (tmp_path / "scontrol").chmod(0o755)
     assert requeue.slurm_client({"PATH": str(tmp_path)}) is not None
+
+
+class _Replay:
+    """Answers each argv with text (what squeue prints); records every argv."""
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, []
+
+    def run(self, argv, **kwargs):
+        from slurmft.slurm.runner import Result
+
+        self.calls.append(tuple(argv))
+        return Result(tuple(argv), 0, self.answer, "")
+
+
+def test_client_comment_calls_take_an_array_task_id_and_refuse_a_multiline_comment():
+    from slurmft.slurm.cli import CliSlurmClient
+    from slurmft.slurm.client import InvalidArgument
+
+    runner = _Replay("(null)\n")   # what squeue -o %k may print for no comment (the old template
+                                   # handled it too)
+    cli = CliSlurmClient(runner=runner)
+    assert cli.comment("2_1") == ""
+    cli.set_comment("2_1", "team=nlp SLURMFT_RUN_DIR=/runs/x_1")
+    assert runner.calls == [("squeue", "-h", "-j", "2_1", "-o", "%k"),
+                            ("scontrol", "update", "JobId=2_1", "Comment=team=nlp SLURMFT_RUN_DIR=/runs/x_1")]
+    with pytest.raises(InvalidArgument, match="one printable line"):
+        cli.set_comment("2_1", "a\nb")
+    with pytest.raises(InvalidArgument, match="invalid job id"):
+        cli.comment("2_1;x")
