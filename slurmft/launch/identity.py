@@ -72,10 +72,10 @@ def from_environ(env: Mapping[str, str]) -> JobIdentity:
     if (array_job is None) != (array_task is None):
         present = "SLURM_ARRAY_JOB_ID" if array_job is not None else "SLURM_ARRAY_TASK_ID"
         raise IdentityError(f"{present} is set without its partner: cannot tell which array task this is")
-    if array_job is not None:
+    if array_job is not None and array_task is not None:
         if not _ID_RE.fullmatch(array_job):
             raise IdentityError(f"SLURM_ARRAY_JOB_ID={array_job!r} is not a job id")
-        if not _TASK_RE.fullmatch(array_task or ""):
+        if not _TASK_RE.fullmatch(array_task):
             raise IdentityError(f"SLURM_ARRAY_TASK_ID={array_task!r} is not a task index")
         slurm_id = f"{array_job}_{int(array_task)}"
     else:
