@@ -44,9 +44,9 @@ from typing import Any, Iterator, Mapping, NoReturn
 import torch
 import torch.distributed as dist
 
-from slurmft import exitcodes, journal
+from slurmft import exitcodes, journal, rundir
 from slurmft.config import ConfigError, load_section
-from slurmft.rundir import RUN_DIR_ENV, RunDir, atomic_write_bytes
+from slurmft.rundir import RUN_DIR_ENV, RunDir
 from slurmft.train.boundary import BoundaryCheck, step_generator
 from slurmft.train.checkpoint import CheckpointError, CheckpointManager
 from slurmft.train.ckpt_config import CheckpointConfig
@@ -68,11 +68,16 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(exitcodes.NO_REQUEUE)
 
 
-def write_done(run_dir: RunDir, step: int) -> bool:
-    """Rank 0's ``DONE`` (the step, as the example job always wrote it); False when it exists."""
-    if run_dir.done.exists():
+def write_done(run_dir: RunDir, env: JobEnv, step: int, total_steps: int) -> bool:
+    """Rank 0's ``DONE``, naming this job (array-aware: the launcher's ``SLURMFT_JOB_ID``) and the
+    step it reached, so a later run in the same dir that trains further is not taken for done.
+    False (nothing written) when this job's DONE for this step is there already."""
+    job_id = os.environ.get("SLURMFT_JOB_ID") or env.job_id
+    existing = rundir.read_done(run_dir)
+    if existing is not None and existing.job_id == job_id and existing.step == step:
         return False
-    atomic_write_bytes(run_dir.done, f"{step}\n".encode())
+    rundir.write_done(run_dir, job_id=job_id, step=step, total_steps=total_steps,
+                      restart_count=env.restart_count)
     return True
 
 
@@ -353,7 +358,7 @@ class Run:
         except CheckpointError as exc:  # no DONE without it: a requeue redoes the steps since the last one
             self._end(exitcodes.REQUEUE, f"final checkpoint at step {self.step} failed: {exc}", step=self.step)
         if self.env.is_rank0:
-            write_done(self.run_dir, self.step)
+            write_done(self.run_dir, self.env, self.step, self._total)
         self.segment.finish(exitcodes.OK, f"finished at step {self.step}", step=self.step,
                             barrier=self._barrier())
         self.done = True

@@ -20,7 +20,7 @@ import pytest
 
 from slurmft import exitcodes
 from slurmft.journal import read_events
-from slurmft.rundir import RunDir
+from slurmft.rundir import RunDir, read_done
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "run_worker.py"
 
@@ -114,7 +114,8 @@ def test_final_save_and_done_happen_once(tmp_path):
     run = tmp_path / "run"
     assert_exits(run_ranks(tmp_path, run, ["--steps", "6"]), 0)
     done = RunDir(run).done
-    assert done.read_text() == "6\n"
+    marker = read_done(RunDir(run))
+    assert (marker.step, marker.total_steps) == (6, 6)
     stamp = done.stat().st_mtime_ns
     assert RunDir(run).committed_steps() == [4, 6]
     commits = len(read_events(RunDir(run).events, ["checkpoint_committed"]))
