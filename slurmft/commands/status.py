@@ -49,17 +49,12 @@ def _events_of(run_dir: Path):
 
 def _lookup_job(client, job_id: str):
     """The job for a JOBID target, or a clear exit."""
-    from slurmft.slurm.client import JobNotFound, SlurmError, SlurmUnavailable
+    from slurmft.commands.joblookup import LookupFailed, find_job
 
     try:
-        return client.job(job_id)
-    except JobNotFound:
-        raise _fail(EXIT_USAGE, f"job {job_id} does not exist (neither the controller nor "
-                    "accounting knows it)")
-    except SlurmUnavailable as exc:
-        raise _fail(EXIT_SLURM, f"cannot reach Slurm to look up job {job_id}: {exc}")
-    except SlurmError as exc:
-        raise _fail(EXIT_USAGE, f"job {job_id}: {exc}")
+        return find_job(client, job_id)
+    except LookupFailed as exc:
+        raise _fail(exc.code, str(exc))
 
 
 def _best_effort_job(client, events):

@@ -125,7 +125,7 @@ def watch(
                         format="slurmft-watch %(asctime)s %(levelname)s %(message)s")
     from slurmft.slurm import validate
     from slurmft.slurm.cli import CliSlurmClient
-    from slurmft.slurm.client import JobNotFound, SlurmError, SlurmUnavailable
+    from slurmft.commands.joblookup import LookupFailed, find_job
     from slurmft.slurm.config import SlurmConfig
     from slurmft.watch.config import WatchConfig
     from slurmft.watch.loop import Watcher
@@ -189,14 +189,9 @@ def watch(
         runs = []
         for job_id in ids:
             try:
-                job = client.job(job_id)
-            except JobNotFound:
-                raise _fail(EXIT_USAGE, f"job {job_id} does not exist (neither the controller nor "
-                            "accounting knows it)")
-            except SlurmUnavailable as exc:
-                raise _fail(EXIT_SLURM, f"cannot reach Slurm to look up job {job_id}: {exc}")
-            except SlurmError as exc:
-                raise _fail(EXIT_USAGE, f"job {job_id}: {exc}")
+                job = find_job(client, job_id)
+            except LookupFailed as exc:
+                raise _fail(exc.code, str(exc))
             try:
                 runs.append(factory.make(job))
             except WatchStartError as exc:

@@ -91,8 +91,7 @@ def load_record(run_dir: RunDir) -> SubmitRecord | None:
 
 
 def saved_script(run_dir: RunDir) -> bytes | None:
-    data = read_regular(SubmitRecord.paths(run_dir)[1], MAX_SCRIPT + 1)
-    return data if data is not None and len(data) <= MAX_SCRIPT else None
+    return read_regular(SubmitRecord.paths(run_dir)[1], MAX_SCRIPT)
 
 
 def resubmit_argv(record: SubmitRecord, script_path: Path, run_dir: Path,

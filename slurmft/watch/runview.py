@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmft import exitcodes, journal
+from slurmft import exitcodes, journal, safeio
 from slurmft.journal import Event, parse_line
 from slurmft.rundir import RunDir
 
@@ -27,32 +26,18 @@ _KEEP_COMMITS = 32
 
 
 def read_regular(path: Path, limit: int) -> bytes | None:
-    """The first ``limit`` bytes of ``path`` if it is a regular file (no symlink, no FIFO)."""
+    """The bytes of ``path`` if it is a regular file (no symlink, no FIFO) of at most ``limit``
+    bytes; None otherwise (absent, special, too big, unreadable)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        return safeio.read_regular(path, limit)
+    except OSError:  # safeio's UnsafeFileError included
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks, left = [], limit
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_small_json(path: Path) -> Any:
     """A small JSON file's value, or None when absent, not a regular file, too big or invalid."""
-    data = read_regular(path, MAX_SMALL_FILE + 1)
-    if data is None or len(data) > MAX_SMALL_FILE:
+    data = read_regular(path, MAX_SMALL_FILE)
+    if data is None:
         return None
     try:
         return json.loads(data)
@@ -226,13 +211,10 @@ class JournalTail:
 
     def poll(self) -> JournalSummary:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd, info = safeio.open_regular(self.path)
         except OSError:
             return self.summary
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                return self.summary
             identity = (info.st_dev, info.st_ino)
             if identity != self.identity or info.st_size < self.offset:  # replaced or truncated
                 self.identity, self.offset, self._partial = identity, 0, b""
