@@ -2,13 +2,16 @@
 # The main job, end to end on a real (throwaway) Slurm cluster on this machine:
 #   1. `slurmft devcluster up` (munge, MariaDB + slurmdbd, slurmctld, 3 slurmd on 127.0.0.1);
 #   2. submit sbatch_templates/train.sbatch running examples/train_gpt.py (FSDP2, gloo) on 2 nodes;
-#   3. once a checkpoint is committed, preempt it (`scancel --signal=USR2 --batch`, what Slurm sends
-#      at a time limit): the ranks agree on one emergency checkpoint, exit "requeue me", and the
-#      template requeues the job;
-#   4. skip Slurm's ~120 s requeue delay with `StartTime=now` (what `slurmft watch` will do);
-#   5. the job resumes from the emergency checkpoint and runs to the end; the journal shows that no
-#      step was lost or repeated; `slurmft ckpt ls/verify` show the checkpoints;
-#   6. the cluster is torn down (also on failure or Ctrl-C).
+#   3. start `slurmft watch JOB` (the requeue daemon) beside it;
+#   4. once a checkpoint is committed, preempt it (`scancel --signal=USR2 --batch`, what Slurm sends
+#      at a time limit): the ranks agree on one emergency checkpoint, exit "requeue me", the job
+#      requeues itself, and the watcher skips Slurm's ~120 s requeue delay (`StartTime=now`);
+#   5. once the resumed run has checkpointed again, crash it (SIGKILL to every training process):
+#      the watcher requeues it and starts it at once;
+#   6. the run resumes from its newest checkpoint and runs to the end; the journal shows that no
+#      step was lost and that every redone step has the same loss as before the crash; `slurmft
+#      status` shows what each fault cost; `slurmft ckpt ls/verify` show the checkpoints;
+#   7. the cluster is torn down (also on failure or Ctrl-C).
 # Run as root from the repository after `make install`:  make demo   (DEMO_DIR=... to keep files)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +38,12 @@ wait_for() {
 
 say "starting a 3-node devcluster in $DEMO_DIR/cluster"
 eval "$("$SLURMFT" devcluster up --nodes 3 --dir "$DEMO_DIR/cluster")"
-trap '"$SLURMFT" devcluster down --dir "$DEMO_DIR/cluster" >/dev/null 2>&1 || true' EXIT
+WATCH_PID=
+cleanup() {
+    [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null
+    "$SLURMFT" devcluster down --dir "$DEMO_DIR/cluster" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
 "$SLURMFT" devcluster status --dir "$DEMO_DIR/cluster"
 
 RUN_DIR=$DEMO_DIR/run
@@ -47,28 +55,65 @@ JOB=$(SLURMFT_RUN_DIR=$RUN_DIR SLURMFT_PYTHON=$PY OMP_NUM_THREADS=1 \
     --ckpt-every 10 --step-sleep 1)
 echo "job $JOB"
 
-has_checkpoint() {
-    "$PY" - "$RUN_DIR" <<'EOF' && return 0
+checkpoints_since() {  # checkpoints_since N: a checkpoint newer than step N is committed
+    "$PY" - "$RUN_DIR" "$1" <<'EOF' && return 0
 import sys
 from slurmft.rundir import RunDir
-sys.exit(0 if RunDir(sys.argv[1]).committed_steps() else 1)
+sys.exit(0 if [s for s in RunDir(sys.argv[1]).committed_steps() if s > int(sys.argv[2])] else 1)
 EOF
     [ -n "$(squeue -h -j "$JOB" -o %T 2>/dev/null)" ] && return 1
     tail -n 20 "$DEMO_DIR/job.log" >&2
-    die "job $JOB ended before its first checkpoint"
+    die "job $JOB ended before the checkpoint it was waiting for"
 }
-wait_for 240 "the first committed checkpoint" has_checkpoint
+newest_checkpoint() {
+    "$PY" -c 'import sys; from slurmft.rundir import RunDir; print(max(RunDir(sys.argv[1]).committed_steps()))' "$RUN_DIR"
+}
+has_comment() { squeue -h -j "$JOB" -o %k 2>/dev/null | grep -q SLURMFT_RUN_DIR=; }
+# running_again N: the job is RUNNING in its restart N (or later)
+running_again() {
+    [ "$(squeue -h -j "$JOB" -o %T 2>/dev/null)" = RUNNING ] || return 1
+    [ "$(scontrol show job "$JOB" -o | grep -o 'Restarts=[0-9]*' | cut -d= -f2)" -ge "$1" ]
+}
+
+wait_for 120 "the job to name its run dir (job comment)" has_comment
+say "starting slurmft watch $JOB (log: $DEMO_DIR/watch.log)"
+"$SLURMFT" watch "$JOB" --poll 1 -v > "$DEMO_DIR/watch.log" 2>&1 &
+WATCH_PID=$!
+
+wait_for 240 "the first committed checkpoint" checkpoints_since 0
 say "preempting job $JOB (USR2 to the batch script, as at a time limit)"
 scancel --signal=USR2 --batch "$JOB"
+wait_for 180 "the job to requeue itself and the watcher to start it again" running_again 1
+say "job $JOB runs again (restart 1): the watcher sent StartTime=now"
 
-pending_and_settled() { [ "$(squeue -h -j "$JOB" -o %T 2>/dev/null)" = PENDING ]; }
-wait_for 180 "the job to requeue itself" pending_and_settled
-sleep 2  # a release within the second of the requeue makes slurmd revoke the job credential
-say "job $JOB is PENDING again; StartTime=now skips Slurm's ~120 s requeue delay"
-scontrol update "JobId=$JOB" StartTime=now
+AFTER=$(newest_checkpoint)
+wait_for 240 "a checkpoint newer than step $AFTER" checkpoints_since "$AFTER"
+say "crashing job $JOB: SIGKILL to every training process (no handler runs, no checkpoint is saved)"
+"$PY" - "$JOB" "$REPO/examples/train_gpt.py" <<'EOF'
+import os, signal, sys
+from pathlib import Path
+job, script = sys.argv[1], sys.argv[2].encode()
+killed = 0
+for proc in Path("/proc").iterdir():
+    if not proc.name.isdigit():
+        continue
+    try:
+        env = (proc / "environ").read_bytes().split(b"\0")
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        continue
+    if f"SLURM_JOB_ID={job}".encode() in env and script in argv[1:3]:  # a rank: python -u SCRIPT
+        os.kill(int(proc.name), signal.SIGKILL)
+        killed += 1
+print(f"killed {killed} training processes")
+sys.exit(0 if killed else 1)
+EOF
+wait_for 180 "the watcher to requeue the crashed job and start it again" running_again 2
+say "job $JOB runs again (restart 2): the watcher requeued it and sent StartTime=now"
 
 wait_for 600 "the run to finish (DONE)" test -e "$RUN_DIR/DONE"
-wait_for 60 "job $JOB to leave the queue" bash -c "[ \"\$(squeue -h -j $JOB -o %T)\" != RUNNING ]"
+wait_for 60 "slurmft watch to see the run finished" bash -c "! kill -0 $WATCH_PID 2>/dev/null"
+WATCH_PID=
 
 say "what the journal says"
 "$PY" - "$RUN_DIR" "$STEPS" <<'EOF'
@@ -83,17 +128,26 @@ for e in events:
         keep = {k: v for k, v in e.fields.items() if k in (
             "restart_count", "world_size", "restored_step", "step", "exit_code", "nodes", "reason")}
         print(f"  {e.kind:22s} {keep}")
-losses = collections.Counter(e.get("step") for e in events if e.kind == journal.LOSS)
-repeated = sorted(s for s, n in losses.items() if n > 1)
+losses = collections.defaultdict(list)
+for e in events:
+    if e.kind == journal.LOSS:
+        losses[e.get("step")].append(e.get("loss"))
+redone = sorted(s for s, seen in losses.items() if len(seen) > 1)
+differ = sorted(s for s in redone if len(set(losses[s])) > 1)
 missing = sorted(set(range(1, steps + 1)) - set(losses))
 restarts = max((e.get("restart_count", 0) for e in events), default=0)
-print(f"steps with a loss: {len(losses)} of {steps}; repeated: {repeated or 'none'}; "
-      f"missing: {missing or 'none'}; restarts: {restarts}")
-sys.exit(1 if repeated or missing or restarts < 1 else 0)
+faults = [e.get("cause") for e in events if e.kind == "fault_detected"]
+print(f"steps with a loss: {len(losses)} of {steps}; missing: {missing or 'none'}; redone after "
+      f"the crash: {redone or 'none'} (same loss each time: {'no ' + str(differ) if differ else 'yes'}); "
+      f"restarts: {restarts}; faults the watcher handled: {faults}")
+sys.exit(1 if missing or differ or restarts < 2 or faults != ["preempted", "crash"] else 0)
 EOF
+
+say "slurmft status: what each fault cost"
+COLUMNS=${COLUMNS:-150} "$SLURMFT" status "$RUN_DIR" --no-slurm
 
 say "checkpoints"
 "$SLURMFT" ckpt ls "$RUN_DIR"
 "$SLURMFT" ckpt verify "$RUN_DIR"
-say "demo finished: job $JOB was preempted, checkpointed, requeued and resumed without losing a step"
+say "demo finished: job $JOB was preempted and crashed; slurmft watch brought it back each time, without losing a step"
 echo "files: $DEMO_DIR (job log: $DEMO_DIR/job.log)"
