@@ -88,7 +88,7 @@ class RunObservation:
     job: Job | None
     nodes: Mapping[str, Node]
     summary: JournalSummary
-    beats: Mapping[str, Beat]
+    beats: Mapping[str, Beat] | None  # None: the heartbeat dir could not be read this cycle
     done: dict | None
     now: float
 
@@ -195,7 +195,7 @@ def _previous_end(obs: RunObservation, ids, restart: int) -> float | None:
     end = obs.summary.find(obs.summary.segment_ends, ids, restart)
     if end is not None:
         return end.time
-    beats = [b.time for b in obs.beats.values() if b.job_id in ids and b.restart_count == restart]
+    beats = [b.time for b in (obs.beats or {}).values() if b.job_id in ids and b.restart_count == restart]
     return max(beats) if beats else None
 
 
@@ -218,7 +218,7 @@ def detect_silent_node(obs: RunObservation, config: WatchConfig) -> Finding | No
     heartbeat of the segment is older than ``silent_node_stale_s``: the node is gone, and Slurm
     would wait for SlurmdTimeout before acting."""
     job = obs.job
-    if not config.operator or job is None or job.state is not JobState.RUNNING:
+    if not config.operator or job is None or job.state is not JobState.RUNNING or obs.beats is None:
         return None
     silent = [n for n in job.nodes if (node := obs.nodes.get(n)) is not None
               and not node.responding and not node.down]
@@ -254,8 +254,8 @@ def _hang_suspects(obs: RunObservation, memory: Memory, job: Job) -> tuple[str, 
 def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Finding | None:
     """Every heartbeat of this segment older than the hang timeout (after the start-up grace)."""
     job = obs.job
-    if job is None or job.state is not JobState.RUNNING or job.completing:
-        return None
+    if job is None or job.state is not JobState.RUNNING or job.completing or obs.beats is None:
+        return None  # None: the heartbeats could not be read, which says nothing about the job
     started = _ts(job, "start_time")
     timeout = hang_timeout(memory, config)
     beats = [b for b in obs.beats.values() if b.node in job.nodes
@@ -324,9 +324,12 @@ def detect_checkpoint_overdue(obs: RunObservation, config: WatchConfig) -> Findi
 
 
 def detect(obs: RunObservation, memory: Memory, config: WatchConfig) -> list[Finding]:
-    """Every finding for one run this cycle, the one to act on first."""
-    found = [f for f in (detect_end(obs, memory), detect_nodes(obs),
-                         detect_silent_node(obs, config), detect_hang(obs, memory, config))
+    """Every finding for one run this cycle, the one to act on first. A running job whose run
+    dir says DONE for it is finishing (final upload, teardown): no node or hang finding."""
+    end = detect_end(obs, memory)
+    finishing = obs.job is not None and done_for(obs.done, obs.job.ids)
+    found = [f for f in (end, *(() if finishing else (
+        detect_nodes(obs), detect_silent_node(obs, config), detect_hang(obs, memory, config))))
              if f is not None]
     for warning in (detect_straggler(memory, config), detect_checkpoint_overdue(obs, config)):
         if warning is not None:

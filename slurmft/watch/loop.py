@@ -73,7 +73,10 @@ class Watcher:
                 job = self._confirm_forgotten(run)
                 if job is False:
                     continue
-            run.step(job, nodes, now)
+            try:
+                run.step(job, nodes, now)
+            except Exception as exc:  # one run's trouble (its disk full, its files) is not the others'
+                run.failed(exc)
         result = CycleResult(True, time.monotonic() - started, runs=active)
         self._report(result)
         return result
@@ -100,6 +103,8 @@ class Watcher:
             return None
         except SlurmError:
             return False
+        if not job.state.finished:
+            return False  # the controller (or accounting) still has it alive: not forgotten
         return job if job.state is JobState.COMPLETED else None
 
     def _report(self, result: CycleResult) -> None:

@@ -66,7 +66,7 @@ def observation_to_json(obs: RunObservation, memory: Memory, journal_offset: int
         "job_id": obs.job_id,
         "job": job_to_json(obs.job) if obs.job is not None else None,
         "nodes": [node_to_json(n) for n in obs.nodes.values()],
-        "beats": [dataclasses.asdict(b) for b in obs.beats.values()],
+        "beats": [dataclasses.asdict(b) for b in (obs.beats or {}).values()],
         "done": obs.done,
         "journal_offset": journal_offset,
         "memory": {"last_restart_count": memory.last_restart_count,

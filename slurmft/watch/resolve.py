@@ -61,7 +61,11 @@ def run_dir_for(job: Job, explicit: Path | None) -> Path:
     if info.st_uid != uid:
         raise ResolveError(f"job {job.job_id}: run dir {path} is not owned by the job's user {owner}")
     marked = any(os.path.lexists(path / name) for name in (EVENTS, CHECKPOINTS, HEARTBEAT))
-    if not marked and _has_entries(path):
+    try:
+        unmarked_content = not marked and _has_entries(path)
+    except OSError as exc:
+        raise ResolveError(f"job {job.job_id}: run dir {path}: {exc.strerror}") from None
+    if unmarked_content:
         raise ResolveError(f"job {job.job_id}: {path} is not a slurmft run dir (no {EVENTS}, "
                            f"{CHECKPOINTS}/ or {HEARTBEAT}/, and it is not empty)")
     return Path(os.path.realpath(path))

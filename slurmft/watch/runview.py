@@ -8,6 +8,7 @@ keeps a byte offset), so a cycle costs the new lines, not the whole history of a
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import deque
@@ -64,14 +65,19 @@ def _number(value: Any) -> float | None:
     return float(value) if value == value and abs(value) != float("inf") else None
 
 
-def read_heartbeats(run_dir: RunDir) -> dict[str, Beat]:
-    """Every readable ``heartbeat/<node>.json``, by node."""
+def read_heartbeats(run_dir: RunDir) -> dict[str, Beat] | None:
+    """Every readable ``heartbeat/<node>.json``, by node: {} when the job has written none yet,
+    None when the directory cannot be read (a filesystem outage on this host is not a hang)."""
     beats: dict[str, Beat] = {}
     try:
-        entries = list(os.scandir(run_dir.heartbeat_dir))
+        os.lstat(run_dir.root)
+        with os.scandir(run_dir.heartbeat_dir) as it:
+            entries = list(itertools.islice(it, 4096))
+    except FileNotFoundError:
+        return beats if run_dir.root.is_dir() else None
     except OSError:
-        return beats
-    for entry in entries[:4096]:
+        return None
+    for entry in entries:
         if not entry.name.endswith(".json") or entry.name.startswith("."):
             continue
         data = read_small_json(Path(entry.path))

@@ -25,7 +25,7 @@ from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
 from slurmft.watch.resolve import current_user
-from slurmft.watch.runview import JournalTail, read_done, read_heartbeats
+from slurmft.watch.runview import JournalTail, done_for, read_done, read_heartbeats
 from slurmft.watch.state import (
     DOING, DONE, FINISHED, GAVE_UP, LOST, RECOVERING, SKIP, TODO, WATCHING, Recovery, RunState,
     save_state,
@@ -36,6 +36,9 @@ Listener = Callable[[str, Mapping[str, Any]], None]
 _TERMINAL = (FINISHED, GAVE_UP, LOST)
 # Cycles in which to try saving a job's submission (accounting lags the controller by seconds).
 CAPTURE_TRIES = 10
+# Tries at an ExcNodeList update before the job is started without it.
+MAX_EXCLUDE_ATTEMPTS = 3
+RESUBMIT_CLOCK_SLACK_S = 300.0
 # A job still waiting for its BeginTime this long after StartTime=now gets it again (at most 3x).
 RESEND_START_NOW_S = 10.0
 
@@ -106,6 +109,14 @@ class RunWatch:
     def _save(self) -> None:
         save_state(self.run_dir, self.state)
 
+    def failed(self, exc: Exception) -> None:
+        """This run's cycle raised (its disk full, a file it cannot use): log it, say it once in
+        its journal, try again next cycle; the other runs are not affected."""
+        log.error("job %s: this cycle failed: %s: %s", self.job_id, type(exc).__name__, exc)
+        if self.state.warn_once(f"cycle_failed:{type(exc).__name__}"):
+            self.emit(journal.WATCH_WARNING, what="cycle_failed", nodes=[],
+                      detail=f"{type(exc).__name__}: {str(exc)[:300]}")
+
     # -- the cycle ------------------------------------------------------------------------------
 
     def observe(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> RunObservation:
@@ -121,7 +132,7 @@ class RunWatch:
 
     def _learn(self, job: Job | None, beats) -> None:
         """Step times (for the learned hang timeout) and per-node busy times (stragglers)."""
-        if job is None or job.state is not JobState.RUNNING:
+        if job is None or job.state is not JobState.RUNNING or beats is None:
             return
         for beat in beats.values():
             if beat.job_id not in job.ids or beat.restart_count != job.restart_count:
@@ -225,7 +236,8 @@ class RunWatch:
             return
         offenders = [n for n, count in st.node_faults.items()
                      if count >= self.config.repeat_offender_faults - 1 and n in finding.nodes]
-        exclude = list(dict.fromkeys([*finding.nodes, *self._known_bad(), *offenders]))
+        exclude = [n for n in dict.fromkeys([*finding.nodes, *self._known_bad(), *offenders])
+                   if n in obs.nodes]  # a name Slurm does not know (a hostname...) cannot be excluded
         if self.config.exclude_stragglers:
             straggler = detect.detect_straggler(self.memory(), self.config)
             if straggler is not None:
@@ -247,7 +259,8 @@ class RunWatch:
         st.restarts += 1
         st.restarts_by_cause[finding.cause] = st.restarts_by_cause.get(finding.cause, 0) + 1
         for name in finding.nodes:
-            st.node_faults[name] = st.node_faults.get(name, 0) + 1
+            if name in obs.nodes:
+                st.node_faults[name] = st.node_faults.get(name, 0) + 1
         if finding.cause in detect.FAULTS:
             st.ckpt_at_recovery.append(newest)
         st.phase = RECOVERING
@@ -277,7 +290,8 @@ class RunWatch:
 
     def _save_submission(self, job: Job) -> None:
         """At first sight: save the job's submit line and batch script (for a resubmission)."""
-        if self._capture_tries >= CAPTURE_TRIES or resubmit.load_record(self.run_dir) is not None:
+        record = resubmit.load_record(self.run_dir)
+        if self._capture_tries >= CAPTURE_TRIES or (record is not None and record.job_id == job.job_id):
             return
         self._capture_tries += 1
         client = self.actor.client
@@ -309,11 +323,13 @@ class RunWatch:
             self._give_up(finding.cause, why, None)
             return
         found = self._resubmitted_before(st.resubmit_started) if st.resubmit_started else None
+        if found is False:
+            return  # cannot tell whether the last resubmission went through: not again, not yet
         if found is None:
             try:
                 argv = resubmit.resubmit_argv(record, resubmit.SubmitRecord.paths(self.run_dir)[1],
                                               self.run_dir.root, sorted(st.node_faults))
-            except resubmit.ResubmitError as exc:
+            except (resubmit.ResubmitError, SlurmError) as exc:  # SlurmError: a bad node name
                 self._give_up(finding.cause, f"cannot resubmit: {exc}", None)
                 return
             st.resubmit_started = obs.now
@@ -331,16 +347,19 @@ class RunWatch:
         st.ckpt_at_recovery.append(obs.summary.newest_commit_step())
         self.emit(journal.JOB_RESUBMITTED, old_job_id=old, new_job_id=found)
 
-    def _resubmitted_before(self, since: float) -> str | None:
+    def _resubmitted_before(self, since: float) -> str | None | bool:
         """A job this run dir names that was submitted since ``since`` (a resubmission whose
-        watcher died before saving the new id)."""
+        watcher died before saving the new id); None when there is none; False when Slurm could
+        not be asked."""
         try:
             jobs = self.actor.client.user_jobs(current_user())
         except SlurmError:
-            return None
+            return False
         for job in jobs.values():
             submitted = job.submit_time.timestamp() if job.submit_time else 0
-            if job.run_dir is not None and Path(job.run_dir) == self.run_dir.root and submitted >= since - 5:
+            # The controller's clock against this host's: minutes of slack, and never the old job.
+            if (job.run_dir is not None and Path(job.run_dir) == self.run_dir.root
+                    and job.job_id != self.job_id and submitted >= since - RESUBMIT_CLOCK_SLACK_S):
                 return job.job_id
         return None
 
@@ -355,6 +374,12 @@ class RunWatch:
             st.phase, st.recovery = WATCHING, None
             return
         if rec.requeue in (TODO, DOING):
+            if job.state is JobState.CANCELLED or done_for(obs.done, job.ids):
+                how = detect.CANCELLED if job.state is JobState.CANCELLED else detect.FINISHED
+                self.emit(journal.RUN_FINISHED, how=how, state=job.state.value, exit_code=job.exit_code,
+                          detail="ended during its recovery: not requeued")
+                st.phase, st.recovery = FINISHED, None
+                return
             if job.state is JobState.PENDING or job.restart_count > rec.restart_count:
                 rec.requeue = DONE  # done before (by us before a crash, by Slurm or an admin)
                 rec.requeued_at = rec.requeued_at or obs.now
@@ -404,8 +429,13 @@ class RunWatch:
                 try:
                     self.actor.exclude(job.job_id, rec.cause, keep)
                 except SlurmError:
-                    rec.exclude_step = TODO
-                    return
+                    rec.exclude_attempts += 1
+                    if rec.exclude_attempts < MAX_EXCLUDE_ATTEMPTS:
+                        rec.exclude_step = TODO
+                        return
+                    self.emit(journal.WATCH_WARNING, what="not_excluded", nodes=keep,
+                              detail=f"could not exclude {','.join(keep)} after "
+                                     f"{MAX_EXCLUDE_ATTEMPTS} tries: starting the job without it")
             rec.exclude_step = DONE
             self._save()
         if rec.start_now == TODO and "EXPEDITING" in job.flags:

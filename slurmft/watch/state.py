@@ -49,6 +49,7 @@ class Recovery:
     pending_since: float | None = None
     start_now_attempts: int = 0
     start_now_at: float | None = None
+    exclude_attempts: int = 0
     warned_pending: bool = False
 
 
@@ -87,6 +88,7 @@ class RunState:
             raise StateError(f"{where}: unreadable watch state ({exc})") from None
         if state.phase not in PHASES:
             raise StateError(f"{where}: unknown phase {state.phase!r}")
+        _check_types(state, where)
         return state
 
     def warn_once(self, key: str) -> bool:
@@ -96,6 +98,31 @@ class RunState:
         self.warned.append(key)
         del self.warned[:-256]
         return True
+
+
+def _check_types(state: RunState, where: Path) -> None:
+    """The state file is in the user's run dir: every field must have its type."""
+    def bad(name: str) -> StateError:
+        return StateError(f"{where}: field {name} has the wrong type (remove the file to start afresh)")
+
+    if not isinstance(state.job_id, str) or not isinstance(state.restarts, int):
+        raise bad("job_id/restarts")
+    for name in ("restarts_by_cause", "node_faults"):
+        value = getattr(state, name)
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int)
+                                                  for k, v in value.items()):
+            raise bad(name)
+    for name in ("last_nodes", "warned"):
+        value = getattr(state, name)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(name)
+    if not isinstance(state.ckpt_at_recovery, list):
+        raise bad("ckpt_at_recovery")
+    rec = state.recovery
+    if rec is not None and (not isinstance(rec.exclude, list)
+                            or not all(isinstance(n, str) for n in rec.exclude)
+                            or not isinstance(rec.restart_count, int)):
+        raise bad("recovery")
 
 
 def load_state(run_dir: RunDir, job_id: str) -> RunState:
@@ -121,21 +148,32 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StateError(f"cannot create {self.path.parent}: {exc.strerror}") from None
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | os.O_NONBLOCK, 0o644)
         except OSError as exc:
             raise StateError(f"cannot open the watch lock {self.path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
+            try:
+                holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
+            except OSError:
+                holder = "unknown"
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
                 raise StateError(f"{self.path.parent.parent} is already watched by {holder}") from None
             raise StateError(f"cannot lock {self.path}: {exc.strerror}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
+        except OSError as exc:  # not a regular file (a FIFO planted there), or a full disk
+            os.close(fd)
+            raise StateError(f"cannot use the watch lock {self.path}: {exc.strerror}") from None
         self._fd = fd
 
     def release(self) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from slurmft.journal import read_events
 from slurmft.rundir import RunDir
-from slurmft.slurm.client import Job, JobState
+from slurmft.slurm.client import Job, JobState, SlurmUnavailable
 from slurmft.watch import resubmit
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.runwatch import RunWatch
@@ -120,3 +120,17 @@ def test_forgotten_job_without_a_saved_submission_is_reported_lost(site):
     assert client.calls == [] and w.state.phase == "lost"
     warning = [e for e in read_events(run.events) if e.kind == "watch_warning"][0]
     assert "cannot resubmit" in warning.get("detail")
+
+
+def test_no_resubmission_while_slurm_cannot_say_whether_the_last_one_went_through(site):
+    run, line, work = site
+    client = ResubmitClient(line)
+    resubmit.save_record(run, "7", line, str(work), SCRIPT)
+
+    def unreachable(user):
+        raise SlurmUnavailable("squeue: Unable to contact slurm controller")
+
+    client.user_jobs = unreachable
+    w = RunWatch(run, RunState(job_id="7", resubmit_started=T0), client, WatchConfig())
+    w.step(None, NODES, T0 + 50)
+    assert client.calls == [] and w.job_id == "7"

@@ -259,10 +259,14 @@ def test_operator_mode_sets_a_silent_node_down_then_expedites(run):
 
 
 def test_without_operator_mode_a_silent_node_is_left_to_slurm(run):
+    from slurmft.rundir import atomic_write_json
+
     client = OperatorClient()
-    w = watcher(run, client)
+    w = watcher(run, client, silent_node_stale_s=20, hang_timeout_s=600)
+    atomic_write_json(run.heartbeat("n1"), {"node": "n1", "job_id": "7", "restart_count": 0,
+                                            "step": 9, "time": T0 + 5})
     silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
-    w.step(job(), silent, T0 + 100)
+    w.step(job(), silent, T0 + 100)  # the same input sets n2 DOWN in operator mode (test above)
     assert client.calls == []
 
 
@@ -300,3 +304,127 @@ def test_slurm_requeue_seen_first_as_completing_is_still_expedited(run):
     w.step(job(restart=1, flags=frozenset({"COMPLETING"})), down, T0 + 25)
     w.step(job(JobState.PENDING, restart=1, nodes=()), down, T0 + 27)
     assert client.calls == [("exclude", "7", ("n2",)), ("start_now", "7", ())]
+
+
+def test_unreadable_heartbeat_dir_is_not_a_hang(run):
+    import os
+
+    client = RecordingClient()
+    w = watcher(run, client, hang_timeout_s=30, startup_grace_s=0)
+    run.heartbeat_dir.mkdir()
+    os.chmod(run.heartbeat_dir, 0)
+    try:
+        if os.access(run.heartbeat_dir, os.R_OK):  # root reads anything: make it a file instead
+            os.chmod(run.heartbeat_dir, 0o755)
+            run.heartbeat_dir.rmdir()
+            run.heartbeat_dir.write_text("not a directory")
+        w.step(job(), NODES, T0 + 1000)
+    finally:
+        if run.heartbeat_dir.is_dir():
+            os.chmod(run.heartbeat_dir, 0o755)
+    assert client.calls == [] and w.state.phase == "watching"
+
+
+def test_a_run_dir_that_says_done_is_not_requeued_during_its_recovery(run):
+    client = RecordingClient()
+    client.fail["requeue"] = "slurm_requeue error: Socket timed out"
+    w = watcher(run, client)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)  # requeue failed: retried next cycle
+    run.done.write_text(json.dumps({"job_id": "7", "step": 40}))
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 10)
+    assert client.calls == [] and w.state.phase == "finished"
+
+
+def test_a_cancel_during_recovery_is_left_cancelled(run):
+    client = RecordingClient()
+    client.fail["requeue"] = "slurm_requeue error: Socket timed out"
+    w = watcher(run, client)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    w.step(job(JobState.CANCELLED), NODES, T0 + 10)
+    assert client.calls == [] and w.state.phase == "finished"
+
+
+def test_requested_exclusion_of_a_node_slurm_does_not_know_still_starts_the_job(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    journal_line(run, journal.REQUEUE_REQUEST, job_id="7", restart_count=0, reason="pre-flight",
+                 exclude=["gpu-host-17.example", "n1"])
+    journal_line(run, journal.SEGMENT_END, job_id="7", restart_count=0, exit_code=85)
+    w.step(job(JobState.FAILED, exit_code=85), NODES, T0 + 5)
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 7)
+    assert client.calls == [("requeue", "7"), ("exclude", "7", ("n1",)), ("start_now", "7", ())]
+
+
+def test_an_exclusion_slurm_keeps_refusing_does_not_block_the_start(run):
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    drained = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"DRAIN"}), "slurmft: x")}
+    w.step(job(), drained, T0 + 5)
+    for i in range(3):
+        client.fail["exclude"] = "slurm_update error: Invalid node name specified"
+        w.step(job(JobState.PENDING, restart=1, nodes=()), drained, T0 + 6 + i)
+    assert client.calls[-1] == ("start_now", "7", ())
+
+
+def test_state_file_with_wrong_types_is_a_clear_error(run):
+    from slurmft.watch.state import RunState as RS, save_state
+
+    save_state(run, RS(job_id="7"))
+    data = json.loads(run.watch_state.read_text())
+    data["node_faults"] = {"n1": "2"}
+    run.watch_state.write_text(json.dumps(data))
+    with pytest.raises(StateError, match="node_faults"):
+        load_state(run, "7")
+
+
+def test_a_job_still_alive_in_slurm_is_never_taken_for_forgotten():
+    from slurmft.watch.loop import Watcher
+
+    class Client:
+        def jobs(self, ids):
+            return {}  # a race: the listing missed it
+
+        def nodes(self):
+            return NODES
+
+        def job(self, job_id):
+            return job(JobState.RUNNING)
+
+    class Run:
+        job_id, active = "7", True
+
+        def step(self, job, nodes, now):
+            raise AssertionError("must not be stepped as forgotten this cycle")
+
+    assert Watcher(Client(), [Run()], poll_s=1).cycle().observed
+
+
+def test_one_run_that_fails_does_not_stop_the_others():
+    from slurmft.watch.loop import Watcher
+
+    class Client:
+        def jobs(self, ids):
+            return {i: job() for i in ids}
+
+        def nodes(self):
+            return NODES
+
+    class Run:
+        def __init__(self, job_id, boom):
+            self.job_id, self.active, self.boom, self.stepped, self.errors = job_id, True, boom, 0, []
+
+        def step(self, job, nodes, now):
+            if self.boom:
+                raise OSError(28, "No space left on device")
+            self.stepped += 1
+
+        def failed(self, exc):
+            self.errors.append(exc)
+
+    bad, good = Run("7", True), Run("8", False)
+    Watcher(Client(), [bad, good], poll_s=1).cycle()
+    assert good.stepped == 1 and len(bad.errors) == 1
