@@ -39,8 +39,10 @@ def _fail(code: int, message: str) -> "typer.Exit":
 class RunFactory:
     """Turns a Job into a locked RunWatch: owner and run dir checked, state loaded."""
 
-    def __init__(self, client, cfg, listeners, recorder, explicit_run_dir: Path | None) -> None:
+    def __init__(self, client, cfg, listeners, recorder, explicit_run_dir: Path | None, *,
+                 once: bool = False) -> None:
         self.client, self.cfg, self.listeners, self.recorder = client, cfg, listeners, recorder
+        self.once = once
         self.explicit = explicit_run_dir
         self.locks: list = []
         self.dirs: set[Path] = set()
@@ -75,7 +77,7 @@ class RunFactory:
                                   f"not {job.job_id} (its watch/state.json says so)")
         self.locks.append(lock)
         self.dirs.add(path)
-        return RunWatch(rd, state, self.client, self.cfg, self.listeners, self.recorder)
+        return RunWatch(rd, state, self.client, self.cfg, self.listeners, self.recorder, once=self.once)
 
     def adopt(self, job):
         """``--all``: a new job of the user; one that cannot be watched is logged and skipped."""
@@ -184,7 +186,7 @@ def watch(
         from slurmft.watch.record import Recorder
 
         recorder = Recorder(record)
-    factory = RunFactory(client, cfg, listeners, recorder, run_dir)
+    factory = RunFactory(client, cfg, listeners, recorder, run_dir, once=once)
     try:
         runs = []
         for job_id in ids:

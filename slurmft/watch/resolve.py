@@ -13,7 +13,7 @@ import pwd
 import stat
 from pathlib import Path
 
-from slurmft.rundir import CHECKPOINTS, EVENTS, HEARTBEAT
+from slurmft.rundir import CHECKPOINTS, EVENTS, HEARTBEAT, WATCH
 from slurmft.slurm.client import Job
 
 
@@ -60,6 +60,10 @@ def run_dir_for(job: Job, explicit: Path | None) -> Path:
         raise ResolveError(f"job {job.job_id}: its user {owner!r} is unknown here") from None
     if info.st_uid != uid:
         raise ResolveError(f"job {job.job_id}: run dir {path} is not owned by the job's user {owner}")
+    for name in (WATCH, HEARTBEAT, CHECKPOINTS, EVENTS):
+        if os.path.islink(path / name):
+            raise ResolveError(f"job {job.job_id}: {path / name} is a symlink (slurmft never "
+                               "follows one out of a run dir)")
     marked = any(os.path.lexists(path / name) for name in (EVENTS, CHECKPOINTS, HEARTBEAT))
     try:
         unmarked_content = not marked and _has_entries(path)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from slurmft import journal
 from slurmft.journal import Journal
 from slurmft.rundir import RUN_DIR_ENV, RunDir
-from slurmft.slurm.client import Job, JobState, Node, SlurmError
+from slurmft.slurm.client import InvalidArgument, Job, JobState, Node, PermissionDenied, SlurmError
 from slurmft.watch import detect, resubmit
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
@@ -62,11 +62,18 @@ def fit_exclusions(job: Job, nodes: Mapping[str, Node], wanted: list[str]) -> tu
     return keep, dropped
 
 
+def _permanent(exc: SlurmError) -> bool:
+    """A refusal that the same request will meet again (no rights, --no-requeue, bad input)."""
+    text = str(exc)
+    return (isinstance(exc, (PermissionDenied, InvalidArgument)) or "--no-requeue" in text
+            or "cannot requeue a job in state" in text)
+
+
 class RunWatch:
     """The watcher of one run dir: call ``step(job, nodes, now)`` once per cycle."""
 
     def __init__(self, run_dir: RunDir, state: RunState, actor_client, config: WatchConfig,
-                 listeners: list[Listener] | None = None, recorder=None) -> None:
+                 listeners: list[Listener] | None = None, recorder=None, *, once: bool = False) -> None:
         self.run_dir = run_dir
         self.state = state
         self.config = config
@@ -79,6 +86,7 @@ class RunWatch:
         self.recorder = recorder
         self._capture_tries = 0
         self._started = False
+        self.once = once
 
     @property
     def job_id(self) -> str:
@@ -149,8 +157,11 @@ class RunWatch:
         self._job = job
         if not self._started:
             self._started = True
-            self.emit(journal.WATCH_STARTED, pid=os.getpid(), host=os.uname().nodename,
-                      user=current_user(), phase=self.state.phase)
+            # A long-running watcher says it started; cron's --once cycles say it once per run.
+            if not (self.once and self.state.announced):
+                self.state.announced = True
+                self.emit(journal.WATCH_STARTED, pid=os.getpid(), host=os.uname().nodename,
+                          user=current_user(), phase=self.state.phase, once=self.once)
         obs = self.observe(job, nodes, now)
         if self.recorder is not None:
             self.recorder(obs, self.memory(), self.tail.offset)
@@ -390,7 +401,10 @@ class RunWatch:
                 self._save()
                 try:
                     requeued = self.actor.requeue(job.job_id, rec.cause)
-                except SlurmError:
+                except SlurmError as exc:
+                    if _permanent(exc):  # retrying every cycle would change nothing
+                        self._give_up(rec.cause, f"Slurm will not requeue it: {exc}", job)
+                        return
                     rec.requeue = TODO
                     return
                 if not requeued:

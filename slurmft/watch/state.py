@@ -68,6 +68,7 @@ class RunState:
     warned: list[str] = field(default_factory=list)
     reason: str = ""
     resubmit_started: float | None = None  # intent: a resubmission may be in flight since then
+    announced: bool = False  # a watch_started event was journaled for this run
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -63,3 +63,12 @@ def test_a_job_of_another_user_is_refused():
     other = "nobody" if current_user() != "nobody" else "root"
     with pytest.raises(ResolveError, match=f"belongs to user {other}"):
         check_owner(job(user=other))
+
+
+@pytest.mark.parametrize("name", ["watch", "heartbeat", "checkpoints", "events.jsonl"])
+def test_a_run_dir_whose_parts_are_symlinks_is_refused(tmp_path, name):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run" / name).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ResolveError, match="is a symlink"):
+        run_dir_for(job(tmp_path / "run"), None)

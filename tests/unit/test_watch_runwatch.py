@@ -428,3 +428,19 @@ def test_one_run_that_fails_does_not_stop_the_others():
     bad, good = Run("7", True), Run("8", False)
     Watcher(Client(), [bad, good], poll_s=1).cycle()
     assert good.stepped == 1 and len(bad.errors) == 1
+
+
+def test_cron_once_cycles_announce_the_watcher_once_per_run(run):
+    for _ in range(3):
+        w = RunWatch(run, load_state(run, "7"), RecordingClient(), WatchConfig(), once=True)
+        w.step(job(), NODES, T0)
+    assert [e.kind for e in read_events(run.events)].count("watch_started") == 1
+
+
+def test_a_job_submitted_with_no_requeue_is_given_up_not_retried_forever(run):
+    client = RecordingClient()
+    client.fail["requeue"] = "job 7: submitted with --no-requeue, Slurm will not requeue it"
+    w = watcher(run, client)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    assert w.state.phase == "gave_up"
