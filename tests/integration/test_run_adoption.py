@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from slurmft import exitcodes
+from slurmft.rundir import RunDir, read_done
 from slurmft.slurm.client import JobState
 
 from train_job_support import REPO, kill_ranks, reference_losses, submit
@@ -78,4 +79,5 @@ def test_adopted_plain_loop_survives_preemption_and_crash_bit_for_bit(slurm_clus
     for restart, steps in segments.items():
         for step, loss in steps.items():
             assert loss == reference[step][0], (restart, step, loss, reference[step])
-    assert (run / "DONE").read_text() == f"{STEPS}\n"
+    done = read_done(RunDir(run))
+    assert (done.job_id, done.step, done.total_steps) == (job.job_id, STEPS, STEPS)

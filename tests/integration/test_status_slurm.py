@@ -47,6 +47,7 @@ def test_a_running_job_is_shown_from_its_comment_and_the_controller(slurm_cluste
         seg.append("segment_start", world_size=1, num_nodes=1, nodelist="n1", restored_step=None)
         for step in (1, 2, 3):
             seg.append("loss", step=step, loss=1.0, samples=0, world_size=1)
+        seg.flush()  # loss lines are buffered until the next durable event
         result = status(slurm_cluster, job_id, "--json")
         assert result.returncode == 0, result.stderr
         data = json.loads(result.stdout)

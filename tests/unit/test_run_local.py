@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from slurmft import exitcodes
 from slurmft.journal import read_events
-from slurmft.rundir import RunDir
+from slurmft.rundir import RunDir, read_done
 from slurmft.train import CheckpointConfig, ResumeDivergenceWarning, Run, RunConfig
 from slurmft.train.boundary import step_generator, step_seed
 
@@ -108,7 +108,7 @@ def test_steps_are_one_based_and_resume_after_the_saved_step(tmp_path):
     with run:
         assert run.restored_step == 3 and run.step == 3
         resumed = [step for step in run.steps(5) if train(model, optimizer, run, draw_batch()) or True]
-    assert resumed == [4, 5] and RunDir(run_dir).done.read_text() == "5\n"
+    assert resumed == [4, 5] and read_done(RunDir(run_dir)).step == 5
     assert RunDir(run_dir).committed_steps() == [3, 5]
     losses = [e.get("step") for e in read_events(RunDir(run_dir).events, ["loss"])]
     assert losses == [1, 2, 3, 4, 5]
