@@ -39,8 +39,8 @@ wait_for() {
 say "starting a 3-node devcluster in $DEMO_DIR/cluster"
 eval "$("$SLURMFT" devcluster up --nodes 3 --dir "$DEMO_DIR/cluster")"
 WATCH_PID=
-cleanup() {
-    [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null
+cleanup() {  # every step may fail (set -e must not skip the teardown)
+    if [ -n "$WATCH_PID" ]; then kill "$WATCH_PID" 2>/dev/null || true; fi
     "$SLURMFT" devcluster down --dir "$DEMO_DIR/cluster" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
