@@ -48,7 +48,7 @@ timeout_s = 15
 
 @pytest.mark.timeout(240)
 def test_node_drained_by_the_sweeper_is_excluded_and_the_run_resumes(slurm_cluster, tmp_path):
-    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2,
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "300"], nodes=2,
                                name="sweeper_drain")
     ctx = _context(job, watcher)
     try:
@@ -76,7 +76,7 @@ def test_node_drained_by_the_sweeper_is_excluded_and_the_run_resumes(slurm_clust
 
 @pytest.mark.timeout(240)
 def test_corrupted_newest_checkpoint_resumes_from_the_one_before(slurm_cluster, tmp_path):
-    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2,
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "300"], nodes=2,
                                name="corrupt_newest")
     ctx = _context(job, watcher)
     try:
@@ -99,7 +99,7 @@ def test_corrupted_newest_checkpoint_resumes_from_the_one_before(slurm_cluster, 
 
 @pytest.mark.timeout(300)
 def test_watcher_killed_mid_recovery_is_carried_on_without_a_double_requeue(slurm_cluster, tmp_path):
-    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2,
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "300"], nodes=2,
                                name="killed_watcher")
     ctx = _context(job, watcher)
     second = None
@@ -139,7 +139,9 @@ def _wait_text(watcher, text: str, timeout: float) -> None:
 
 @pytest.mark.timeout(300)
 def test_controller_restart_while_watching_is_waited_out(slurm_cluster, tmp_path):
-    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "80"], nodes=2,
+    # Long enough to outlive the outage (the client retries for up to a minute before a cycle
+    # counts as "could not observe"): the crash must hit a running job.
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "2000"], nodes=2,
                                name="controller_restart")
     ctx = _context(job, watcher)
     try:
@@ -187,7 +189,7 @@ def test_crash_loop_is_held_after_n_restarts_without_progress(slurm_cluster, tmp
 @pytest.mark.timeout(300)
 def test_two_jobs_watched_at_once_only_the_faulty_one_is_touched(slurm_cluster, tmp_path):
     """One watcher, ``--user root --all``: it adopts both jobs as they name their run dirs."""
-    args = [*ARGS, "--steps", "40"]
+    args = [*ARGS, "--steps", "100"]
     watcher = WatcherProc(slurm_cluster, [], tmp_path / "two_jobs-watch.log", "--user", "root",
                           "--all", run_dir=tmp_path / "a")
     a = submit(slurm_cluster, tmp_path / "a", args, nodes=1)

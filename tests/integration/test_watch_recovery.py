@@ -99,7 +99,7 @@ def _start(cluster, tmp_path, args, *, nodes, watch_args=(), watch_env=None, nam
 
 @pytest.mark.timeout(300)
 def test_node_death_is_excluded_and_started_now(slurm_cluster, tmp_path):
-    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "60"], nodes=2,
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "300"], nodes=2,
                                name="node_death")
     ctx = _context(job, watcher)
     try:
@@ -130,7 +130,7 @@ def test_node_death_is_excluded_and_started_now(slurm_cluster, tmp_path):
 @pytest.mark.timeout(300)
 def test_hang_stops_heartbeats_and_is_recovered(slurm_cluster, tmp_path):
     # The step watchdog is set far beyond the watcher's hang timeout: the watcher must find it.
-    args = [*ARGS, "--steps", "60", "--watchdog-timeout", "600", "--heartbeat-every", "1"]
+    args = [*ARGS, "--steps", "300", "--watchdog-timeout", "600", "--heartbeat-every", "1"]
     run, job, watcher = _start(slurm_cluster, tmp_path, args, nodes=2,
                                watch_args=("--hang-timeout", "8"),
                                watch_env={"SLURMFT_WATCH_STARTUP_GRACE_S": "120"}, name="hang")
