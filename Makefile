@@ -39,7 +39,7 @@ demo: venv
 # host's own, has just run in the suite. TEST_MATRIX_SUITES= leaves the matrix out.
 TEST_MATRIX_SUITES ?= trixie sid
 test: venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=40 $(PYTEST_ARGS)
 	$(if $(strip $(TEST_MATRIX_SUITES)),matrix/run.sh $(TEST_MATRIX_SUITES))
 
 test-unit: venv

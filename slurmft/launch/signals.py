@@ -57,9 +57,10 @@ def is_for_this_run(job: Job | None, identity: JobIdentity, now: datetime | None
             (" COMPLETING)" if job.completing else ")")
     if job.restart_count != identity.restart_count:
         return True, f"Slurm counts {job.restart_count} restarts, this run is {identity.restart_count}"
-    if job.end_time is not None:
+    if job.time_limit_end is not None:
         now = now or datetime.now(timezone.utc)
-        end = job.end_time if job.end_time.tzinfo else job.end_time.replace(tzinfo=timezone.utc)
+        end = job.time_limit_end
+        end = end if end.tzinfo else end.replace(tzinfo=timezone.utc)
         left = (end - now).total_seconds()
         if left <= TIME_LIMIT_WINDOW_S:
             return True, f"the time limit is {left:.0f} s away"

@@ -79,6 +79,9 @@ class Job:
     # Slurm's own number for this job; differs from job_id (``<array id>_<task>``) for an array
     # task, whose processes see it as $SLURM_JOB_ID. Empty where a backend does not say.
     raw_job_id: str = ""
+    # When the time limit ends this run: Slurm's start + limit, for a RUNNING job with a finite
+    # limit only (end_time stays None until the job has finished). None where unknown.
+    time_limit_end: datetime | None = None
 
     @property
     def ids(self) -> frozenset[str]:

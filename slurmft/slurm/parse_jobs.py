@@ -136,6 +136,10 @@ def job_from_squeue(rec: Mapping[str, Any], where: Where) -> Job:
     comment = text(rec, "comment", where)
     workdir = text(rec, "current_working_directory", where)
     requeue = rec.get("requeue", True)
+    limit_end = None
+    if state is JobState.RUNNING and number(rec, "time_limit", where):
+        # For a running job Slurm's end_time is start + limit (start + 1 year when unlimited).
+        limit_end = timestamp(rec, "end_time", where)
     return Job(
         job_id=_job_id(rec, where),
         raw_job_id=str(number(rec, "job_id", where)),
@@ -160,6 +164,7 @@ def job_from_squeue(rec: Mapping[str, Any], where: Where) -> Job:
         work_dir=Path(workdir) if workdir else None,
         run_dir=run_dir_from_comment(comment),
         requeue_allowed=bool(requeue) if isinstance(requeue, bool) else True,
+        time_limit_end=limit_end,
     )
 
 

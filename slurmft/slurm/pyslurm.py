@@ -74,6 +74,8 @@ def job_from_pyslurm(obj: Any) -> Job:
         work_dir=Path(obj.working_directory) if obj.working_directory else None,
         run_dir=run_dir_from_comment(obj.comment or ""),
         requeue_allowed=bool(obj.is_requeueable),
+        time_limit_end=(timestamp_value(obj.end_time, where.key("end_time"))
+                        if state is JobState.RUNNING and getattr(obj, "time_limit", None) else None),
     )
 
 

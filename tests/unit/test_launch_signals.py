@@ -23,8 +23,9 @@ IDENT = identity.from_environ({**recorded("array-task1"), "SLURM_RESTART_COUNT":
 
 
 def _job(state=JobState.RUNNING, flags=(), restarts=2, end_in_s=3600):
+    end = None if end_in_s is None else NOW + timedelta(seconds=end_in_s)
     return Job(job_id="2_1", name="t", state=state, flags=frozenset(flags), restart_count=restarts,
-               end_time=NOW + timedelta(seconds=end_in_s))
+               time_limit_end=end)
 
 
 @pytest.mark.parametrize("job, act, needle", [
@@ -34,6 +35,7 @@ def _job(state=JobState.RUNNING, flags=(), restarts=2, end_in_s=3600):
     (_job(restarts=3), True, "Slurm counts 3 restarts, this run is 2"),
     (_job(end_in_s=150), True, "the time limit is 150 s away"),   # @120 may come 60 s early
     (_job(), False, "meant for an earlier run"),
+    (_job(end_in_s=None), False, "meant for an earlier run"),   # no time limit
 ])
 def test_signal_before_training_is_judged_by_what_slurm_says_about_this_run(job, act, needle):
     acted, why = is_for_this_run(job, IDENT, now=NOW)
