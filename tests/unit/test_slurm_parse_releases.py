@@ -37,6 +37,16 @@ def test_2205_running_failed_completed():
     assert done.exit_code == 0 and done.end_time is not None
 
 
+def test_2205_running_job_with_a_time_limit_says_when_it_ends():
+    # end_time stays None until the job finished; the limit's end is its own field (the launcher
+    # judges an early USR2 by it). An unlimited job (start + 1 year in Slurm's end_time) has none.
+    (limited,) = parse_squeue(read(CAP / "squeue_running_time_limit.json"))
+    assert limited.state is JobState.RUNNING and limited.end_time is None
+    assert (limited.time_limit_end - limited.start_time).total_seconds() == 300
+    unlimited = by_state(parse_squeue(read(CAP / "squeue_running_failed_completed.json")))[JobState.RUNNING]
+    assert unlimited.time_limit_end is None
+
+
 def test_2205_requeued_job_is_pending_begintime_with_eligible_time_ahead():
     jobs = parse_squeue(read(CAP / "squeue_requeued_pending.json"))
     job = next(j for j in jobs if j.run_dir is not None)
