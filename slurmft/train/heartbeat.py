@@ -1,7 +1,8 @@
 """Per-node heartbeat: ``<run_dir>/heartbeat/<node>.json``, written by local rank 0 every few steps.
 
 The watcher reads it to tell a slow job from a hung one: step, wall time, and the recent step
-duration (mean over the steps since the previous beat). The write is one small atomic file
+duration (mean over the steps since the previous beat), and ``every`` (steps between beats: the
+watcher's hang timeout allows for the time between two beats). The write is one small atomic file
 replace (``slurmft.rundir.atomic_write_json``); ``benchmarks/heartbeat_bench.py`` measures its cost
 per training step.
 """
@@ -65,6 +66,7 @@ class Heartbeat:
             "time": now,
             "recent_step_s": recent,
             "busy_s": busy_s,
+            "every": self.every,
         })
         self._last_time, self._last_step = now, step
         self.writes += 1

@@ -14,7 +14,8 @@ class WatchConfig:
     # Seconds between poll cycles.
     poll_s: float = 5.0
     # A RUNNING job whose every heartbeat is older than this is hung. 0: learn it from the run,
-    # hang_factor x the longest step interval seen in its heartbeats (at least hang_min_s).
+    # the longest gap between two beats of a node + hang_factor x the longest step seen in its
+    # heartbeats (at least hang_min_s).
     hang_timeout_s: float = 0.0
     hang_factor: float = 10.0
     hang_min_s: float = 60.0

@@ -77,6 +77,7 @@ class Memory:
     last_nodes: tuple[str, ...] = ()
     max_step_s: float | None = None
     node_history: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    max_beat_gap_s: float | None = None  # longest expected time between two beats of a node
 
 
 @dataclass(frozen=True)
@@ -233,11 +234,14 @@ def detect_silent_node(obs: RunObservation, config: WatchConfig) -> Finding | No
 
 
 def hang_timeout(memory: Memory, config: WatchConfig) -> float:
-    """Explicit, else hang_factor x the longest step interval seen (at least hang_min_s)."""
+    """Explicit, else the longest gap between two beats seen plus hang_factor x the longest step
+    (at least hang_min_s). A healthy run's newest beat is up to one beat gap old (the job beats
+    every k steps), so the factor counts steps past the beat that is due, not past the last one."""
     if config.hang_timeout_s > 0:
         return config.hang_timeout_s
     longest = memory.max_step_s or 0.0
-    return max(config.hang_min_s, config.hang_factor * longest)
+    gap = memory.max_beat_gap_s or 0.0
+    return max(config.hang_min_s, gap + config.hang_factor * longest)
 
 
 def _hang_suspects(obs: RunObservation, memory: Memory, job: Job) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ def job_to_json(job: Job) -> dict[str, Any]:
     data["state"] = job.state.value
     data["flags"] = sorted(job.flags)
     data["nodes"], data["excluded_nodes"] = list(job.nodes), list(job.excluded_nodes)
-    for key in ("submit_time", "eligible_time", "start_time", "end_time"):
+    for key in ("submit_time", "eligible_time", "start_time", "end_time", "time_limit_end"):
         data[key] = _ts(getattr(job, key))
     for key in ("work_dir", "run_dir"):
         data[key] = str(data[key]) if data[key] is not None else None
@@ -42,8 +42,8 @@ def job_from_json(data: dict[str, Any]) -> Job:
     values["flags"] = frozenset(values["flags"])
     for key in ("nodes", "excluded_nodes"):
         values[key] = tuple(values[key])
-    for key in ("submit_time", "eligible_time", "start_time", "end_time"):
-        stamp = values[key]
+    for key in ("submit_time", "eligible_time", "start_time", "end_time", "time_limit_end"):
+        stamp = values.get(key)  # time_limit_end: absent from records made before it existed
         values[key] = datetime.fromtimestamp(stamp, tz=timezone.utc) if stamp is not None else None
     for key in ("work_dir", "run_dir"):
         values[key] = Path(values[key]) if values[key] is not None else None
@@ -71,6 +71,7 @@ def observation_to_json(obs: RunObservation, memory: Memory, journal_offset: int
         "journal_offset": journal_offset,
         "memory": {"last_restart_count": memory.last_restart_count,
                    "last_nodes": list(memory.last_nodes), "max_step_s": memory.max_step_s,
+                   "max_beat_gap_s": memory.max_beat_gap_s,
                    "node_history": {n: list(h) for n, h in memory.node_history.items()}},
     }
 
@@ -87,7 +88,7 @@ def observation_from_json(data: dict[str, Any], journal: Path) -> tuple[RunObser
     job = job_from_json(data["job"]) if data["job"] is not None else None
     m = data["memory"]
     memory = Memory(m["last_restart_count"], tuple(m["last_nodes"]), m["max_step_s"],
-                    {n: tuple(h) for n, h in m["node_history"].items()})
+                    {n: tuple(h) for n, h in m["node_history"].items()}, m.get("max_beat_gap_s"))
     return RunObservation(data["job_id"], job, nodes, tail.summary, beats, data["done"],
                           data["now"]), memory
 

@@ -57,6 +57,7 @@ class Beat:
     time: float
     recent_step_s: float | None
     busy_s: float | None
+    every: int | None = None  # steps between beats (older heartbeats do not say)
 
 
 def _number(value: Any) -> float | None:
@@ -89,6 +90,7 @@ def read_heartbeats(run_dir: RunDir) -> dict[str, Beat] | None:
             continue
         step = data.get("step")
         restart = data.get("restart_count")
+        every = data.get("every")
         beats[node] = Beat(
             node=node,
             job_id=str(data["job_id"]) if isinstance(data.get("job_id"), (str, int)) else None,
@@ -97,6 +99,7 @@ def read_heartbeats(run_dir: RunDir) -> dict[str, Beat] | None:
             time=when,
             recent_step_s=_number(data.get("recent_step_s")),
             busy_s=_number(data.get("busy_s")),
+            every=every if isinstance(every, int) and not isinstance(every, bool) and every > 0 else None,
         )
     return beats
 

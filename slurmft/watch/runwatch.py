@@ -136,7 +136,7 @@ class RunWatch:
     def memory(self) -> Memory:
         st = self.state
         return Memory(st.last_restart_count, tuple(st.last_nodes), st.max_step_s,
-                      {n: tuple(h) for n, h in self._history.items()})
+                      {n: tuple(h) for n, h in self._history.items()}, st.max_beat_gap_s)
 
     def _learn(self, job: Job | None, beats) -> None:
         """Step times (for the learned hang timeout) and per-node busy times (stragglers)."""
@@ -147,6 +147,10 @@ class RunWatch:
                 continue
             if beat.recent_step_s is not None and beat.recent_step_s > (self.state.max_step_s or 0):
                 self.state.max_step_s = beat.recent_step_s
+            if beat.recent_step_s is not None and beat.every is not None:
+                gap = beat.recent_step_s * beat.every
+                if gap > (self.state.max_beat_gap_s or 0):
+                    self.state.max_beat_gap_s = gap
             if beat.busy_s is not None and self._last_beat_time.get(beat.node) != beat.time:
                 self._last_beat_time[beat.node] = beat.time
                 self._history.setdefault(beat.node, deque(maxlen=16)).append(beat.busy_s)

@@ -64,6 +64,7 @@ class RunState:
     last_restart_count: int | None = None
     last_nodes: list[str] = field(default_factory=list)
     max_step_s: float | None = None
+    max_beat_gap_s: float | None = None
     recovery: Recovery | None = None
     warned: list[str] = field(default_factory=list)
     reason: str = ""
@@ -119,6 +120,10 @@ def _check_types(state: RunState, where: Path) -> None:
             raise bad(name)
     if not isinstance(state.ckpt_at_recovery, list):
         raise bad("ckpt_at_recovery")
+    for name in ("max_step_s", "max_beat_gap_s"):
+        value = getattr(state, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise bad(name)
     rec = state.recovery
     if rec is not None and (not isinstance(rec.exclude, list)
                             or not all(isinstance(n, str) for n in rec.exclude)

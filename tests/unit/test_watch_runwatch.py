@@ -444,3 +444,27 @@ def test_a_job_submitted_with_no_requeue_is_given_up_not_retried_forever(run):
     w.step(job(), NODES, T0)
     w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
     assert w.state.phase == "gave_up"
+
+
+def test_learned_hang_timeout_allows_for_the_gap_between_beats(run):
+    # Defaults (hang_factor 10, hang_min_s 60) with 10 s steps and a beat every 10 steps: the
+    # newest beat of a healthy run is up to 100 s old. It once counted as a hang at 101 s.
+    from slurmft.train.heartbeat import Heartbeat
+
+    clock = [T0]
+    beats = {n: Heartbeat(run, n, job_id="7", restart_count=0, every=10, clock=lambda: clock[0])
+             for n in ("n1", "n2")}
+    client = RecordingClient()
+    w = watcher(run, client, startup_grace_s=0)
+    for step in range(10, 41, 10):
+        clock[0] = T0 + 10 * step
+        for hb in beats.values():
+            hb.beat(step)
+        w.step(job(), NODES, clock[0])
+    assert w.state.max_step_s == 10 and w.state.max_beat_gap_s == 100
+    w.step(job(), NODES, clock[0] + 101)   # a beat due at +100 is 1 s late: a slow run, not a hang
+    w.step(job(), NODES, clock[0] + 190)   # 9 steps past the due beat: still within the timeout
+    assert client.calls == [] and w.state.phase == "watching"
+    w.step(job(), NODES, clock[0] + 201)   # 10 steps past it: hung
+    assert client.calls and client.calls[0][0] == "requeue"
+    assert w.state.restarts_by_cause == {"hang": 1} or w.state.phase == "recovering"
