@@ -64,17 +64,46 @@ def check_gpu_count(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckRe
     return CheckResult.ok(name, f"{n} GPUs, driver {gpus.driver}")
 
 
+GPUS_SEEN = "gpu_bus_ids"  # HealthState key: every GPU an earlier sweep saw on this node
+
+
+def _unproven(gpus: GpuFacts, state: HealthState, unread: list[str], what: str) -> None:
+    """Raise SkipCheck when a clean result would not be proof: no GPU, a GPU an earlier sweep saw
+    has gone (a GPU that fell off the bus takes its error counters with it), or a counter could not
+    be read. A skipped check never drains, and keeps a drain it is behind (fail closed)."""
+    seen = state.get(GPUS_SEEN) or []
+    present = {d.bus_id for d in gpus.devices}
+    gone = sorted(b for b in seen if isinstance(b, str) and b not in present)
+    if not gone:
+        state.set(GPUS_SEEN, sorted(present))
+    if not gpus.devices:
+        raise SkipCheck(f"NVML sees no GPU: no {what} to read")
+    if gone:
+        raise SkipCheck(f"GPU(s) {', '.join(gone)} seen by an earlier sweep are gone: their {what} "
+                        f"cannot be read (if a GPU was removed on purpose, delete the sweep state)")
+    if unread:
+        raise SkipCheck(f"{what} unreadable on {', '.join(unread)}")
+
+
 def check_gpu_ecc(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckResult:
+    """Volatile double-bit ECC errors; ECC that cannot be read (no ECC, NVML error) is no proof."""
     gpus = _gpus(facts)
     bad = [f"{d.label}: {d.ecc_dbe_volatile} volatile double-bit ECC errors"
            for d in gpus.devices if d.ecc_dbe_volatile]
+    if not bad:
+        _unproven(gpus, state, [d.label for d in gpus.devices if d.ecc_dbe_volatile is None],
+                  "ECC error counters")
     return findings("gpu_ecc", bad, [], "no volatile double-bit ECC errors")
 
 
 def check_gpu_memory_remap(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckResult:
-    """Row remapping (Ampere+) failed or pending, or page retirement (Volta and older) pending."""
+    """Row remapping (Ampere+) failed or pending, or page retirement (Volta and older) pending.
+    A GPU that reports neither is no proof (skipped, unless another GPU fails)."""
     fail, warn = [], []
-    for d in _gpus(facts).devices:
+    gpus = _gpus(facts)
+    unread = [d.label for d in gpus.devices
+              if d.remap_failed is None and d.remap_pending is None and d.retired_pages_pending is None]
+    for d in gpus.devices:
         if d.remap_failed:
             fail.append(f"{d.label}: row remapping failed")
         elif d.remap_pending and d.remap_uncorrectable:
@@ -84,6 +113,8 @@ def check_gpu_memory_remap(facts: Facts, cfg: GpuConfig, state: HealthState) -> 
             warn.append(f"{d.label}: correctable-error row remap pending (reset at next idle)")
         if d.retired_pages_pending:
             fail.append(f"{d.label}: retired pages pending, GPU reset required")
+    if not fail:
+        _unproven(gpus, state, unread, "row-remap/page-retirement status")
     return findings("gpu_memory_remap", fail, warn, "no pending or failed row remaps/page retirements")
 
 

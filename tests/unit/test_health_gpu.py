@@ -74,10 +74,11 @@ def test_sram_uncorrectable_counts_as_volatile_dbe():
     assert run(gc.check_gpu_ecc, H100).status is Status.OK
 
 
-def test_consumer_gpu_without_ecc_is_not_a_clean_count_but_not_a_fault():
+def test_consumer_gpu_without_ecc_is_no_proof_and_no_fault():
     gpus = facts_of(RTX).need(gc.GPU_FACT)
     assert all(d.ecc_dbe_volatile is None for d in gpus.devices)
-    assert run(gc.check_gpu_ecc, RTX).status is Status.OK
+    r = run(gc.check_gpu_ecc, RTX)  # skipped: never drains, never lifts a gpu_ecc drain
+    assert r.status is Status.SKIPPED and r.detail.startswith("ECC error counters unreadable on GPU 0")
     r = run(gc.check_gpu_recovery_action, RTX)  # this 535 output has no "GPU Reset Status"
     assert r.status is Status.SKIPPED and r.detail == "driver 535.154.05 does not report a GPU recovery action"
 
@@ -157,3 +158,23 @@ def test_bad_gpu_config_names_the_key(tmp_path):
     cfg.write_text('[health_gpu]\nthrottle_fail = ["hw_thermal", "hot"]\n')
     with pytest.raises(ConfigError, match=r"\[health_gpu\] throttle_fail: unknown throttle reason 'hot'"):
         load_health_config(cfg, environ={})
+
+
+def test_ecc_and_remap_are_no_proof_when_a_gpu_has_gone_or_none_is_seen():
+    # Before: a GPU with double-bit errors that fell off the bus took its counters with it, and the
+    # remaining GPUs' clean counters lifted the gpu_ecc drain.
+    state = HealthState()
+    assert run(gc.check_gpu_ecc, H100, state=state).status is Status.OK
+    seven = {("nvmlDeviceGetCount", -1): 7}
+    for check in (gc.check_gpu_ecc, gc.check_gpu_memory_remap):
+        r = run(check, H100, state=state, overrides=seven)
+        assert r.status is Status.SKIPPED and "GPU(s) 0000:db:00.0 seen by an earlier sweep are gone" in r.detail
+    none = run(gc.check_gpu_ecc, H100, state=HealthState(), overrides={("nvmlDeviceGetCount", -1): 0})
+    assert none.status is Status.SKIPPED and none.detail == "NVML sees no GPU: no ECC error counters to read"
+    assert run(gc.check_gpu_ecc, H100, state=state).status is Status.OK  # all eight back
+
+
+def test_ecc_errors_fail_even_when_another_gpu_cannot_be_read():
+    r = run(gc.check_gpu_ecc, H100, overrides={("nvmlDeviceGetTotalEccErrors", 3): 2,
+                                               ("nvmlDeviceGetCount", -1): 8})
+    assert r.status is Status.FAIL and "GPU 3" in r.detail

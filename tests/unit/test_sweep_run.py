@@ -5,6 +5,7 @@ tests/integration/test_sweep.py against the devcluster)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -286,3 +287,19 @@ def test_a_drain_that_may_have_happened_is_not_reported_as_not_done(tmp_path):
     report = sweep(SweepRequest("n1"), cfg, hc, NoAnswer())
     assert report.outcome.acted == "drain may have happened (no answer, and the node could not be read back)"
     assert "OutcomeUnknown: scontrol update: no answer" in report.outcome.error
+
+
+def test_an_ecc_drain_is_kept_when_the_faulty_gpu_falls_off_the_bus(tmp_path):
+    from fake_nvml import FakeNvml
+
+    cfg, hc = gpu_configs(tmp_path)
+    cfg = replace(cfg, checks=("gpu_ecc",))
+    slurm = MemorySlurm()
+    h100 = "h100-sxm-x8_driver-535.161.08.txt"
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm, nvml=FakeNvml.from_fixture(h100)).healthy
+    errors = FakeNvml.from_fixture(h100, overrides={("nvmlDeviceGetTotalEccErrors", 7): 3})
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm, nvml=errors).outcome.acted == "drained"
+    gone = FakeNvml.from_fixture(h100, overrides={("nvmlDeviceGetCount", -1): 7})
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm, nvml=gone)
+    assert report.decision.action.value == "keep" and slurm.state["n1"].drained
+    assert "gpu_ecc could not run (GPU(s) 0000:db:00.0 seen by an earlier sweep are gone" in report.decision.why
