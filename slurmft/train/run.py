@@ -63,8 +63,21 @@ _ADVICE = ("Draw each step's random batch inside the step (from run.rng(step), o
            "never before the loop or after run.report() for the next step.")
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, run_dir: str | Path | None = None, env: JobEnv | None = None) -> NoReturn:
+    """Exit 86 with one line, and journal it as this segment's end where the run dir and the job
+    are known: torchrun turns a worker's 86 into 1, and only the journal tells the launcher (and
+    the watcher) that this was a deliberate "do not requeue", not a crash to retry."""
     print(f"slurmft: {message} -> {exitcodes.describe(exitcodes.NO_REQUEUE)}", file=sys.stderr, flush=True)
+    if run_dir:
+        try:
+            env = env or JobEnv.from_environ()
+            events = RunDir(Path(run_dir)).events
+            if env.is_rank0 and events.parent.is_dir():
+                journal.append_event(events, journal.SEGMENT_END, job_id=env.job_id,
+                                     restart_count=env.restart_count, exit_code=exitcodes.NO_REQUEUE,
+                                     outcome=exitcodes.describe(exitcodes.NO_REQUEUE), reason=message)
+        except (JobEnvError, OSError, ValueError):
+            pass  # the line above is all that can be said: the job ends as a crash (exit 1 or 86)
     raise SystemExit(exitcodes.NO_REQUEUE)
 
 
@@ -114,7 +127,7 @@ class Run:
             self.guard_config = guards or load_section(GuardConfig, "guards", config_file=config_file)
             self.config = config or RunConfig.load(config_file)
         except ConfigError as exc:  # a wrong key or value: running again would fail the same way
-            _fail(str(exc))
+            _fail(str(exc), run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV), env)
         self.process_group = process_group
         self._device_arg = device
         self._info = dict(info or {})

@@ -157,3 +157,24 @@ def test_loop_section_does_not_claim_the_run_dir_variable(tmp_path):
     # [loop], not [run]: SLURMFT_RUN_DIR must never be read as a key of Run's own section.
     config = RunConfig.load(environ={"SLURMFT_RUN_DIR": str(tmp_path), "SLURMFT_LOOP_LOG_EVERY": "1"})
     assert config.log_every == 1
+
+
+@pytest.mark.timeout(60)
+def test_bad_config_is_journaled_as_this_segments_deliberate_86(tmp_path):
+    # torchrun turns the worker's 86 into 1: the launcher decides from the journal, which once had
+    # nothing, so a config error was retried as a crash until the crash-loop limit.
+    from slurmft.launch.outcome import Next, decide
+
+    code = "import torch; from slurmft.train import Run\nRun(torch.nn.Linear(1, 1))\n"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ENV_KEYS}
+    env.update(SLURMFT_LOOP_LOG_EVERY="often", SLURMFT_RUN_DIR=str(run_dir), SLURM_JOB_ID="41",
+               SLURM_RESTART_COUNT="2")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == exitcodes.NO_REQUEUE
+    (end,) = read_events(RunDir(run_dir).events, ["segment_end"])
+    assert (end.get("job_id"), end.get("restart_count"), end.get("exit_code")) == ("41", 2, exitcodes.NO_REQUEUE)
+    assert "log_every must be an integer" in end.get("reason")
+    assert decide(end.get("exit_code"), 1).next is Next.NO_REQUEUE  # what the launcher does with it
