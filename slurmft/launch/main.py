@@ -5,11 +5,13 @@
   -> rendezvous -> training step with signals forwarded -> outcome -> 0 / 85 / 86 / passed on.
 
 A missing tool, a failed pre-flight or a stray signal never ends in 86: they are requeued (by
-Slurm, or by ``slurmft watch`` from a journaled ``requeue_request``) or passed on.
+Slurm, or by ``slurmft watch`` from a journaled ``requeue_request``) or passed on (exit 1: a run
+dir whose filesystem this node cannot reach).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -45,14 +47,22 @@ def check_command(command: Sequence[str], cwd: str) -> str | None:
     return None
 
 
-def check_run_dir_here(run_dir: str) -> str | None:
-    """The run dir as the batch node sees it: a directory (created if missing), not a file."""
+# The run dir's filesystem is missing or failing on this node (an unmounted or hung shared
+# filesystem): node trouble to pass on, not a wrong setting to refuse for good.
+_NODE_TROUBLE = {errno.ENOENT, errno.EIO, errno.ESTALE, errno.ENOTCONN, errno.ETIMEDOUT,
+                 errno.EROFS, errno.EHOSTDOWN}
+
+
+def check_run_dir_here(run_dir: str) -> tuple[str, bool] | None:
+    """The run dir as the batch node sees it: a directory (created if missing), not a file.
+    A problem is (reason, node_trouble)."""
     if os.path.lexists(run_dir) and (os.path.islink(run_dir) or not os.path.isdir(run_dir)):
-        return f"SLURMFT_RUN_DIR={run_dir}: it is not a directory"
+        return f"SLURMFT_RUN_DIR={run_dir}: it is not a directory", False
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as exc:
-        return f"SLURMFT_RUN_DIR={run_dir}: cannot create it: {exc.strerror or exc}"
+        return (f"SLURMFT_RUN_DIR={run_dir}: cannot create it: {exc.strerror or exc}",
+                exc.errno in _NODE_TROUBLE)
     return None
 
 
@@ -70,9 +80,14 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         run_dir = settings_mod.run_dir_for(env.get("SLURMFT_RUN_DIR"), ident)
     except settings_mod.SettingsError as exc:
         return give_up(voice, str(exc))
-    problem = check_run_dir_here(str(run_dir))
-    if problem:
-        return give_up(voice, problem)
+    here = check_run_dir_here(str(run_dir))
+    if here is not None:
+        reason, node_trouble = here
+        if not node_trouble:
+            return give_up(voice, reason)
+        # Not 86: on another node the filesystem may be there; the watcher decides (bounded).
+        voice.log(f"ERROR: {reason} (this node cannot reach it) -> exit 1, passed on to slurmft watch")
+        return 1
     voice = Voice(ident, run_dir)  # from here on, reasons are journaled too
     try:
         cfg = settings_mod.from_environ(env, ident)

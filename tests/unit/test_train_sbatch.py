@@ -16,11 +16,6 @@ pytestmark = pytest.mark.timeout(60)
 TEMPLATE = Path(__file__).resolve().parents[2] / "sbatch_templates" / "train.sbatch"
 
 
-def test_template_uses_the_python_exit_code():
-    match = re.search(r"^EXIT_NO_REQUEUE=(\S+)$", TEMPLATE.read_text(), re.M)
-    assert match and int(match.group(1)) == exitcodes.NO_REQUEUE
-
-
 def test_template_asks_slurm_for_requeue_append_and_a_usr2_warning():
     directives = re.findall(r"^#SBATCH (\S+)", TEMPLATE.read_text(), re.M)
     assert "--requeue" in directives and "--open-mode=append" in directives
@@ -50,8 +45,6 @@ def _run(tmp_path, env_extra, args=()):
     ({}, ["train.py"], "SLURMFT_RUN_DIR is not set"),
     ({"SLURM_JOB_ID": None}, ["train.py"], "SLURM_JOB_ID is not set: not inside a Slurm job"),
     ({"SLURMFT_RUN_DIR": "relative/dir"}, ["train.py"], "must be an absolute path"),
-    ({"SLURMFT_RUN_DIR": "/tmp/x", "SLURMFT_PYTHON": "/nonexistent/python"}, ["train.py"],
-     "is not an executable"),
     ({"SLURMFT_RUN_DIR": "{tmp}/run"}, [], "no training command"),
     ({"SLURMFT_RUN_DIR": "{tmp}/run"}, ["missing.py"], "training script missing.py does not exist"),
     ({"SLURMFT_RUN_DIR": "{tmp}/run", "SLURMFT_NPROC_PER_NODE": "two"}, ["-m", "x"],
@@ -74,3 +67,24 @@ def test_bad_input_exits_do_not_requeue_with_one_clear_line(tmp_path, env_extra,
         from slurmft.journal import read_events
         events = read_events(run / "events.jsonl")
         assert events[-1].get("action") == "give_up" and needle in events[-1].get("reason")
+
+
+def test_a_python_missing_on_the_node_is_passed_on_never_86(tmp_path):
+    # A missing tool is not a deliberate "do not requeue": the watcher retries it (bounded).
+    proc = _run(tmp_path, {"SLURMFT_RUN_DIR": "/tmp/x", "SLURMFT_PYTHON": "/nonexistent/python"},
+                ["train.py"])
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "SLURMFT_PYTHON=/nonexistent/python is not an executable" in errors[0]
+
+
+@pytest.mark.parametrize("err, node_trouble", [(5, True), (2, True), (30, True), (13, False)])
+def test_a_run_dir_this_node_cannot_reach_is_node_trouble(monkeypatch, tmp_path, err, node_trouble):
+    from slurmft.launch import main as launch_main
+
+    def refuse(path, exist_ok=False):
+        raise OSError(err, os.strerror(err), path)
+
+    monkeypatch.setattr(launch_main.os, "makedirs", refuse)
+    reason, trouble = launch_main.check_run_dir_here(str(tmp_path / "run"))
+    assert trouble is node_trouble and "cannot create it" in reason
