@@ -18,7 +18,6 @@ from slurmft.health.external import ExternalCheck, check_external
 from slurmft.health.result import Status
 from slurmft.journal import append_event, main as journal_main, read_events
 from slurmft.rundir import RunDir, parse_step_dirname, step_dirname
-from slurmft.rundir_trust import trusted_run_dir
 from slurmft.safeio import UnsafeFileError
 from slurmft.sweep.lock import SweepLock
 from slurmft.train.retention import PrunePlan, apply_prune, scan_checkpoint_dirs
@@ -152,7 +151,7 @@ def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
 def test_exports_are_quoted_for_eval(tmp_path):
     text = shell_exports({"SLURM_CONF": "/tmp/a b;touch x/slurm.conf"})
     assert text == "export SLURM_CONF='/tmp/a b;touch x/slurm.conf'\n"
-    out = subprocess.run(["bash", "-c", f'eval "$1"; printf %s "$SLURM_CONF"', "_", text], cwd=tmp_path,
+    out = subprocess.run(["bash", "-c", 'eval "$1"; printf %s "$SLURM_CONF"', "_", text], cwd=tmp_path,
                          capture_output=True, text=True, timeout=10)
     assert out.stdout == "/tmp/a b;touch x/slurm.conf" and not (tmp_path / "x").exists()
 
@@ -272,47 +271,3 @@ def test_journal_never_follows_a_link(tmp_path):
     with pytest.raises(UnsafeFileError):
         append_event(RunDir(run).events, "x")
     assert secret.read_text() == '{"v":1,"t":1,"kind":"leak"}\n'
-
-
-# ----------------------------------------------------------------------------- watcher trust
-
-
-def _run_dir(tmp_path: Path) -> Path:
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    return run
-
-
-def test_trusted_run_dir_accepts_the_owners_run_dir(tmp_path):
-    run = _run_dir(tmp_path)
-    assert trusted_run_dir(str(run), os.getuid()) == run.resolve()
-
-
-@pytest.mark.parametrize("make, message", [
-    (lambda t: "relative/run", "not an absolute path"),
-    (lambda t: str(t / "missing"), "does not exist"),
-    (lambda t: "/etc", "not a slurmft run directory"),
-    (lambda t: str(_file(t)), "not a directory"),
-    (lambda t: str(_link(t)), "a symbolic link"),
-    (lambda t: "", "not a path"),
-])
-def test_trusted_run_dir_refuses(tmp_path, make, message):
-    with pytest.raises(ValueError, match=message):
-        trusted_run_dir(make(tmp_path), 0 if message == "not a slurmft run directory" else os.getuid())
-
-
-def test_trusted_run_dir_refuses_another_users_dir(tmp_path):
-    run = _run_dir(tmp_path)
-    with pytest.raises(ValueError, match=f"owned by uid {os.getuid()}, not by the job's user"):
-        trusted_run_dir(str(run), os.getuid() + 4242)
-
-
-def _file(t: Path) -> Path:
-    (t / "f").write_text("")
-    return t / "f"
-
-
-def _link(t: Path) -> Path:
-    run = _run_dir(t)
-    (t / "l").symlink_to(run)
-    return t / "l"
