@@ -55,6 +55,8 @@ def load_document(text: str, command: str, list_key: str) -> dict[str, Any]:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UnsupportedShape(f"{command}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:  # a number of 4,300+ digits; nesting too deep
+        raise UnsupportedShape(f"{command}: unreadable JSON ({type(exc).__name__}: {str(exc)[:80]})") from None
     where = Where(command)
     if not isinstance(doc, dict):
         raise where.fail("object", doc)

@@ -1,9 +1,9 @@
 """Property tests (hypothesis) of every parser of user-written data: the manifest, a journal line
 and the journal file, step directory names, ``slurmft.toml`` and its environment overrides, the
-``.metadata`` opcode scan. The property: any input gives a value or the parser's own documented
+``.metadata`` opcode scan, heartbeat files (as the watcher reads them), and Slurm's own output
+(real captures with any value replaced, and any bytes). The property: any input gives a value or the parser's own documented
 error, never another exception; what the writer writes, the reader reads back.
 
-Heartbeat files have no reader in slurmft yet (the watcher will read them), so none is fuzzed here.
 Example counts are kept modest so the suite stays fast.
 """
 
@@ -188,3 +188,103 @@ def test_a_pickle_naming_another_global_is_refused(target, protocol):
     data = pickle.dumps(getattr(module, target[1]), protocol=protocol)
     problem = metadata_pickle_problem(data, "m")
     assert problem is not None and "not a DCP metadata type" in problem
+
+
+# ----------------------------------------------------------------------------- heartbeat
+
+
+@FEW
+@given(text=hostile_json_text, name=st.sampled_from(["n1", "n2", "odd name", ".hidden"]))
+def test_any_heartbeat_file_is_a_beat_or_ignored(tmp_path_factory, text, name):
+    from slurmft.rundir import RunDir
+    from slurmft.watch.runview import Beat, read_heartbeats
+
+    run = RunDir(tmp_path_factory.mktemp("run"))
+    run.heartbeat_dir.mkdir()
+    (run.heartbeat_dir / f"{name}.json").write_text(text, encoding="latin-1")
+    beats = read_heartbeats(run)
+    assert isinstance(beats, dict) and all(isinstance(b, Beat) and b.node == n for n, b in beats.items())
+
+
+@FEW
+@given(step=st.integers(min_value=0, max_value=10**12), every=st.integers(min_value=1, max_value=1000),
+       restart=st.integers(min_value=0, max_value=10**6))
+def test_a_written_heartbeat_reads_back(tmp_path_factory, step, every, restart):
+    from slurmft.rundir import RunDir
+    from slurmft.train.heartbeat import Heartbeat
+    from slurmft.watch.runview import read_heartbeats
+
+    run = RunDir(tmp_path_factory.mktemp("run"))
+    Heartbeat(run, "n1", job_id="9_1", restart_count=restart, every=every).beat(step, force=True, busy_s=0.5)
+    beat = read_heartbeats(run)["n1"]
+    assert (beat.step, beat.restart_count, beat.job_id, beat.every, beat.busy_s) == (step, restart, "9_1", every, 0.5)
+
+
+# ----------------------------------------------------------------------------- Slurm output
+
+SLURM_CAPTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+def _mutate(doc, path, value):
+    """``doc`` with one value replaced: ``path`` walks keys (a key the object lacks picks one of
+    its keys) and list indices (modulo the length); the last step's slot gets ``value``."""
+    def slot(node, key):
+        pick = key if isinstance(key, int) else sum(map(ord, key))
+        if isinstance(node, list):
+            return pick % len(node)
+        return key if key in node else sorted(node)[pick % len(node)]
+
+    node = doc
+    for i, key in enumerate(path):
+        if not isinstance(node, (dict, list)) or not node:
+            break
+        k = slot(node, key)
+        if i == len(path) - 1 or not isinstance(node[k], (dict, list)):
+            node[k] = value
+            break
+        node = node[k]
+    return doc
+
+
+@settings(max_examples=80, deadline=None)
+@given(capture=st.sampled_from([("2205/squeue_running_failed_completed.json", "squeue"),
+                                ("2205/squeue_running_time_limit.json", "squeue"),
+                                ("2411/squeue_running_failed.json", "squeue"),
+                                ("2605/squeue_running_failed.json", "squeue"),
+                                ("2411/sacct_history.json", "sacct"),
+                                ("2205/sinfo_drain_down.json", "nodes"),
+                                ("2605/scontrol_nodes_drain.json", "nodes")]),
+       path=st.lists(st.sampled_from(["jobs", "nodes", "job_state", "state", "time", "exit_code",
+                                      "nodes", "time_limit", "end_time", "restart_cnt", "comment",
+                                      "array_job_id", "array_task_id", "number", "current", 0, 1]),
+                     min_size=1, max_size=5),
+       value=json_values)
+def test_any_change_to_real_slurm_output_parses_or_is_a_slurm_error(capture, path, value):
+    # Real captures (tests/fixtures/slurm/README.md) with one value anywhere replaced by any JSON:
+    # a list of jobs/nodes or the client's own SlurmError naming the field, never another exception.
+    from slurmft.slurm.client import SlurmError
+    from slurmft.slurm.parse_jobs import parse_sacct, parse_squeue
+    from slurmft.slurm.parse_nodes import parse_nodes
+
+    name, kind = capture
+    doc = _mutate(json.loads((SLURM_CAPTURES / name).read_text()), path, value)
+    parse = {"squeue": parse_squeue, "sacct": parse_sacct,
+             "nodes": lambda text: parse_nodes(text, "sinfo --json")}[kind]
+    try:
+        parse(json.dumps(doc))
+    except SlurmError:
+        pass
+
+
+@FEW
+@given(text=hostile_json_text)
+def test_any_bytes_as_slurm_output_parse_or_are_a_slurm_error(text):
+    from slurmft.slurm.client import SlurmError
+    from slurmft.slurm.parse_jobs import parse_sacct, parse_sacct_text, parse_squeue
+    from slurmft.slurm.parse_nodes import parse_nodes
+
+    for parse in (parse_squeue, parse_sacct, parse_sacct_text, lambda t: parse_nodes(t, "sinfo --json")):
+        try:
+            parse(text)
+        except SlurmError:
+            pass
