@@ -22,13 +22,16 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from slurmft.rundir import fsync_dir
+from slurmft.train.checkpoint import describe_failure
 from slurmft.train.checksum import StreamHasher
-from slurmft.train.dcp_metadata import (MetadataRefused, SafeMetadataReader, parse_dcp_metadata,
+from slurmft.train.dcp_metadata import (MetadataRefused, parse_dcp_metadata,
                                         read_dcp_metadata_bytes)
 from slurmft.train.manifest import DCP_METADATA_NAME, Manifest
+from slurmft.train.verified_read import VerifyingReader
 from slurmft.train.state import MODEL
 
 
@@ -112,9 +115,12 @@ def load_model_weights(ckpt_dir: Path, manifest: Manifest) -> dict[str, torch.Te
     try:
         with warnings.catch_warnings():  # "no process group: loading in a single process" is the point
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load({MODEL: template}, storage_reader=SafeMetadataReader(str(ckpt_dir)), no_dist=True)
-    except Exception as exc:  # DCP wraps reader failures in CheckpointException (an Exception)
-        raise ExportError(f"{ckpt_dir}: loading the model tensors failed: {exc}") from None
+            # The verifying reader: every file read is checksummed against the manifest in the same
+            # read and opened without following a link (a file swapped since `verify` is caught).
+            reader = VerifyingReader(ckpt_dir, manifest.files, rank=0, world_size=1, union=lambda xs: xs)
+            dcp.load({MODEL: template}, storage_reader=reader, no_dist=True)
+    except (Exception, CheckpointException) as exc:  # DCP's wrapper is a BaseException
+        raise ExportError(f"{ckpt_dir}: loading the model tensors failed: {describe_failure(exc)}") from None
     return template
 
 

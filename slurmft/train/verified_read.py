@@ -27,6 +27,7 @@ import torch
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from slurmft import safeio
 from slurmft.train.checksum import HASH_CHUNK, StreamHasher
 from slurmft.train.dcp_metadata import SafeMetadataReader
 from slurmft.train.manifest import FileEntry, split_files
@@ -104,8 +105,13 @@ class VerifyingReader(SafeMetadataReader):
         parts = sorted(parts, key=lambda p: p.offset)
         buf = bytearray(HASH_CHUNK)
         view = memoryview(buf)
-        try:
-            with open(path, "rb", buffering=0) as fh:
+        try:  # no link followed, regular files only: the files may be swapped after the manifest check
+            root_fd = safeio.open_dir(self.root)
+            try:
+                fd, _ = safeio.open_inside(root_fd, relative, path)
+            finally:
+                os.close(root_fd)
+            with os.fdopen(fd, "rb", buffering=0) as fh:
                 if hasattr(os, "posix_fadvise"):
                     try:
                         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -124,6 +130,8 @@ class VerifyingReader(SafeMetadataReader):
                             part.data[start - part.offset:end - part.offset] = chunk[start - pos:end - pos]
                             part.filled += end - start
                     pos += n
+        except safeio.UnsafeFileError as exc:
+            return [str(exc)]
         except OSError as exc:
             return [f"{path}: unreadable ({exc.strerror or exc})"]
         self.bytes_read += hasher.size

@@ -265,6 +265,33 @@ def test_export_refuses_a_corrupt_checkpoint(run, tmp_path):
     assert not list(tmp_path.glob(".model.safetensors.*"))
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("swap", ["link to the same bytes", "fifo"])
+def test_export_reads_no_file_swapped_after_its_verification(run, tmp_path, swap):
+    # The CLI verifies, then loads: a shard replaced in between by a link (even to identical
+    # bytes elsewhere) or a FIFO was followed, or hung root's export. It is refused, naming it.
+    import os
+
+    from slurmft.train.export import ExportError, load_model_weights
+    from slurmft.train.manifest import read_manifest
+
+    ckpt_dir = RunDir(run).checkpoint(3)
+    manifest = read_manifest(ckpt_dir)
+    victim = shard(run, 3)
+    elsewhere = tmp_path / "elsewhere.distcp"
+    elsewhere.write_bytes(victim.read_bytes())
+    victim.unlink()
+    if swap == "fifo":
+        os.mkfifo(victim)
+        needle = "a FIFO, not a regular file"
+    else:
+        victim.symlink_to(elsewhere)
+        needle = "a symbolic link, not followed or read"
+    with pytest.raises(ExportError, match=needle) as refused:
+        load_model_weights(ckpt_dir, manifest)
+    assert "\n" not in str(refused.value) and str(victim) in str(refused.value)
+
+
 FSDP_WRITER = textwrap.dedent("""
     import sys
     from datetime import timedelta
