@@ -1,11 +1,12 @@
 """A generator of hostile run directories: what a job's user can put in their own run dir.
 
 Each case starts from a real run (steps 1, 2, 3 written by :class:`CheckpointManager`) and adds
-one hostile thing: links out of the run dir (to a root-only secret, to another run's
+one hostile thing: links out of the run dir (to a secret, to another run's
 checkpoints, to ``/dev/zero``), FIFOs, odd and non-canonical step names, huge and deeply nested
 manifests and journal lines, a ``.metadata`` pickle that would run a command. Next to the cases,
-``outside/`` holds what must never be read, changed or deleted: a root-only secret, a FIFO,
-another run's checkpoints, and the path the pickle's command would create.
+``outside/`` holds what must never be read, changed or deleted: a secret, a FIFO, another run's
+checkpoints, and the path the pickle's command would create (the test puts all of them within
+reach of the unprivileged identity too: a check that could not fail for it would prove nothing).
 """
 
 from __future__ import annotations

@@ -46,6 +46,13 @@ def world():
     try:
         pristine = hostile.make_pristine(base / "pristine")
         outside = hostile.make_outside(base / "outside", pristine)
+        # Within reach of BOTH identities, so a check can fail for the unprivileged one too: the
+        # secret is readable, the marker's directory writable (sticky), the other run its own.
+        outside.root.chmod(0o1777)
+        outside.secret.chmod(0o644)
+        if user is not None:
+            subprocess.run(["chown", "-hR", f"{user.pw_uid}:{user.pw_gid}", str(outside.other_run)],
+                           check=True, timeout=60)
         specs = {}
         for who in IDENTITIES:
             if who == "user" and user is None:
