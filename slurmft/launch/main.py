@@ -113,6 +113,10 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     voice.log(f"pre-flight on {ident.num_nodes} node(s): {','.join(ident.nodes)} "
               f"(bound {cfg.preflight_timeout_s:g} s)")
     result = preflight.run(ident, cfg, env)
+    for node in sorted(result.notes):
+        for detail in result.notes[node]:
+            voice.log(f"  pre-flight {node}: {detail}")
+        voice.template("preflight_note", node=node, evidence=result.notes[node])
     for node in sorted(result.skipped):
         for detail in result.skipped[node]:
             voice.log(f"  pre-flight {node}: not judged: {detail}")

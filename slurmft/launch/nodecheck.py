@@ -96,17 +96,21 @@ def sweep_lines(node: str, python: str, deadline: float, wait_s: float, fresh_s:
                 sleep: Callable[[float], None] = time.sleep,
                 clock: Callable[[], float] = time.monotonic) -> list[str]:
     argv = [python, "-m", "slurmft.cli", "sweep", "--quick", "--dry-run", "--json", "--node", node]
-    busy_until = clock() + wait_s
+    started = clock()
+    busy_until = started + wait_s
     delay = MIN_SWEEP_RETRY_S
+    waited: list[str] = []
     while True:
         rc, out, err = run(argv, deadline - clock())
         if rc is None:
             return [f"SKIP {node} sweep: no verdict within the pre-flight's time"]
         if rc == SWEEP_LOCKED and not out.strip():
+            waited = [f"NOTE {node} sweep: another sweep held this node's lock; waited "
+                      f"{clock() - started:.1f} s for it"]
             report = fresh_report(node, fresh_s)
             if report is not None:
-                return sweep_failures(node, report) + [f"SKIP {node} sweep: busy; used its report "
-                                                       "from the last sweep"]
+                return sweep_failures(node, report) + [f"NOTE {node} sweep: busy; judged by its "
+                                                       "report from the last sweep"]
             if clock() + delay >= min(busy_until, deadline):
                 return [f"SKIP {node} sweep: another sweep held this node's lock for {wait_s:g} s "
                         "and left no fresh report: not judged"]
@@ -118,7 +122,7 @@ def sweep_lines(node: str, python: str, deadline: float, wait_s: float, fresh_s:
         except (ValueError, RecursionError):
             tail = " ".join(err.split())[-200:]
             return [f"SKIP {node} sweep: no report (exit {rc}: {tail or 'no output'})"]
-        return sweep_failures(node, report)
+        return sweep_failures(node, report) + waited
 
 
 def check_node(node: str, run_dir: Path, min_free_gb: float, deadline_s: float, wait_s: float,

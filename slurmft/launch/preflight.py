@@ -27,6 +27,7 @@ class PreflightResult:
     answered: set[str] = field(default_factory=set)
     failures: dict[str, list[str]] = field(default_factory=dict)    # node -> FAIL details
     skipped: dict[str, list[str]] = field(default_factory=dict)     # node -> SKIP details
+    notes: dict[str, list[str]] = field(default_factory=dict)       # node -> NOTE (judged, FYI)
     ports: dict[str, int] = field(default_factory=dict)
     silent: list[str] = field(default_factory=list)                 # did not answer
     timed_out: bool = False
@@ -76,6 +77,8 @@ def parse(output: str, nodes: Sequence[str], *, rc: int | None) -> PreflightResu
             result.failures.setdefault(node, []).append(rest)
         elif tag == "SKIP":
             result.skipped.setdefault(node, []).append(rest)
+        elif tag == "NOTE":
+            result.notes.setdefault(node, []).append(rest)
         elif tag == "PORT" and rest.isdigit() and 0 < int(rest) < 65536:
             result.ports[node] = int(rest)
     result.silent = [n for n in nodes if n not in result.answered]

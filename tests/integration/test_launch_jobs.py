@@ -82,6 +82,11 @@ def test_two_preflights_on_one_busy_node_exclude_nothing(slurm_cluster, tmp_path
         assert final.state is JobState.COMPLETED and final.restart_count == 0, job.log_text()[-4000:]
         assert _template(job.run_dir, "exclude") == [] and _template(job.run_dir, "requeue") == []
         assert final.nodes == ("n1",)
+        # The lock really was contended, and the sweep then judged n1 (a note, not a skip).
+        notes = _template(job.run_dir, "preflight_note")
+        assert notes and all(n.get("node") == "n1" for n in notes), job.log_text()[-4000:]
+        assert any("waited" in line for n in notes for line in n.get("evidence")), notes
+        assert _template(job.run_dir, "preflight_skip") == []
 
 
 @pytest.mark.timeout(240)

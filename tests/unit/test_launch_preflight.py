@@ -16,7 +16,7 @@ NODES = ("n1", "n2", "n3")
 
 def test_answers_and_failures_become_exclusions_with_evidence():
     out = "\n".join([
-        "PORT n1 40001", "DONE n1",
+        "PORT n1 40001", "NOTE n1 sweep: waited 3.0 s", "DONE n1",
         "FAIL n2 disk: /runs has 0.1 GiB free, below 1 GiB", "SKIP n2 sweep: busy", "DONE n2",
         "srun: error: n3: task 2: Exited with exit code 1",        # srun's own lines: ignored
     ])
@@ -25,6 +25,7 @@ def test_answers_and_failures_become_exclusions_with_evidence():
     assert result.exclusions() == {"n2": "disk: /runs has 0.1 GiB free, below 1 GiB",
                                    "n3": "pre-flight task ended without a verdict (srun exit 1)"}
     assert result.skipped == {"n2": ["sweep: busy"]}
+    assert result.notes == {"n1": ["sweep: waited 3.0 s"]} and "n1" not in result.exclusions()
 
 
 def test_a_silent_node_after_the_bound_is_excluded_as_not_answering():
@@ -101,7 +102,9 @@ def test_sweep_that_ran_reports_only_its_failed_checks(monkeypatch):
 
 def test_busy_sweep_is_retried_until_it_runs(monkeypatch):
     lines, sweeps, clock = _lines([(3, ""), (3, ""), (0, _report("ok"))], monkeypatch=monkeypatch)
-    assert lines == [] and sweeps.calls == 3 and clock.now >= 2 * 0.5  # the retry floor
+    assert sweeps.calls == 3 and clock.now >= 2 * 0.5  # the retry floor
+    # judged (no FAIL, no SKIP), with a note that says the lock was contended
+    assert len(lines) == 1 and lines[0].startswith("NOTE n1 sweep: another sweep held this node's lock; waited")
 
 
 def test_busy_sweep_past_its_wait_is_not_judged_never_failed(monkeypatch):
@@ -112,7 +115,8 @@ def test_busy_sweep_past_its_wait_is_not_judged_never_failed(monkeypatch):
 
 def test_busy_sweep_uses_a_fresh_report(monkeypatch):
     lines, sweeps, _ = _lines([(3, "")], monkeypatch=monkeypatch, report=json.loads(_report("fail")))
-    assert lines[0] == "FAIL n1 sweep: c0: detail 0" and lines[1].startswith("SKIP") and sweeps.calls == 1
+    assert lines[0] == "FAIL n1 sweep: c0: detail 0" and sweeps.calls == 1
+    assert lines[1] == "NOTE n1 sweep: busy; judged by its report from the last sweep"
 
 
 def test_sweep_without_a_report_is_skipped(monkeypatch):
