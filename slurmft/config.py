@@ -31,14 +31,17 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")  # a dataclass: every section is one
 
 CONFIG_ENV = "SLURMFT_CONFIG"
 DEFAULT_CONFIG_NAME = "slurmft.toml"
@@ -130,7 +133,7 @@ def load_section(
             raise ConfigError(f"[{section}] in {path} must be a table")
         values.update(table)
     env = os.environ if environ is None else environ
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    names = {f.name for f in dataclasses.fields(cls)}
     from_env = set()
     for key, field in section_env(env, section):
         if field not in names:
@@ -170,7 +173,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], section: str, *,
 
     ``env_keys``: the keys whose values are environment strings (lists are comma-separated there).
     """
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(
@@ -265,7 +268,7 @@ def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
         if isinstance(value, (str, Path)):
             raise ConfigError(f"{where} must be a non-empty path without NUL bytes, got {str(value)!r}")
         raise ConfigError(f"{where} must be a path string, got {value!r}")
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a dataclass type (never an instance)
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
         # "[sweep] checks[0]" -> section "sweep.checks[0]", so nested errors read "[sweep.checks[0]] key".

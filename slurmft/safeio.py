@@ -106,7 +106,8 @@ def read_fd_bounded(fd: int, size: int, max_bytes: int, shown: str | os.PathLike
     """Every byte of an open regular file of ``size`` bytes, refusing one larger than ``max_bytes``."""
     if size > max_bytes:
         raise UnsafeFileError(shown, f"{size} bytes, more than the {max_bytes} this reader accepts")
-    chunks, total = [], 0
+    chunks: list[bytes] = []
+    total = 0
     while True:
         chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
         if not chunk:

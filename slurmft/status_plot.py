@@ -21,7 +21,7 @@ from slurmft.status import Report
 
 
 # Segment bars by how the segment ended: done, saved and requeued, anything else is red.
-_SEGMENT_COLOURS = {exitcodes.OK: "tab:green", exitcodes.REQUEUE: "tab:orange"}
+_SEGMENT_COLOURS: dict[int | None, str] = {exitcodes.OK: "tab:green", exitcodes.REQUEUE: "tab:orange"}
 
 
 class PlotUnavailable(RuntimeError):

@@ -36,7 +36,8 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
             slurm += f" ({job.reason})"
     seg = segments[-1] if segments else None
     # A watcher event older than the newest segment's start is history: training runs again.
-    current = last is not None and (seg is None or seg.start < last.time)
+    # ``current``: the last watcher event when it is not history, else None.
+    current = last if last is not None and (seg is None or seg.start < last.time) else None
     over = "nothing: the run is over"
     if last is not None and last.kind == journal.RUN_FINISHED:
         how = last.get("state") or last.get("how")
@@ -48,19 +49,19 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
                 "a person: fix the cause, `scontrol release` the job, and watch it again")
     if seg is not None and seg.exit_code == exitcodes.OK and seg.end is not None:
         return f"finished at step {seg.last_step}{slurm}", over
-    if current and last.kind == journal.JOB_RESUBMITTED:
-        new_id = last.get("new_job_id")
-        return (f"resubmitted as job {new_id} (Slurm had forgotten job {last.get('old_job_id')}){slurm}",
+    if current is not None and current.kind == journal.JOB_RESUBMITTED:
+        new_id = current.get("new_job_id")
+        return (f"resubmitted as job {new_id} (Slurm had forgotten job {current.get('old_job_id')}){slurm}",
                 f"Slurm to start job {new_id}; it resumes from the newest checkpoint")
-    if current and last.kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION):
+    if current is not None and current.kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION):
         detected_at = max(e.time for e in watcher if e.kind == journal.FAULT_DETECTED) \
             if any(e.kind == journal.FAULT_DETECTED for e in watcher) else 0.0
         done = {e.get("action") for e in watcher
                 if e.kind == journal.RECOVERY_ACTION and e.get("ok") and e.time >= detected_at}
-        cause = faults[-1].cause if faults else last.get("cause")
+        cause = faults[-1].cause if faults else current.get("cause")
         if "start_now" in done:
             wait = "Slurm to start the job (its start time is set to now)"
-        elif "requeue" in done or (last.kind == journal.FAULT_DETECTED and last.get("action") == "expedite"):
+        elif "requeue" in done or (current.kind == journal.FAULT_DETECTED and current.get("action") == "expedite"):
             wait = "the job to be PENDING, then the bad nodes excluded and a start now"
         else:
             wait = "the requeue (the watcher retries it each cycle)"

@@ -34,7 +34,7 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional, TypeVar
+from typing import Callable, NoReturn, Optional, ParamSpec, TypeVar
 
 import typer
 
@@ -66,16 +66,17 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def bad_input_is_usage(command: F) -> F:
+def bad_input_is_usage(command: Callable[P, R]) -> Callable[P, R]:
     """Exit 2 with one line for what bad input raises (a file system error on a path the user
     named or wrote, an over-long name, a nesting too deep): never a traceback with exit 1, which
     means "a checkpoint failed verification"."""
 
     @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
         except OSError as exc:
@@ -84,7 +85,7 @@ def bad_input_is_usage(command: F) -> F:
         except (RecursionError, ValueError) as exc:
             _fail(f"bad input: {' '.join(str(exc).split())[:300]}")
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def _warn_strays(run: RunDir) -> None:
@@ -144,6 +145,7 @@ def resolve_checkpoint(run: RunDir, selector: str) -> Path:
     if tmp_step is not None:
         _fail(f"{name} is an in-flight or abandoned checkpoint (a .tmp- directory), never loaded; "
               f"name a committed step (see 'slurmft ckpt ls')")
+    step: int | None
     if name.isascii() and name.isdigit() and len(name) <= 20:
         step = int(name)
     else:
@@ -299,7 +301,7 @@ def verify(
             for r, s in results]}, indent=2))
     else:
         for report, seconds in results:
-            if report.ok:
+            if report.ok and report.manifest is not None:  # ok: the manifest was read
                 rate = report.bytes_checked / seconds / 1e9 if seconds > 0 else 0.0
                 print(f"{report.ckpt_dir.name}: ok, {len(report.manifest.files)} files, "
                       f"{_human_bytes(report.bytes_checked)} checked in {seconds:.2f} s ({rate:.2f} GB/s)")

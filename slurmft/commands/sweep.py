@@ -84,7 +84,7 @@ def app(
                                      help="Forget remembered drain-level Xids (after a GPU reset)."),
 ) -> None:
     """Health-check this node; drain it on failure, resume only slurmft's own drains."""
-    from slurmft.health.registry import load_health_config
+    from slurmft.health.registry import Mode, load_health_config
     from slurmft.slurm.client import InvalidArgument
     from slurmft.slurm.validate import node_name
     from slurmft.sweep.config import SweepConfig
@@ -100,7 +100,7 @@ def app(
         cfg = load_section(SweepConfig, "sweep", config_file=config)
         hc = load_health_config(config)
         client = _client(config)
-        mode = "quick" if quick else "deep" if deep else "normal"
+        mode: Mode = "quick" if quick else "deep" if deep else "normal"
         report = sweep(SweepRequest(name, mode, dry_run, forget_xids), cfg, hc, client)
     except (ConfigError, InvalidArgument) as exc:
         _log(f"error: {exc}")

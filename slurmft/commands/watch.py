@@ -132,6 +132,7 @@ def watch(
     from slurmft.watch.config import WatchConfig
     from slurmft.watch.loop import Watcher
     from slurmft.watch.resolve import current_user
+    from slurmft.watch.runwatch import Listener
 
     ids = list(job_ids or [])
     try:
@@ -164,7 +165,7 @@ def watch(
     if textfile is not None and (textfile.suffix != ".prom" or not textfile.parent.is_dir()):
         raise _fail(EXIT_USAGE, f"--textfile {textfile}: must end in .prom, in an existing directory")
 
-    listeners = []
+    listeners: list[Listener] = []
     if hook:
         from slurmft.watch.notify import run_hook
 

@@ -157,13 +157,15 @@ def _recovery_action(nvml: Any, h: Any) -> int | None:
     return int(values[0].value.uiVal)
 
 
-def gather_gpus(nvml: Any | None = None) -> GpuFacts | Unavailable:
-    """Read every GPU through NVML; ``Unavailable`` when NVML (the driver library) is absent."""
+def gather_gpus(nvml: Any = None) -> GpuFacts | Unavailable:
+    """Read every GPU through NVML (``nvml``: the pynvml module or a stand-in; None: import it);
+    ``Unavailable`` when NVML (the driver library) is absent."""
     if nvml is None:
         try:
-            import pynvml as nvml  # nvidia-ml-py; a core dependency, torch-free
+            import pynvml  # nvidia-ml-py; a core dependency, torch-free
         except ImportError as exc:
             return Unavailable(f"nvidia-ml-py not installed ({exc})")
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:

@@ -189,9 +189,9 @@ def check_gpu_nvlink(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckR
 def check_gpu_recovery_action(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckResult:
     """NVML's recovery-action field: anything but None drains (Xid 154's verdict, read directly)."""
     gpus = _gpus(facts)
-    reported = [d for d in gpus.devices if d.recovery_action is not None]
+    reported = [(d, d.recovery_action) for d in gpus.devices if d.recovery_action is not None]
     if not reported:
         raise SkipCheck(f"driver {gpus.driver} does not report a GPU recovery action")
-    bad = [f"{d.label}: recovery action {RECOVERY_ACTIONS.get(d.recovery_action, d.recovery_action)}"
-           for d in reported if d.recovery_action != 0]
+    bad = [f"{d.label}: recovery action {RECOVERY_ACTIONS.get(action, action)}"
+           for d, action in reported if action != 0]
     return findings("gpu_recovery_action", bad, [], "no recovery action pending")

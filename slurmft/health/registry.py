@@ -8,6 +8,7 @@ The config tables are ``[health_gpu]``, ``[health_xid]``, ``[health_dcgm]``, ``[
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping
@@ -136,7 +137,7 @@ def gatherers(p: Plan, hc: HealthConfig, state: HealthState, nvml: Any = None) -
     }
     wanted = {s.fact: sources[s.fact] for s in p.builtin}
     for c in p.external:
-        wanted[c.check_name] = (lambda c=c: run_external(c))
+        wanted[c.check_name] = functools.partial(run_external, c)
     return wanted
 
 
@@ -156,6 +157,10 @@ def run_plan(p: Plan, hc: HealthConfig, state: HealthState, timeout_s: float,
     """Gather every needed fact once (bounded by ``gather_timeout``), then run each check."""
     facts = gather(gatherers(p, hc, state, nvml), gather_timeout(p, hc, timeout_s))
     configs = {"gpu": hc.gpu, "xid": hc.xid, "dcgm": hc.dcgm, "node": hc.node}
-    results = [run_guarded(s.name, lambda s=s: s.fn(facts, configs[s.area], state)) for s in p.builtin]
-    results += [run_guarded(c.check_name, lambda c=c: check_external(c, facts)) for c in p.external]
+
+    def bound(s: CheckSpec) -> Callable[[], CheckResult]:
+        return lambda: s.fn(facts, configs[s.area], state)
+
+    results = [run_guarded(s.name, bound(s)) for s in p.builtin]
+    results += [run_guarded(c.check_name, functools.partial(check_external, c, facts)) for c in p.external]
     return results, facts

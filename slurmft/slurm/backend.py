@@ -50,11 +50,14 @@ def get_client(config: SlurmConfig | None = None, *, env: Mapping[str, str] | No
     if config.backend == "cli":
         return cli
     module = module if module is not None else import_pyslurm()
-    reason = pyslurm_unusable(module, cli.info().version, env) if module is not None else "pyslurm is not installed"
-    if reason is None:
-        from slurmft.slurm.pyslurm import PyslurmClient
+    if module is None:
+        reason: str | None = "pyslurm is not installed"
+    else:
+        reason = pyslurm_unusable(module, cli.info().version, env)
+        if reason is None:
+            from slurmft.slurm.pyslurm import PyslurmClient
 
-        return PyslurmClient(module, config, cli=cli)
+            return PyslurmClient(module, config, cli=cli)
     if config.backend == "pyslurm":
         raise SlurmError(f'[slurm] backend = "pyslurm", but {reason}')
     return cli

@@ -83,7 +83,7 @@ def raise_errors(doc: Mapping[str, Any], command: str) -> None:
 
 def records(doc: Mapping[str, Any], list_key: str, command: str) -> list[tuple[Where, Mapping[str, Any]]]:
     """The objects of ``doc[list_key]``, each paired with its path."""
-    out = []
+    out: list[tuple[Where, Mapping[str, Any]]] = []
     base = Where(command).key(list_key)
     for i, item in enumerate(doc[list_key]):
         where = base.index(i)

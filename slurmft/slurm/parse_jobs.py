@@ -189,6 +189,7 @@ def job_from_sacct(rec: Mapping[str, Any], where: Where) -> Job:
     workdir = text(rec, "working_directory", where)
     restarts = number(rec, "restart_cnt", where)
     count = number(rec, "allocation_nodes", where) or len(nodes)
+    user = rec.get("user")
     return Job(
         job_id=_job_id(rec, where),
         raw_job_id=str(number(rec, "job_id", where)),
@@ -208,7 +209,7 @@ def job_from_sacct(rec: Mapping[str, Any], where: Where) -> Job:
         start_time=start,
         end_time=end,
         partition=text(rec, "partition", where),
-        user=rec.get("user") if isinstance(rec.get("user"), str) else "",
+        user=user if isinstance(user, str) else "",
         work_dir=Path(workdir) if workdir else None,
         run_dir=run_dir_from_comment(job_comment),
     )

@@ -59,7 +59,7 @@ def requeue_action(job: Job) -> RequeueAction:
 CHANGE_ATTEMPTS = 2
 
 
-def change_confirmed(change: Callable[[], None], happened: Callable[[], bool], *,
+def change_confirmed(change: Callable[[], object], happened: Callable[[], bool], *,
                      attempts: int = CHANGE_ATTEMPTS) -> None:
     """Make a state change that may get no answer: after ``OutcomeUnknown`` re-read the state;
     done when ``happened()``, else send it again (``attempts`` in all). Raises the last

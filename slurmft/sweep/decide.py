@@ -16,7 +16,7 @@ import enum
 import math
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, TypedDict
 
 from slurmft.health.result import CheckResult, Status, one_line
 from slurmft.slurm.client import Node
@@ -39,6 +39,13 @@ class Decision:
     reason: str = ""  # the drain reason, for DRAIN and BLOCKED
     drained_by_slurmft: int = 0
     allowed: int = 0
+
+
+class _Counts(TypedDict):
+    """The blast-radius counts every Decision carries (its keyword fields)."""
+
+    drained_by_slurmft: int
+    allowed: int
 
 
 def is_ours(node: Node) -> bool:
@@ -75,7 +82,7 @@ def checks_behind_drain(reason: str, recorded: Sequence[str] = ()) -> tuple[froz
     named = {found["check"]} if found else set()
     if recorded:
         return frozenset(named | set(recorded)), bool(found)
-    return frozenset(named), bool(found) and not found["more"]
+    return frozenset(named), found is not None and not found["more"]
 
 
 def resume_blocker(reason: str, results: Sequence[CheckResult],
@@ -100,7 +107,7 @@ def decide(node: Node, results: Sequence[CheckResult], nodes: Mapping[str, Node]
     """``recorded``: the checks this node's sweeper saved as the cause of its last drain."""
     ours = drained_by_slurmft(nodes)
     allowed = drain_allowance(len(nodes), cfg)
-    count = dict(drained_by_slurmft=len(ours), allowed=allowed)
+    count = _Counts(drained_by_slurmft=len(ours), allowed=allowed)
     if node.down or not node.responding:
         return Decision(Action.NONE, f"node is {node.state.value}"
                         f"{'' if node.responding else ' and not responding'}: never touched", **count)

@@ -92,8 +92,9 @@ def _persist(report: SweepReport, state: HealthState, cfg: SweepConfig,
     report = dataclasses.replace(report, write_errors=tuple(errors))
     _attempt("report", lambda: write_report(report, cfg.report_dir), errors)
     report = dataclasses.replace(report, write_errors=tuple(errors))
-    if cfg.textfile_dir is not None:
-        _attempt("textfile", lambda: write_textfile(report, cfg.textfile_dir), errors)
+    textfile_dir = cfg.textfile_dir
+    if textfile_dir is not None:
+        _attempt("textfile", lambda: write_textfile(report, textfile_dir), errors)
     return dataclasses.replace(report, write_errors=tuple(errors))
 
 

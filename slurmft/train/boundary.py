@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import random
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -51,7 +51,10 @@ def rng_fingerprint() -> dict[str, Any]:
         "torch": bytes(torch.get_rng_state().numpy()),
         "python": random.getstate(),
     }
-    _name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    # The stub also admits a dict (what legacy=True returns for a RandomState over another bit
+    # generator); np.random's global RandomState is always MT19937, so this is the legacy tuple.
+    legacy = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state(legacy=True))
+    _name, keys, pos, has_gauss, gauss = legacy
     prints["numpy"] = (keys.tobytes(), pos, has_gauss, gauss)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         prints["cuda"] = bytes(torch.cuda.get_rng_state().numpy())

@@ -21,7 +21,7 @@ import io
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
@@ -41,7 +41,10 @@ class _AllowListUnpickler(pickle._Unpickler):
     globals; BUILD may set state on an instance, never on a class (that would rewrite an allowed
     type in this process)."""
 
-    dispatch = dict(pickle._Unpickler.dispatch)
+    # typeshed leaves out the pure-Python unpickler's internals: its stack (set by load()), and a
+    # dispatch table whose handlers take the _Unpickler (typeshed says Unpickler) they run in.
+    stack: list[Any]
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, data: bytes, shown: str) -> None:
         super().__init__(io.BytesIO(data))
@@ -50,7 +53,7 @@ class _AllowListUnpickler(pickle._Unpickler):
     def _guarded_build(self) -> None:
         if isinstance(self.stack[-2], type):
             raise MetadataRefused(f"{self._shown}: refused to set state on the type {self.stack[-2].__name__}")
-        pickle._Unpickler.load_build(self)
+        pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]  # typeshed omits _Unpickler.load_build
 
     dispatch[pickle.BUILD[0]] = _guarded_build
 
@@ -117,7 +120,8 @@ class SafeMetadataReader(FileSystemReader):
         name = DCP_METADATA_NAME if rank is None else f"__{int(rank)}{DCP_METADATA_NAME}"
         ckpt_dir = Path(self.path)
         metadata = parse_dcp_metadata(read_dcp_metadata_bytes(ckpt_dir, name), ckpt_dir / name)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata

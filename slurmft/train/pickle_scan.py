@@ -66,10 +66,10 @@ def pickle_globals(data: bytes) -> list[tuple[str, str]]:
             found.append((module, attr))
             recent.append(_UNKNOWN)
         elif name == "STACK_GLOBAL":
-            module, attr = (recent[-2], recent[-1]) if len(recent) >= 2 else (_UNKNOWN, _UNKNOWN)
-            if not (isinstance(module, str) and isinstance(attr, str)):
+            pushed_module, pushed_attr = (recent[-2], recent[-1]) if len(recent) >= 2 else (_UNKNOWN, _UNKNOWN)
+            if not (isinstance(pushed_module, str) and isinstance(pushed_attr, str)):
                 raise ValueError("names a global that is not a plain string")
-            found.append((module, attr))
+            found.append((pushed_module, pushed_attr))
             recent.append(_UNKNOWN)
         elif name in _STRING_OPS:
             recent.append(arg if isinstance(arg, str) else _UNKNOWN)

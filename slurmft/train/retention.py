@@ -178,7 +178,7 @@ def _rmtree(root_fd: int, root: Path, name: str, say: Callable[[str], None]) -> 
     """Remove the tree ``name`` below ``root_fd`` without following links; entries vanishing
     underneath are fine, any other failure is reported and the tree left for the next pass."""
 
-    def onerror(_func, _path, exc_info) -> None:  # type: ignore[no-untyped-def]
+    def onerror(_func, _path, exc_info) -> None:
         if not issubclass(exc_info[0], FileNotFoundError):
             raise exc_info[1]
 

@@ -280,7 +280,7 @@ class Run:
                 self._watchdog.step_finished()
             self._in_step = None
             self._boundary_after(step, total)
-        self._finish()
+        self._finish(total)
 
     def report(self, loss: Any, grad_norm: Any = None, **fields: Any) -> bool:
         """Judge this step: True when the optimizer may apply it. Call once per step, on every rank,
@@ -317,7 +317,8 @@ class Run:
     # ------------------------------------------------------------------ internals
 
     def _boundary_after(self, step: int, total: int) -> None:
-        stop = self._stop_agreed if self._reported else self._preemption.should_stop()
+        stop = self._stop_agreed if self._reported else (
+            self._preemption is not None and self._preemption.should_stop())
         result = self.result
         if result is not None and not result.ok:
             self.segment.record(journal.GUARD_TRIP, step=step, verdict=result.verdict.value,
@@ -363,7 +364,7 @@ class Run:
         self.segment.record(journal.PREEMPTION, step=step, signal=signal.name if signal else "peer")
         self._end(exitcodes.REQUEUE, reason, step=step)
 
-    def _finish(self) -> None:
+    def _finish(self, total: int) -> None:
         if self.done:
             return
         try:
@@ -371,12 +372,12 @@ class Run:
         except CheckpointError as exc:  # no DONE without it: a requeue redoes the steps since the last one
             self._end(exitcodes.REQUEUE, f"final checkpoint at step {self.step} failed: {exc}", step=self.step)
         if self.env.is_rank0:
-            write_done(self.run_dir, self.env, self.step, self._total)
+            write_done(self.run_dir, self.env, self.step, total)
         self.segment.finish(exitcodes.OK, f"finished at step {self.step}", step=self.step,
                             barrier=self._barrier())
         self.done = True
 
-    def _end(self, code: int, reason: str, *, step: int | None = None) -> None:
+    def _end(self, code: int, reason: str, *, step: int | None = None) -> NoReturn:
         self.close()
         self.segment.end(code, reason, step=step, barrier=self._barrier(), announce="rank 0")
 

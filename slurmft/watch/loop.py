@@ -82,7 +82,9 @@ class Watcher:
         return result
 
     def _adopt_new(self, jobs: dict[str, Job]) -> list[RunWatch]:
-        adopted = []
+        adopted: list[RunWatch] = []
+        if self.adopt is None:
+            return adopted
         for job_id, job in sorted(jobs.items()):
             if job_id in self._seen or job.state.finished or job.run_dir is None:
                 continue

@@ -44,12 +44,15 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from slurmft import journal
 from slurmft.rundir import atomic_write_bytes
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 JOB = "slurm_job"
 DETECT_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
@@ -70,6 +73,7 @@ def _seconds(value: Any) -> float | None:
 class WatchMetrics:
     def __init__(self, clock=time.time) -> None:
         self.clock = clock
+        self._server: WSGIServer | None = None  # set by serve()
         self.registry = reg = CollectorRegistry()
         self.faults = Counter("slurmft_watch_faults", "Faults the watcher detected", [JOB, "cause"],
                               registry=reg)
@@ -188,7 +192,7 @@ class WatchMetrics:
         return server.server_address[1]
 
     def stop(self) -> None:
-        server = getattr(self, "_server", None)
+        server = self._server
         if server is not None:
             server.shutdown()
             server.server_close()

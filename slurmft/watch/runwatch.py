@@ -14,7 +14,7 @@ import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from slurmft import journal
 from slurmft.journal import Journal
@@ -32,7 +32,7 @@ from slurmft.watch.state import (
 )
 
 log = logging.getLogger(__name__)
-Listener = Callable[[str, Mapping[str, Any]], None]
+Listener = Callable[[str, Mapping[str, Any]], object]  # what it returns is ignored (a hook: its HookResult)
 _TERMINAL = (FINISHED, GAVE_UP, LOST)
 # Cycles in which to try saving a job's submission (accounting lags the controller by seconds).
 CAPTURE_TRIES = 10
@@ -333,9 +333,9 @@ class RunWatch:
                       detail=f"{finding.evidence}; cannot resubmit: {why}")
             st.phase, st.reason = LOST, f"{finding.evidence}; {why}"
             return
-        why = self._limit_reached(finding.cause, obs.summary.newest_commit_step())
-        if why is not None:
-            self._give_up(finding.cause, why, None)
+        limit = self._limit_reached(finding.cause, obs.summary.newest_commit_step())
+        if limit is not None:
+            self._give_up(finding.cause, limit, None)
             return
         found = self._resubmitted_before(st.resubmit_started) if st.resubmit_started else None
         if found is False:
@@ -362,7 +362,7 @@ class RunWatch:
         st.ckpt_at_recovery.append(obs.summary.newest_commit_step())
         self.emit(journal.JOB_RESUBMITTED, old_job_id=old, new_job_id=found)
 
-    def _resubmitted_before(self, since: float) -> str | None | bool:
+    def _resubmitted_before(self, since: float) -> str | None | Literal[False]:
         """A job this run dir names that was submitted since ``since`` (a resubmission whose
         watcher died before saving the new id); None when there is none; False when Slurm could
         not be asked."""
