@@ -44,6 +44,10 @@ class Heartbeat:
         self._last_step: int | None = None
         self.writes = 0
 
+    def due(self, step: int) -> bool:
+        """Whether ``beat(step)`` writes the file."""
+        return self.enabled and step % self.every == 0
+
     def beat(self, step: int, *, force: bool = False, busy_s: float | None = None) -> bool:
         """Record that ``step`` finished; write the file on every k-th step. True when written.
 

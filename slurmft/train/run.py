@@ -51,6 +51,7 @@ from slurmft.train.boundary import BoundaryCheck, step_generator
 from slurmft.train.checkpoint import CheckpointError, CheckpointManager
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.guards import GuardConfig, GuardResult, StepGuard, Verdict
+from slurmft.train.busy import ForwardTimer
 from slurmft.train.heartbeat import Heartbeat
 from slurmft.train.manifest import ManifestError, read_manifest
 from slurmft.train.preemption import PreemptionHandler
@@ -147,6 +148,8 @@ class Run:
         self._watchdog: StepWatchdog | None = None
         self._preemption: PreemptionHandler | None = None
         self._checkpoints: CheckpointManager | None = None
+        self._forward_timer: ForwardTimer | None = None
+        self._busy_steps = 0
 
     # ------------------------------------------------------------------ start / close
 
@@ -185,6 +188,10 @@ class Run:
         self.segment.started(restored_step=restored, load_s=round(load_s, 6),
                              load_bytes=self._checkpoint_bytes(restored), **self._info)
         self.guard = StepGuard(self.guard_config)
+        # Only the node leader writes the heartbeat, so only it times its forward pass.
+        self._forward_timer = (ForwardTimer(self.state.model)
+                               if self.config.time_forward and self.env.is_node_leader else None)
+        self._busy_steps = 0
         self.heartbeat = Heartbeat(self.run_dir, self.env.node, job_id=self.env.job_id,
                                    restart_count=self.env.restart_count,
                                    every=self.config.heartbeat_every, enabled=self.env.is_node_leader)
@@ -200,6 +207,9 @@ class Run:
 
     def close(self) -> None:
         """Stop the watchdog, restore the signal handlers, finish the save in flight. Idempotent."""
+        if self._forward_timer is not None:
+            self._forward_timer.remove()
+            self._forward_timer = None
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
@@ -343,7 +353,14 @@ class Run:
             norm = self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else None
             self.segment.record(journal.LOSS, step=step, loss=loss, grad_norm=norm,
                                 world_size=self.world_size, **self._fields)
-        self.heartbeat.beat(step)
+        busy: float | None = None
+        if self._forward_timer is not None:
+            self._busy_steps += 1
+            if self.heartbeat.due(step):
+                forward_s = self._forward_timer.take()
+                busy = None if forward_s is None else forward_s / self._busy_steps
+                self._busy_steps = 0
+        self.heartbeat.beat(step, busy_s=busy)
         if self._reported and (stop or self._saves_at(step)):
             self._boundary.check(f"after run.report() in step {step}, before its checkpoint", _ADVICE)
         if stop:

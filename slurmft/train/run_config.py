@@ -28,6 +28,8 @@ class RunConfig:
         after 5 steps, at least 60 s (None).
     seed: the seed ``Run.rng(step)`` mixes with the step and rank (0).
     check_boundaries: warn when random state moves outside a step (True).
+    time_forward: time this node's model forward pass for the heartbeat's ``busy_s``, which the
+        watcher's straggler rule compares across nodes (True; ``slurmft.train.busy``).
     """
 
     heartbeat_every: int = 10
@@ -36,6 +38,7 @@ class RunConfig:
     watchdog_timeout_s: float | None = None
     seed: int = 0
     check_boundaries: bool = True
+    time_forward: bool = True
 
     def __post_init__(self) -> None:
         if self.heartbeat_every < 1:

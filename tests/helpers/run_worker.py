@@ -5,6 +5,7 @@ momentum and a step LR schedule. Each rank appends what its guard judged to ``--
 (step, loss, grad norm, verdict) so the test can compare ranks.
   --signal-at K --signal-rank R   rank R sends itself SIGUSR2 in step K (a preemption seen by one rank)
   --nan-at K --nan-rank R         rank R's loss and gradients are NaN the first time step K runs
+  --slow-rank R --slow-s S        rank R's forward pass takes S seconds longer (a straggler node)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +22,19 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from slurmft.train import CheckpointConfig, GuardConfig, Run, RunConfig
+
+
+class Slow(torch.nn.Module):
+    """Identity that takes ``seconds`` longer: a slow GPU or a noisy neighbour on one node."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.seconds:
+            time.sleep(self.seconds)
+        return x
 
 
 def main() -> None:
@@ -34,12 +49,16 @@ def main() -> None:
     p.add_argument("--nan-rank", type=int, default=1)
     p.add_argument("--guard-action", default="skip")
     p.add_argument("--max-trips", type=int, default=3)
+    p.add_argument("--slow-rank", type=int)
+    p.add_argument("--slow-s", type=float, default=0.0)
     args = p.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1)))
+    slow = args.slow_s if rank == args.slow_rank else 0.0
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), Slow(slow), torch.nn.Dropout(0.1),
+                                    torch.nn.Linear(16, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)
     out = open(f"{args.out}.rank{rank}", "a")

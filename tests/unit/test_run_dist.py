@@ -31,14 +31,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], *, timeout: float = 90) -> list[tuple[int, str]]:
-    """Start 2 ranks, wait for both; returns (exit code, stderr) per rank."""
+def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], *, timeout: float = 90,
+              one_node_each: bool = False) -> list[tuple[int, str]]:
+    """Start 2 ranks, wait for both; returns (exit code, stderr) per rank. ``one_node_each``:
+    each rank is its node's only rank (nodes n0, n1), so each writes a heartbeat."""
     port = _free_port()
     procs = []
     for rank in range(2):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "77"}
+        if one_node_each:
+            env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", SLURMD_NODENAME=f"n{rank}")
         env.pop("SLURMFT_RUN_DIR", None)
         err = open(tmp_path / f"{port}-rank{rank}.err", "w+b")
         proc = subprocess.Popen([sys.executable, str(WORKER), "--run-dir", str(run_dir),
@@ -162,3 +166,17 @@ def test_rollback_reloads_the_last_checkpoint_and_replays(tmp_path):
     assert [(r.get("from_step"), r.get("to_step")) for r in rolls] == [(6, 4)]
     steps = [r["step"] for r in rank_records(tmp_path, 0)]
     assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # steps 5-6 replayed after the rollback
+
+
+def test_each_node_beats_its_own_forward_time_and_the_slow_one_stands_out(tmp_path):
+    # Every rank's wall step time is the same (the DDP all-reduce waits for the slow one); the
+    # forward time in each node's heartbeat is what tells the straggler apart.
+    from slurmft.watch.runview import read_heartbeats
+
+    run_dir = tmp_path / "run"
+    results = run_ranks(tmp_path, run_dir, ["--steps", "6", "--slow-rank", "1", "--slow-s", "0.05"],
+                        one_node_each=True)
+    assert [code for code, _ in results] == [0, 0], results
+    beats = read_heartbeats(RunDir(run_dir))
+    assert sorted(beats) == ["n0", "n1"]
+    assert beats["n1"].busy_s >= 0.05 and beats["n1"].busy_s > 5 * beats["n0"].busy_s, beats

@@ -468,3 +468,23 @@ def test_learned_hang_timeout_allows_for_the_gap_between_beats(run):
     w.step(job(), NODES, clock[0] + 201)   # 10 steps past it: hung
     assert client.calls and client.calls[0][0] == "requeue"
     assert w.state.restarts_by_cause == {"hang": 1} or w.state.phase == "recovering"
+
+
+def test_the_watcher_warns_of_a_node_whose_forward_is_slow_in_every_beat(run):
+    from slurmft.train.heartbeat import Heartbeat
+
+    clock = [1_800_000_000.0]
+    beats = {n: Heartbeat(run, n, job_id="7", restart_count=0, every=1, clock=lambda: clock[0])
+             for n in ("n1", "n2", "n3")}
+    job = Job(job_id="7", name="t", state=JobState.RUNNING, nodes=("n1", "n2", "n3"), node_count=3)
+    nodes = {n: Node(n, NodeState.ALLOCATED) for n in ("n1", "n2", "n3")}
+    client = RecordingClient()
+    w = watcher(run, client, straggler_factor=2.0, straggler_window=4)
+    for step in range(1, 7):
+        clock[0] += 1.0
+        for name, hb in beats.items():
+            hb.beat(step, busy_s=0.30 if name == "n3" else 0.10)
+        w.step(job, nodes, clock[0])
+    warnings = [e for e in read_events(run.events) if e.kind == "watch_warning"]
+    assert [e.get("what") for e in warnings] == ["straggler"] and warnings[0].get("nodes") == ["n3"]
+    assert client.calls == []  # a warning; excluded at the next restart only if configured
