@@ -66,6 +66,7 @@ PREEMPTION = "preemption"
 HANG = "hang"
 LOSS = "loss"
 TEMPLATE = "template"
+RESUME_DIVERGED = "resume_diverged"  # step, loss, journaled: a redone step's loss changed (redo_check.py)
 # Written by the launcher when it wants a requeue it cannot do itself (no scontrol in the job):
 # reason, exclude (node names the pre-flight failed). `slurmft watch` carries it out.
 REQUEUE_REQUEST = "requeue_request"

@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NoReturn
 
@@ -47,7 +48,7 @@ import torch.distributed as dist
 from slurmft import exitcodes, journal, rundir
 from slurmft.config import ConfigError, load_section
 from slurmft.rundir import RUN_DIR_ENV, RunDir
-from slurmft.train.boundary import BoundaryCheck, step_generator
+from slurmft.train.boundary import BoundaryCheck, ResumeDivergenceWarning, step_generator
 from slurmft.train.checkpoint import CheckpointError, CheckpointManager
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.guards import GuardConfig, GuardResult, StepGuard, Verdict
@@ -55,6 +56,7 @@ from slurmft.train.busy import ForwardTimer
 from slurmft.train.heartbeat import Heartbeat
 from slurmft.train.manifest import ManifestError, read_manifest
 from slurmft.train.preemption import PreemptionHandler
+from slurmft.train.redo_check import RedoneLosses
 from slurmft.train.run_config import RunConfig
 from slurmft.train.runtime import JobEnv, JobEnvError, RunDirError, Segment, check_run_dir_writable
 from slurmft.train.state import TrainState
@@ -149,6 +151,7 @@ class Run:
         self._preemption: PreemptionHandler | None = None
         self._checkpoints: CheckpointManager | None = None
         self._forward_timer: ForwardTimer | None = None
+        self._redone: RedoneLosses | None = None
         self._busy_steps = 0
 
     # ------------------------------------------------------------------ start / close
@@ -185,6 +188,8 @@ class Run:
         load_s = time.perf_counter() - started
         self.restored_step = restored
         self.step = restored or 0
+        if restored is not None and self.env.is_rank0 and self.config.log_every:
+            self._redone = RedoneLosses.from_journal(self.run_dir.events, restored)
         self.segment.started(restored_step=restored, load_s=round(load_s, 6),
                              load_bytes=self._checkpoint_bytes(restored), **self._info)
         self.guard = StepGuard(self.guard_config)
@@ -353,6 +358,8 @@ class Run:
             norm = self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else None
             self.segment.record(journal.LOSS, step=step, loss=loss, grad_norm=norm,
                                 world_size=self.world_size, **self._fields)
+            if self._redone is not None:
+                self._check_redone(step, loss)
         busy: float | None = None
         if self._forward_timer is not None:
             self._busy_steps += 1
@@ -367,6 +374,18 @@ class Run:
             self._preempt(step)
         if self.checkpoints.due(step) and step < total:
             self.checkpoints.save(step, self.state)
+
+    def _check_redone(self, step: int, loss: float | None) -> None:
+        assert self._redone is not None
+        message = self._redone.check(step, loss, self.world_size)
+        if message is None:
+            if not self._redone.expected:
+                self._redone = None  # every redone step matched: nothing left to compare
+            return
+        warnings.warn(f"slurmft: WARNING: {message}", ResumeDivergenceWarning, stacklevel=4)
+        self.segment.record(journal.RESUME_DIVERGED, step=step, loss=loss,
+                            journaled=self._redone.journaled)
+        self._redone = None
 
     def _saves_at(self, step: int) -> bool:
         return self.checkpoints.due(step) or step == self._total

@@ -124,6 +124,9 @@ def test_watcher_killed_mid_recovery_is_carried_on_without_a_double_requeue(slur
         final = job.client.job(job.job_id)
         assert victim in final.excluded_nodes and final.restart_count == 1
         assert victim not in of(events, "job_running")[0].get("nodes")
+        events = events_until(run, lambda ev: any(e.get("restart_count", 0) >= 1 for e in of(ev, "loss")),
+                              90, "training again", context=lambda: ctx() + second.text())
+        _assert_resumed_from_newest(events)
     finally:
         watcher.kill()
         if second is not None:
@@ -157,6 +160,9 @@ def test_controller_restart_while_watching_is_waited_out(slurm_cluster, tmp_path
         events = events_until(run, lambda ev: of(ev, "job_running"), 120, "job running again",
                               context=ctx)
         assert [e.get("cause") for e in of(events, "fault_detected")] == ["crash"]
+        events = events_until(run, lambda ev: any(e.get("restart_count", 0) >= 1 for e in of(ev, "loss")),
+                              90, "training again", context=ctx)
+        _assert_resumed_from_newest(events)
     finally:
         watcher.kill()
 

@@ -178,3 +178,58 @@ def test_bad_config_is_journaled_as_this_segments_deliberate_86(tmp_path):
     assert (end.get("job_id"), end.get("restart_count"), end.get("exit_code")) == ("41", 2, exitcodes.NO_REQUEUE)
     assert "log_every must be an integer" in end.get("reason")
     assert decide(end.get("exit_code"), 1).next is Next.NO_REQUEUE  # what the launcher does with it
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_drawn_before_the_run_is_caught_by_the_redone_steps_losses(tmp_path):
+    # The first prefetched batch drawn BEFORE `with Run` (where it lands when a loop is wrapped),
+    # the next one inside the step: the restore overwrites the RNG after the draw, so no RNG check
+    # sees it, and the resumed run silently differed. The redone steps' losses tell.
+    run_dir = tmp_path / "run"
+
+    def loop(total, stop_after=None):
+        model, optimizer, run = make_run(run_dir, check_boundaries=False)
+        batch = draw_batch()  # before the Run: from the fresh seed, not from the restored state
+        with run:
+            for step in run.steps(total):
+                current = batch
+                batch = draw_batch()
+                train(model, optimizer, run, current)
+                if step == stop_after:
+                    break
+        return run
+
+    loop(6, stop_after=5)                    # checkpoint at 3, steps 4 and 5 journaled, then "killed"
+    with pytest.warns(ResumeDivergenceWarning, match=r"step 4 was redone after the resume with loss"):
+        loop(6)
+    (diverged,) = read_events(RunDir(run_dir).events, ["resume_diverged"])
+    assert diverged.get("step") == 4 and diverged.get("loss") != diverged.get("journaled")
+
+
+@pytest.mark.timeout(60)
+def test_redone_steps_that_match_do_not_warn(tmp_path):
+    run_dir = tmp_path / "run"
+
+    def loop(total, stop_after=None):
+        model, optimizer, run = make_run(run_dir)
+        with run:
+            for step in run.steps(total):
+                train(model, optimizer, run, draw_batch())   # drawn inside the step: resumable
+                if step == stop_after:
+                    break
+
+    loop(6, stop_after=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumeDivergenceWarning)
+        loop(6)
+    assert read_events(RunDir(run_dir).events, ["resume_diverged"]) == []
+
+
+def test_redone_losses_compare_only_like_with_like():
+    from slurmft.train.redo_check import RedoneLosses
+
+    redo = RedoneLosses({4: (1.0, 2), 5: (2.0, 4), 6: (3.0, 4)})
+    assert redo.check(4, 1.5, world_size=4) is None           # journaled by 2 ranks: not comparable
+    assert redo.check(5, 2.0 * (1 + 1e-6), world_size=4) is None   # a GPU's rounding
+    assert redo.check(6, 3.3, world_size=4).startswith("step 6 was redone")
+    assert (redo.diverged_at, redo.journaled) == (6, 3.0)
