@@ -94,6 +94,41 @@ class RunFactory:
             lock.release()
 
 
+def await_run_dirs(client, jobs: list, explicit: Path | None, poll_s: float, *, once: bool,
+                   find, sleep=None) -> list:
+    """Jobs that have not started yet name no run dir (the launcher sets the comment when the job
+    starts): wait while they are PENDING, re-reading them every ``poll_s`` (the wait ends when the
+    job starts or ends: Slurm bounds it). With ``--once`` a job still pending is left for the next
+    cycle (dropped from this one). A held job is not waited for: it starts only when someone
+    releases it (it then fails as naming no run dir, with the hint to pass --run-dir). Returns the
+    jobs to watch now."""
+    import time
+
+    from slurmft.slurm.client import JobState
+    from slurmft.slurm.policy import HELD_REASONS
+
+    sleep = sleep or time.sleep
+
+    def waiting(job) -> bool:
+        return (explicit is None and job.run_dir is None and job.state is JobState.PENDING
+                and job.reason not in HELD_REASONS)
+
+    pending = [j for j in jobs if waiting(j)]
+    if not pending:
+        return jobs
+    names = ", ".join(j.job_id for j in pending)
+    if once:
+        print(f"slurmft watch: job(s) {names} have not started (no run dir named yet): "
+              "nothing to watch in this cycle", file=sys.stderr)
+        return [j for j in jobs if not waiting(j)]
+    print(f"slurmft watch: waiting for job(s) {names} to start (a job names its run dir when it "
+          "starts; --run-dir skips the wait)", file=sys.stderr, flush=True)
+    while any(waiting(j) for j in jobs):
+        sleep(poll_s)
+        jobs = [find(client, j.job_id) if waiting(j) else j for j in jobs]
+    return jobs
+
+
 def watch(
     job_ids: Optional[List[str]] = typer.Argument(None, metavar="[JOBID...]", help="Jobs to watch."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The run dir (one job only); "
@@ -190,11 +225,14 @@ def watch(
     factory = RunFactory(client, cfg, listeners, recorder, run_dir, once=once)
     try:
         runs = []
-        for job_id in ids:
-            try:
-                job = find_job(client, job_id)
-            except LookupFailed as exc:
-                raise _fail(exc.code, str(exc))
+        try:
+            jobs = [find_job(client, job_id) for job_id in ids]
+            jobs = await_run_dirs(client, jobs, run_dir, cfg.poll_s, once=once, find=find_job)
+        except LookupFailed as exc:
+            raise _fail(exc.code, str(exc))
+        except KeyboardInterrupt:
+            raise _fail(EXIT_OK, "interrupted while waiting for the job(s) to start")
+        for job in jobs:
             try:
                 runs.append(factory.make(job))
             except WatchStartError as exc:

@@ -40,6 +40,8 @@ def test_array_task_preempted_alone_sibling_untouched(slurm_cluster, tmp_path):
     while not all(any(e.get("step", 0) >= 4 for e in t.events([journal.LOSS])) for t in tasks.values()):
         assert time.monotonic() < deadline, "\n".join(t.log_text()[-2000:] for t in tasks.values())
         time.sleep(0.5)
+    for task in tasks.values():  # the watcher starts the requeued task again, per task id
+        task.watch(slurm_cluster)
     # The task whose own SLURM_JOB_ID is the array's id: a bare-id signal would hit both.
     raw = {i: _template(t.run_dir, "launch")[0].get("raw_job_id") for i, t in tasks.items()}
     target = next(i for i, r in raw.items() if r == array.job_id)
@@ -170,7 +172,7 @@ def test_a_later_run_trains_past_an_earlier_runs_done_and_survives_preemption(sl
     assert first.wait_finished(timeout=120).state is JobState.COMPLETED, first.log_text()[-4000:]
     assert (run / "DONE").exists()
     args = [*TINY_ARGS, "--steps", "30", "--ckpt-every", "10", "--step-sleep", "0.2"]
-    second = submit(slurm_cluster, run, args, nodes=2)
+    second = submit(slurm_cluster, run, args, nodes=2, watch=True)
     second.wait_step(6, timeout=120)
     second.client.cancel(second.job_id, signal="USR2", batch_only=True)
     final = second.wait_finished(timeout=180)

@@ -31,7 +31,7 @@ def _preemptions(job):
 
 @pytest.mark.timeout(150)
 def test_usr2_twice_requeues_and_resumes_bit_for_bit(slurm_cluster, tmp_path, reference):
-    job = submit(slurm_cluster, tmp_path / "run", ARGS, nodes=2)
+    job = submit(slurm_cluster, tmp_path / "run", ARGS, nodes=2, watch=True)
     for at_step in (8, 22):
         job.wait_step(at_step, timeout=60)
         job.client.cancel(job.job_id, signal="USR2", batch_only=True)
@@ -58,7 +58,7 @@ def test_time_limit_signal_saves_requeues_and_finishes(slurm_cluster, tmp_path, 
     # USR2 50 s before a 1 min limit: Slurm sends it at its next periodic limit check, seen 7-16 s
     # in when idle but later under load (a CI run at 0.6 s/step finished before the signal came).
     # 40 steps x 1.2 s outlast the first signal, so at least one segment is cut short.
-    job = submit(slurm_cluster, tmp_path / "run", [*ARGS[:-1], "1.2"], nodes=2,
+    job = submit(slurm_cluster, tmp_path / "run", [*ARGS[:-1], "1.2"], nodes=2, watch=True,
                  sbatch_options=["--time=1", "--signal=B:USR2@50"])
     final = job.wait_finished(timeout=300)
     assert final.state is JobState.COMPLETED, job.log_text()[-4000:]

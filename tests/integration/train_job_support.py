@@ -1,9 +1,9 @@
 """Support for the training-job integration tests: submit the real sbatch template running the
 real example on the devcluster, drive requeues, and read the run's journal back.
 
-Slurm is reached through ``slurmft.slurm.CliSlurmClient``; the test plays the watcher's one part
-the template cannot do itself: ``StartTime=now`` once a requeued job is PENDING (else Slurm waits
-~120 s).
+Slurm is reached through ``slurmft.slurm.CliSlurmClient``. A requeued job is started again by the
+real ``slurmft watch`` (``submit(..., watch=True)``), never by the test: ``StartTime=now`` is the
+watcher's job. Watchers started here are stopped after each test (tests/integration/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from slurmft.journal import Event, read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import Job, JobState
+from watch_support import WatcherProc
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
 EXAMPLE = REPO / "examples" / "train_gpt.py"
 # Tiny and deterministic: 2 cores run every rank, so one thread per rank.
 TINY_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "2"]
-RELEASE_AFTER_S = 1.5
 # The tests wait for given steps' losses and compare a crashed segment's last steps: every loss
 # line must be on disk at once, not buffered until the next checkpoint (the default).
 JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
@@ -39,7 +39,14 @@ class TrainJob:
     run_dir: Path
     job_id: str
     log: Path
-    _pending_since: float | None = None
+    watcher: WatcherProc | None = None
+
+    def watch(self, cluster) -> "TrainJob":
+        """Start the real ``slurmft watch`` for this job (stopped after the test)."""
+        self.watcher = WatcherProc(cluster, [self.job_id], self.run_dir.parent / f"{self.run_dir.name}-watch.log",
+                                   run_dir=self.run_dir)
+        _WATCHERS.append(self.watcher)
+        return self
 
     def state(self) -> Job:
         return self.client.job(self.job_id)
@@ -51,19 +58,12 @@ class TrainJob:
         return self.log.read_text(errors="replace") if self.log.exists() else "(no job log)"
 
     def _observe(self) -> Job:
-        """The job now; a requeued job is released from Slurm's BeginTime delay once it has
-        finished completing and RELEASE_AFTER_S have passed: a launch within the second of the
-        requeue is refused by slurmd ("Job credential revoked", 22.05) and the job FAILS."""
-        job = self.state()
-        if job.state is JobState.PENDING and job.reason == "BeginTime" and not job.completing:
-            if self._pending_since is None:
-                self._pending_since = time.monotonic()
-            elif time.monotonic() - self._pending_since >= RELEASE_AFTER_S:
-                self.client.update_pending(self.job_id, start_now=True)
-                self._pending_since = None
-        else:
-            self._pending_since = None
-        return job
+        return self.state()
+
+    def context(self) -> str:
+        """The job's log tail and its watcher's, for an assertion message."""
+        text = self.log_text()[-4000:]
+        return text + ("\n--- watcher ---\n" + self.watcher.text()[-3000:] if self.watcher else "")
 
     def wait_for(self, predicate, timeout: float, what: str) -> Job:
         """Poll until ``predicate(job)``."""
@@ -74,7 +74,7 @@ class TrainJob:
                 return job
             if time.monotonic() > deadline:
                 raise AssertionError(f"job {self.job_id}: no {what} within {timeout:.0f} s; last "
-                                     f"state {job.state.value} ({job.reason})\n{self.log_text()[-4000:]}")
+                                     f"state {job.state.value} ({job.reason})\n{self.context()}")
             time.sleep(0.5)
 
     def wait_finished(self, timeout: float) -> Job:
@@ -87,7 +87,7 @@ class TrainJob:
             job = self._observe()
             if job.state.finished or time.monotonic() > deadline:
                 raise AssertionError(f"job {self.job_id} never reached step {step} (state "
-                                     f"{job.state.value})\n{self.log_text()[-4000:]}")
+                                     f"{job.state.value})\n{self.context()}")
             time.sleep(0.3)
 
 
@@ -114,16 +114,27 @@ def kill_ranks(job_id: str, script: Path = EXAMPLE) -> int:
     return killed
 
 
+_WATCHERS: list[WatcherProc] = []
+
+
+def stop_watchers() -> None:
+    """Kill every watcher ``TrainJob.watch`` started (after each test)."""
+    while _WATCHERS:
+        _WATCHERS.pop().kill()
+
+
 def submit(cluster, run_dir: Path, train_args: list[str], *, nodes: int | str,
            sbatch_options: list[str] = (), env: dict[str, str] | None = None,
-           script: Path = EXAMPLE) -> TrainJob:
+           script: Path = EXAMPLE, watch: bool = False) -> TrainJob:
+    """Submit the template; ``watch``: with the real ``slurmft watch`` beside it."""
     client = CliSlurmClient(env=cluster.env)
     log = run_dir.parent / f"{run_dir.name}-job.out"
     job_env = {**os.environ, **cluster.env, **JOB_ENV, "SLURMFT_RUN_DIR": str(run_dir), **(env or {})}
     job_id = client.submit(TEMPLATE, [str(script), *train_args], env=job_env,
                            sbatch_options=[f"--nodes={nodes}", f"--output={log}",
                                            f"--chdir={run_dir.parent}", *sbatch_options])
-    return TrainJob(client, run_dir, job_id, log)
+    job = TrainJob(client, run_dir, job_id, log)
+    return job.watch(cluster) if watch else job
 
 
 def losses(events: list[Event]) -> dict[int, tuple[float, int]]:

@@ -1,6 +1,5 @@
 """Support for the watcher's integration tests: run the real ``slurmft watch`` CLI as a process
-against the devcluster and observe jobs WITHOUT acting on them (unlike ``TrainJob.wait_for``,
-which plays the watcher's ``StartTime=now`` part for the tests that run without a watcher)."""
+against the devcluster and observe jobs WITHOUT acting on them: every action is the watcher's."""
 
 from __future__ import annotations
 

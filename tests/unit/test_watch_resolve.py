@@ -72,3 +72,22 @@ def test_a_run_dir_whose_parts_are_symlinks_is_refused(tmp_path, name):
     (tmp_path / "run" / name).symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ResolveError, match="is a symlink"):
         run_dir_for(job(tmp_path / "run"), None)
+
+
+def test_a_job_that_has_not_started_is_waited_for_until_it_names_its_run_dir(tmp_path, capsys):
+    # `sbatch` then `slurmft watch JOBID` at once: the job is PENDING and names no run dir yet
+    # (the launcher sets the comment when it starts). The watcher once exited 2 here.
+    from slurmft.commands.watch import await_run_dirs
+
+    pending = Job(job_id="5", name="t", state=JobState.PENDING)
+    started = Job(job_id="5", name="t", state=JobState.RUNNING, run_dir=tmp_path)
+    answers = iter([pending, started])
+    slept = []
+    jobs = await_run_dirs(None, [pending], None, 2.0, once=False, find=lambda c, i: next(answers),
+                          sleep=slept.append)
+    assert jobs == [started] and slept == [2.0, 2.0]
+    assert "waiting for job(s) 5 to start" in capsys.readouterr().err
+    assert await_run_dirs(None, [pending], None, 2.0, once=True, find=None) == []   # cron: next cycle
+    assert await_run_dirs(None, [pending], tmp_path, 2.0, once=False, find=None) == [pending]  # --run-dir
+    held = Job(job_id="6", name="t", state=JobState.PENDING, reason="JobHeldUser")
+    assert await_run_dirs(None, [held], None, 2.0, once=False, find=None) == [held]  # not waited for
