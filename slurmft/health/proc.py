@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 MAX_OUTPUT_BYTES = 1 << 20
+REAP_S = 10.0  # how long a killed check is waited for (one stuck in the kernel cannot die)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,10 @@ def run(argv: Sequence[str], timeout_s: float, env: dict[str, str] | None = None
     finally:
         _kill_group(proc.pid)  # the leader is not reaped yet, so its group id is still ours
         proc.stdout.close()  # type: ignore[union-attr]
-        proc.wait()
+        try:
+            proc.wait(timeout=REAP_S)
+        except subprocess.TimeoutExpired:
+            pass  # blocked in the kernel (a hung mount) even after SIGKILL: reported as no exit
     text = bytes(output).decode(errors="replace")
     if overflowed:
         return ProcResult(args, proc.returncode, text, overflowed=True)

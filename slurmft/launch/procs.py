@@ -33,7 +33,10 @@ def stop(proc: subprocess.Popen, *, kill_after_s: float = KILL_AFTER_S) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        proc.wait(timeout=kill_after_s)
+        try:
+            proc.wait(timeout=kill_after_s)
+        except subprocess.TimeoutExpired:
+            pass  # unkillable (blocked in the kernel, e.g. on a hung filesystem): not waited on
 
 
 def run_bounded(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None
@@ -45,5 +48,8 @@ def run_bounded(argv: Sequence[str], timeout: float, env: Mapping[str, str] | No
         return proc.returncode, out.decode(errors="replace")
     except subprocess.TimeoutExpired:
         stop(proc)
-        out, _ = proc.communicate()
+        try:
+            out, _ = proc.communicate(timeout=KILL_AFTER_S)
+        except subprocess.TimeoutExpired:  # something still holds the pipe: give up on its output
+            return None, ""
         return None, out.decode(errors="replace")

@@ -21,8 +21,8 @@ class RunConfig:
     """``[loop]``: how often ``Run`` beats, journals and watches; its seed for ``Run.rng``.
 
     heartbeat_every: steps between heartbeat writes by each node's local rank 0 (10).
-    log_every: steps between ``loss`` events in the journal, rank 0 (10; 0 = none). Each event is
-        one append + fsync: every step costs about a millisecond on a local disk.
+    log_every: steps between ``loss`` events in the journal, rank 0 (10; 0 = none). They are
+        buffered and written with the next durable event (``[journal]``), not fsynced each.
     watchdog: run the step-time watchdog (True).
     watchdog_timeout_s: a step's time limit in seconds; None = adaptive, 10 x the median step
         after 5 steps, at least 60 s (None).

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 log = logging.getLogger(__name__)
+REAP_S = 10.0  # how long a killed hook is waited for (one stuck in the kernel cannot die)
 
 MAX_OUTPUT = 4096
 EXIT_DRAIN_S = 0.5
@@ -124,7 +125,7 @@ def run_hook(argv: Sequence[str], event: Mapping[str, Any], timeout_s: float) ->
         output, timed_out = _exchange(proc, _encode(event), deadline)
     except Exception as exc:  # never let a hook stop the watcher
         _kill_group(proc)
-        proc.wait()
+        _reap(proc)
         return _done(HookResult(args, False, error=f"hook {args[0]} failed: {exc}",
                                 duration_s=time.monotonic() - started))
     if not timed_out:
@@ -134,7 +135,7 @@ def run_hook(argv: Sequence[str], event: Mapping[str, Any], timeout_s: float) ->
             timed_out = True
     if timed_out:
         _kill_group(proc)
-        proc.wait()
+        _reap(proc)
         return _done(HookResult(args, False, None, True, time.monotonic() - started,
                                 output.decode(errors="replace"),
                                 f"hook {args[0]} did not finish within {timeout_s:g} s: killed"))
@@ -150,3 +151,12 @@ def _done(result: HookResult) -> HookResult:
         tail = " ".join(result.output.split())[-300:]
         log.warning("on-event hook: %s%s", result.error, f" (output: {tail})" if tail else "")
     return result
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Wait for a killed hook, but not for ever: one blocked in the kernel cannot die at once."""
+    try:
+        proc.wait(timeout=REAP_S)
+    except subprocess.TimeoutExpired:
+        log.error("hook %s (pid %d) did not die %g s after SIGKILL; not waiting for it",
+                  proc.args[0] if isinstance(proc.args, list) else proc.args, proc.pid, REAP_S)

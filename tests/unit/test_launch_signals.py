@@ -127,3 +127,29 @@ def test_handler_only_records(tmp_path):
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def test_a_child_that_survives_sigkill_is_not_waited_for_forever(monkeypatch):
+    # A process blocked in the kernel (a hung Lustre mount) does not die at SIGKILL: the launcher
+    # stops waiting after its bound instead of hanging the job with it.
+    from slurmft.launch import procs
+
+    class Unkillable:
+        pid = 999999999
+        waits = 0
+
+        def poll(self):
+            return None
+
+        def send_signal(self, sig):
+            pass
+
+        def wait(self, timeout=None):
+            assert timeout is not None, "an unbounded wait"
+            self.waits += 1
+            raise subprocess.TimeoutExpired("x", timeout)
+
+    monkeypatch.setattr(procs.os, "killpg", lambda pid, sig: None)
+    child = Unkillable()
+    procs.stop(child, kill_after_s=0.01)
+    assert child.waits == 2
