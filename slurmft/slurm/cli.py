@@ -262,6 +262,16 @@ class CliSlurmClient:
             raise InvalidArgument(f"invalid job comment {text!r}: one printable line, at most 1000 characters")
         self._run(["scontrol", "update", f"JobId={validate.job_id(job_id)}", f"Comment={text}"])
 
+    def requeue_hold(self, job_id: str) -> bool:
+        job_id = validate.job_id(job_id)
+
+        def run_requeue_hold(incomplete: bool) -> None:
+            self._run(["scontrol", "requeuehold", *(["Incomplete"] if incomplete else []), job_id],
+                      idempotent=False)
+
+        return policy.requeue_by_state(lambda: self.job(job_id), run_requeue_hold,
+                                       wait_s=self.config.timeout)
+
     def hold(self, job_id: str) -> None:
         job_id = validate.job_id(job_id)
         self._change(["scontrol", "hold", job_id], lambda: self.job(job_id).reason in policy.HELD_REASONS)

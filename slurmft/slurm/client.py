@@ -202,6 +202,11 @@ class SlurmClient(Protocol):
                        start_now: bool = False) -> None:
         """Merge ``exclude_nodes`` into the job's ExcNodeList and/or set StartTime=now."""
 
+    def requeue_hold(self, job_id: str) -> bool:
+        """``scontrol requeuehold``: a job that ended without success goes back into the queue held
+        (visible in squeue; ``scontrol release`` starts it again), decided from its state like
+        ``requeue``. False when it completed successfully."""
+
     def hold(self, job_id: str) -> None: ...
 
     def release(self, job_id: str) -> None: ...

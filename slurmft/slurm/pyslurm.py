@@ -225,6 +225,9 @@ class PyslurmClient:
         self._change("Job.modify", lambda: self._ps.Job(_numeric(job_id)).modify(desc),
                      lambda: policy.pending_update_done(self.job(job_id), extra, start_now))
 
+    def requeue_hold(self, job_id: str) -> bool:
+        return self._cli.requeue_hold(job_id)
+
     def hold(self, job_id: str) -> None:
         job_id = validate.job_id(job_id)
         job = self._ps.Job(_numeric(job_id))

@@ -54,3 +54,7 @@ class Actor:
 
     def hold(self, job_id: str, cause: str) -> None:
         self._do("hold", cause, (), lambda: self.client.hold(job_id))
+
+    def requeue_hold(self, job_id: str, cause: str) -> bool:
+        """An ended job back in the queue, held; False when Slurm says it completed."""
+        return bool(self._do("requeue_hold", cause, (), lambda: self.client.requeue_hold(job_id)))

@@ -187,7 +187,9 @@ def test_crash_loop_is_held_after_n_restarts_without_progress(slurm_cluster, tmp
         gave_up = of(events, "gave_up")
         assert len(gave_up) == 1 and "crash loop" in gave_up[0].get("reason")
         assert len(of(events, "recovery_action", action="requeue")) == 2
-        assert job.client.job(job.job_id).state is JobState.FAILED  # left ended, not requeued
+        held = job.client.job(job.job_id)   # back in the queue, held: never runs until released
+        assert held.state is JobState.PENDING and held.reason in ("JobHeldUser", "JobHeldAdmin"), held
+        assert gave_up[0].get("held") is True
     finally:
         watcher.kill()
 

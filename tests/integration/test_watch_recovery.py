@@ -207,11 +207,14 @@ def test_do_not_requeue_exit_gives_up_without_requeue(slurm_cluster, tmp_path):
     ctx = _context(job, watcher)
     try:
         assert watcher.wait(150) == 0, ctx()
-        final = job.client.job(job.job_id)
-        assert final.state is JobState.FAILED and final.exit_code == exitcodes.NO_REQUEUE
-        assert final.restart_count == 0
         events = job.events()
         assert [e.get("cause") for e in of(events, "gave_up")] == ["no_requeue"]
         assert not of(events, "recovery_action", action="requeue")
+        assert [e.get("exit_code") for e in of(events, "segment_end")] == [exitcodes.NO_REQUEUE]
+        held = job.client.job(job.job_id)   # given up: held in the queue (requeuehold), never run
+        assert held.state is JobState.PENDING and held.reason in ("JobHeldUser", "JobHeldAdmin"), held
+        assert of(events, "gave_up")[0].get("held") is True
+        time.sleep(3)
+        assert job.client.job(job.job_id).state is JobState.PENDING   # still held, not started
     finally:
         watcher.kill()

@@ -47,6 +47,10 @@ class RecordingClient:
     def hold(self, job_id: str) -> None:
         self._call("hold", job_id)
 
+    def requeue_hold(self, job_id: str) -> bool:
+        self._call("requeue_hold", job_id)
+        return True
+
     # First sight: no submission to save (resubmission has its own tests).
     def submit_line(self, job_id: str):
         return None
@@ -157,15 +161,27 @@ def test_launcher_requeue_request_is_carried_out_with_its_exclusions(run):
     assert client.calls == [("requeue", "7"), ("exclude", "7", ("n1",)), ("start_now", "7", ())]
 
 
-def test_do_not_requeue_exit_gives_up_and_holds_a_pending_job(run):
+def test_do_not_requeue_exit_gives_up_and_holds_the_ended_job_in_the_queue(run):
+    # Not requeued to run, not cancelled: back in the queue held (requeuehold), so it stays visible
+    # with its reason and `scontrol release` resumes it once the cause is fixed.
     client = RecordingClient()
     w = watcher(run, client)
     w.step(job(), NODES, T0)
     journal_line(run, journal.SEGMENT_END, job_id="7", restart_count=0, exit_code=86, reason="NaNs")
     w.step(job(JobState.FAILED, exit_code=86), NODES, T0 + 5)
-    assert client.calls == [] and w.state.phase == "gave_up"
+    assert client.calls == [("requeue_hold", "7")] and w.state.phase == "gave_up"
     gave = [e for e in read_events(run.events) if e.kind == "gave_up"][0]
-    assert gave.get("cause") == "no_requeue" and gave.get("held") is False
+    assert gave.get("cause") == "no_requeue" and gave.get("held") is True
+
+
+def test_giving_up_never_touches_a_completed_or_cancelled_job(run):
+    from slurmft.watch.state import RunState as _State
+
+    for state in (JobState.COMPLETED, JobState.CANCELLED):
+        client = RecordingClient()
+        w = RunWatch(run, _State(job_id="7"), client, WatchConfig())
+        w._give_up("crash", "test", job(state, exit_code=0))
+        assert client.calls == []
 
 
 def test_max_restarts_holds_the_requeued_job(run):
