@@ -36,6 +36,24 @@ def _fail(code: int, message: str) -> "typer.Exit":
     return typer.Exit(code)
 
 
+def released_after_giving_up(state, job) -> bool:
+    """A run the watcher gave up on, whose job someone released (``scontrol release``: no longer
+    held, pending or running again), is watched afresh: phase, restart counts and crash-loop
+    memory reset; the nodes it learned to distrust are kept. True when it reset."""
+    from slurmft.slurm.client import JobState
+    from slurmft.slurm.policy import HELD_REASONS
+    from slurmft.watch.state import GAVE_UP, WATCHING
+
+    if state.phase != GAVE_UP or job.state not in (JobState.PENDING, JobState.RUNNING) \
+            or job.reason in HELD_REASONS:
+        return False
+    log.warning("job %s was released after the watcher gave up on it (%s): watching it afresh",
+                job.job_id, state.reason or "no reason saved")
+    state.phase, state.reason, state.recovery = WATCHING, "", None
+    state.restarts, state.restarts_by_cause, state.ckpt_at_recovery = 0, {}, []
+    return True
+
+
 class RunFactory:
     """Turns a Job into a locked RunWatch: owner and run dir checked, state loaded."""
 
@@ -75,6 +93,7 @@ class RunFactory:
             lock.release()
             raise WatchStartError(EXIT_USAGE, f"run dir {path} is watched for job {state.job_id}, "
                                   f"not {job.job_id} (its watch/state.json says so)")
+        released_after_giving_up(state, job)
         self.locks.append(lock)
         self.dirs.add(path)
         return RunWatch(rd, state, self.client, self.cfg, self.listeners, self.recorder, once=self.once)
@@ -95,23 +114,30 @@ class RunFactory:
 
 
 def await_run_dirs(client, jobs: list, explicit: Path | None, poll_s: float, *, once: bool,
-                   find, sleep=None) -> list:
-    """Jobs that have not started yet name no run dir (the launcher sets the comment when the job
-    starts): wait while they are PENDING, re-reading them every ``poll_s`` (the wait ends when the
-    job starts or ends: Slurm bounds it). With ``--once`` a job still pending is left for the next
-    cycle (dropped from this one). A held job is not waited for: it starts only when someone
-    releases it (it then fails as naming no run dir, with the hint to pass --run-dir). Returns the
-    jobs to watch now."""
+                   find, startup_s: float = 300.0, sleep=None, clock=None) -> list:
+    """Jobs that have not started yet name no run dir (the launcher sets the comment a few seconds
+    after the job starts): wait while they are PENDING, and for up to ``startup_s`` once RUNNING,
+    re-reading them every ``poll_s`` (Slurm bounds the pending wait: the job starts or ends). With
+    ``--once`` such a job is left for the next cycle (dropped from this one). A held job is not
+    waited for: it starts only when someone releases it (it then fails as naming no run dir, with
+    the hint to pass --run-dir). Returns the jobs to watch now."""
     import time
 
     from slurmft.slurm.client import JobState
     from slurmft.slurm.policy import HELD_REASONS
 
     sleep = sleep or time.sleep
+    clock = clock or time.monotonic
+    running_since: dict[str, float] = {}
 
     def waiting(job) -> bool:
-        return (explicit is None and job.run_dir is None and job.state is JobState.PENDING
-                and job.reason not in HELD_REASONS)
+        if explicit is not None or job.run_dir is not None:
+            return False
+        if job.state is JobState.PENDING:
+            return job.reason not in HELD_REASONS
+        if job.state is JobState.RUNNING:  # started, the launcher not yet at its comment
+            return clock() - running_since.setdefault(job.job_id, clock()) < startup_s
+        return False
 
     pending = [j for j in jobs if waiting(j)]
     if not pending:
@@ -227,7 +253,8 @@ def watch(
         runs = []
         try:
             jobs = [find_job(client, job_id) for job_id in ids]
-            jobs = await_run_dirs(client, jobs, run_dir, cfg.poll_s, once=once, find=find_job)
+            jobs = await_run_dirs(client, jobs, run_dir, cfg.poll_s, once=once, find=find_job,
+                                  startup_s=cfg.startup_grace_s)
         except LookupFailed as exc:
             raise _fail(exc.code, str(exc))
         except KeyboardInterrupt:

@@ -11,7 +11,6 @@ dir whose filesystem this node cannot reach).
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import sys
@@ -47,22 +46,17 @@ def check_command(command: Sequence[str], cwd: str) -> str | None:
     return None
 
 
-# The run dir's filesystem is missing or failing on this node (an unmounted or hung shared
-# filesystem): node trouble to pass on, not a wrong setting to refuse for good.
-_NODE_TROUBLE = {errno.ENOENT, errno.EIO, errno.ESTALE, errno.ENOTCONN, errno.ETIMEDOUT,
-                 errno.EROFS, errno.EHOSTDOWN}
-
-
 def check_run_dir_here(run_dir: str) -> tuple[str, bool] | None:
     """The run dir as the batch node sees it: a directory (created if missing), not a file.
-    A problem is (reason, node_trouble)."""
+    A problem is (reason, node_trouble). A run dir this node cannot create is node trouble
+    whatever the errno: an unmounted shared filesystem leaves a root-owned mount point (EACCES),
+    a hung one EIO/ESTALE; passed on, the watcher's crash-loop limit bounds a wrong path."""
     if os.path.lexists(run_dir) and (os.path.islink(run_dir) or not os.path.isdir(run_dir)):
         return f"SLURMFT_RUN_DIR={run_dir}: it is not a directory", False
     try:
         os.makedirs(run_dir, exist_ok=True)
     except OSError as exc:
-        return (f"SLURMFT_RUN_DIR={run_dir}: cannot create it: {exc.strerror or exc}",
-                exc.errno in _NODE_TROUBLE)
+        return f"SLURMFT_RUN_DIR={run_dir}: cannot create it: {exc.strerror or exc}", True
     return None
 
 

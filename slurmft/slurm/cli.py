@@ -269,8 +269,14 @@ class CliSlurmClient:
             self._run(["scontrol", "requeuehold", *(["Incomplete"] if incomplete else []), job_id],
                       idempotent=False)
 
-        return policy.requeue_by_state(lambda: self.job(job_id), run_requeue_hold,
+        if self.job(job_id).state is JobState.PENDING:  # Slurm requeued it meanwhile: hold it
+            self.hold(job_id)
+            return True
+        done = policy.requeue_by_state(lambda: self.job(job_id), run_requeue_hold,
                                        wait_s=self.config.timeout)
+        if done and self.job(job_id).reason not in policy.HELD_REASONS:
+            self.hold(job_id)  # it was pending (requeued by Slurm) by the time the policy looked
+        return done
 
     def hold(self, job_id: str) -> None:
         job_id = validate.job_id(job_id)

@@ -12,9 +12,13 @@ the current stream (device time, no host sync in the step); ``take()`` waits for
 which the heartbeat asks for only every k steps, after the step's own sync. On CPU it reads the
 host clock.
 
-Limits: under FSDP (or tensor/pipeline parallelism) the forward itself runs collectives
+Limits: only the node leader (local rank 0) is timed, so a slow GPU behind another local rank
+shows only as far as it slows rank 0's collectives (not at all in the forward, under DDP); under
+FSDP (or tensor/pipeline parallelism) the forward itself runs collectives
 (all-gathers), so a slow peer's delay shows up in every rank's forward and the straggler rule
-sees less; a module called more than once per step (gradient accumulation) is summed.
+sees less; a module called more than once per step (gradient accumulation) is summed; a module
+compiled with its hooks (``module.compile()``) is not timed (the hooks return at once when
+traced): pass ``Run`` the ``torch.compile`` wrapper, whose hooks run outside the compiled code.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class ForwardTimer:
                          module.register_forward_hook(self._after)]
 
     def _before(self, module: torch.nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():  # hooks inside a compiled region: not timed, not traced
+            return
         if torch.cuda.is_available() and torch.cuda.is_initialized() and _on_cuda(module):
             start = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -50,6 +56,8 @@ class ForwardTimer:
             self._cpu_started = time.perf_counter()
 
     def _after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if self._pending is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()

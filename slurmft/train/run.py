@@ -379,8 +379,8 @@ class Run:
         assert self._redone is not None
         message = self._redone.check(step, loss, self.world_size)
         if message is None:
-            if not self._redone.expected:
-                self._redone = None  # every redone step matched: nothing left to compare
+            if self._redone.compared or not self._redone.expected:
+                self._redone = None  # the first redone step matched: nothing left to compare
             return
         warnings.warn(f"slurmft: WARNING: {message}", ResumeDivergenceWarning, stacklevel=4)
         self.segment.record(journal.RESUME_DIVERGED, step=step, loss=loss,

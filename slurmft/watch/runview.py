@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ MAX_SMALL_FILE = 64 * 1024
 MAX_JOURNAL_CHUNK = 8 * 1024 * 1024
 MAX_LINE = 64 * 1024
 _KEEP_COMMITS = 32
+MAX_EVERY = 1_000_000  # steps between beats; more is not a heartbeat
 
 
 def read_regular(path: Path, limit: int) -> bytes | None:
@@ -63,7 +65,11 @@ class Beat:
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if value == value and abs(value) != float("inf") else None
+    try:
+        number = float(value)
+    except OverflowError:  # an int of hundreds of digits
+        return None
+    return number if math.isfinite(number) else None
 
 
 def read_heartbeats(run_dir: RunDir) -> dict[str, Beat] | None:
@@ -99,7 +105,8 @@ def read_heartbeats(run_dir: RunDir) -> dict[str, Beat] | None:
             time=when,
             recent_step_s=_number(data.get("recent_step_s")),
             busy_s=_number(data.get("busy_s")),
-            every=every if isinstance(every, int) and not isinstance(every, bool) and every > 0 else None,
+            every=every if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= MAX_EVERY
+            else None,
         )
     return beats
 

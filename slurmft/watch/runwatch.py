@@ -289,16 +289,18 @@ class RunWatch:
                 if count >= self.config.repeat_offender_faults]
 
     def _give_up(self, cause: str, why: str, job: Job | None) -> None:
-        """Hold the job: a pending one with ``scontrol hold``; one that ended without success goes
-        back into the queue held (``requeuehold``), so it stays in squeue with its reason and
-        ``scontrol release`` resumes it from its checkpoint once the cause is fixed. Never cancel."""
+        """Hold the job: a pending one with ``scontrol hold``; one that ended without success (or
+        still runs, hung) goes back into the queue held (``requeuehold``), so it stays in squeue with
+        its reason and ``scontrol release`` resumes it from its checkpoint once the cause is fixed.
+        Never cancel."""
         held = False
         try:
             if job is not None and job.state is JobState.PENDING:
                 self.actor.hold(job.job_id, cause)
                 held = True
-            elif (job is not None and job.state.finished
-                  and job.state not in (JobState.COMPLETED, JobState.CANCELLED)):
+            elif job is not None and (job.state is JobState.RUNNING or (
+                    job.state.finished and job.state not in (JobState.COMPLETED, JobState.CANCELLED))):
+                # A running one (hung at the restart limit) is requeued held too: its nodes freed.
                 held = self.actor.requeue_hold(job.job_id, cause)
         except SlurmError as exc:
             log.error("job %s: could not hold it: %s", self.job_id, exc)

@@ -231,5 +231,7 @@ def test_redone_losses_compare_only_like_with_like():
     redo = RedoneLosses({4: (1.0, 2), 5: (2.0, 4), 6: (3.0, 4)})
     assert redo.check(4, 1.5, world_size=4) is None           # journaled by 2 ranks: not comparable
     assert redo.check(5, 2.0 * (1 + 1e-6), world_size=4) is None   # a GPU's rounding
+    assert redo.check(6, 3.3, world_size=4) is None           # only the first comparable step counts
+    redo = RedoneLosses({6: (3.0, 4)})
     assert redo.check(6, 3.3, world_size=4).startswith("step 6 was redone")
     assert (redo.diverged_at, redo.journaled) == (6, 3.0)

@@ -78,7 +78,7 @@ def test_a_python_missing_on_the_node_is_passed_on_never_86(tmp_path):
     assert len(errors) == 1 and "SLURMFT_PYTHON=/nonexistent/python is not an executable" in errors[0]
 
 
-@pytest.mark.parametrize("err, node_trouble", [(5, True), (2, True), (30, True), (13, False)])
+@pytest.mark.parametrize("err, node_trouble", [(5, True), (2, True), (30, True), (13, True)])
 def test_a_run_dir_this_node_cannot_reach_is_node_trouble(monkeypatch, tmp_path, err, node_trouble):
     from slurmft.launch import main as launch_main
 

@@ -91,3 +91,21 @@ def test_a_job_that_has_not_started_is_waited_for_until_it_names_its_run_dir(tmp
     assert await_run_dirs(None, [pending], tmp_path, 2.0, once=False, find=None) == [pending]  # --run-dir
     held = Job(job_id="6", name="t", state=JobState.PENDING, reason="JobHeldUser")
     assert await_run_dirs(None, [held], None, 2.0, once=False, find=None) == [held]  # not waited for
+
+
+def test_a_started_job_is_given_a_bounded_time_to_name_its_run_dir(tmp_path):
+    # RUNNING, but the launcher has not set the comment yet (python start-up, two scontrol calls).
+    from slurmft.commands.watch import await_run_dirs
+
+    running = Job(job_id="5", name="t", state=JobState.RUNNING)
+    named = Job(job_id="5", name="t", state=JobState.RUNNING, run_dir=tmp_path)
+    answers = iter([running, named])
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += s
+    assert await_run_dirs(None, [running], None, 2.0, once=False, find=lambda c, i: next(answers),
+                          sleep=sleep, clock=lambda: now[0]) == [named]
+    never = await_run_dirs(None, [running], None, 2.0, once=False, find=lambda c, i: running,
+                           startup_s=10.0, sleep=sleep, clock=lambda: now[0])
+    assert never == [running]   # gave it 10 s; the caller then says it names no run dir

@@ -504,3 +504,16 @@ def test_the_watcher_warns_of_a_node_whose_forward_is_slow_in_every_beat(run):
     warnings = [e for e in read_events(run.events) if e.kind == "watch_warning"]
     assert [e.get("what") for e in warnings] == ["straggler"] and warnings[0].get("nodes") == ["n3"]
     assert client.calls == []  # a warning; excluded at the next restart only if configured
+
+
+def test_a_job_released_after_the_watcher_gave_up_is_watched_afresh():
+    from slurmft.commands.watch import released_after_giving_up
+
+    state = RunState(job_id="7", phase="gave_up", reason="crash loop", restarts=3,
+                     restarts_by_cause={"crash": 3}, node_faults={"n2": 2}, ckpt_at_recovery=[10, 10, 10])
+    assert not released_after_giving_up(state, job(JobState.PENDING, reason="JobHeldUser"))  # still held
+    assert state.phase == "gave_up"
+    assert released_after_giving_up(state, job(JobState.PENDING, restart=4, nodes=(), reason="Priority"))
+    assert (state.phase, state.restarts, state.restarts_by_cause, state.ckpt_at_recovery) == \
+        ("watching", 0, {}, [])
+    assert state.node_faults == {"n2": 2}   # the nodes it learned to distrust are kept
