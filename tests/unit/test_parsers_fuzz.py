@@ -288,3 +288,19 @@ def test_any_bytes_as_slurm_output_parse_or_are_a_slurm_error(text):
             parse(text)
         except SlurmError:
             pass
+
+
+def test_heartbeat_numbers_too_big_for_a_float_are_ignored(tmp_path):
+    # json.loads reads a 400-digit int; float() of it raised OverflowError in the watcher's reader.
+    from slurmft.rundir import RunDir
+    from slurmft.watch.runview import read_heartbeats
+
+    run = RunDir(tmp_path / "run")
+    run.heartbeat_dir.mkdir(parents=True)
+    big = "9" * 400
+    (run.heartbeat_dir / "n1.json").write_text('{"node": "n1", "time": %s}' % big)
+    (run.heartbeat_dir / "n2.json").write_text(
+        '{"node": "n2", "time": 5.0, "recent_step_s": %s, "every": %s}' % (big, big))
+    beats = read_heartbeats(run)
+    assert "n1" not in beats   # no usable time: not a beat
+    assert beats["n2"].recent_step_s is None and beats["n2"].every is None
