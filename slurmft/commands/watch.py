@@ -36,24 +36,6 @@ def _fail(code: int, message: str) -> "typer.Exit":
     return typer.Exit(code)
 
 
-def released_after_giving_up(state, job) -> bool:
-    """A run the watcher gave up on, whose job someone released (``scontrol release``: no longer
-    held, pending or running again), is watched afresh: phase, restart counts and crash-loop
-    memory reset; the nodes it learned to distrust are kept. True when it reset."""
-    from slurmft.slurm.client import JobState
-    from slurmft.slurm.policy import HELD_REASONS
-    from slurmft.watch.state import GAVE_UP, WATCHING
-
-    if state.phase != GAVE_UP or job.state not in (JobState.PENDING, JobState.RUNNING) \
-            or job.reason in HELD_REASONS:
-        return False
-    log.warning("job %s was released after the watcher gave up on it (%s): watching it afresh",
-                job.job_id, state.reason or "no reason saved")
-    state.phase, state.reason, state.recovery = WATCHING, "", None
-    state.restarts, state.restarts_by_cause, state.ckpt_at_recovery = 0, {}, []
-    return True
-
-
 class RunFactory:
     """Turns a Job into a locked RunWatch: owner and run dir checked, state loaded."""
 
@@ -93,6 +75,8 @@ class RunFactory:
             lock.release()
             raise WatchStartError(EXIT_USAGE, f"run dir {path} is watched for job {state.job_id}, "
                                   f"not {job.job_id} (its watch/state.json says so)")
+        from slurmft.watch.state import released_after_giving_up
+
         released_after_giving_up(state, job)
         self.locks.append(lock)
         self.dirs.add(path)
@@ -111,48 +95,6 @@ class RunFactory:
     def release(self) -> None:
         for lock in self.locks:
             lock.release()
-
-
-def await_run_dirs(client, jobs: list, explicit: Path | None, poll_s: float, *, once: bool,
-                   find, startup_s: float = 300.0, sleep=None, clock=None) -> list:
-    """Jobs that have not started yet name no run dir (the launcher sets the comment a few seconds
-    after the job starts): wait while they are PENDING, and for up to ``startup_s`` once RUNNING,
-    re-reading them every ``poll_s`` (Slurm bounds the pending wait: the job starts or ends). With
-    ``--once`` such a job is left for the next cycle (dropped from this one). A held job is not
-    waited for: it starts only when someone releases it (it then fails as naming no run dir, with
-    the hint to pass --run-dir). Returns the jobs to watch now."""
-    import time
-
-    from slurmft.slurm.client import JobState
-    from slurmft.slurm.policy import HELD_REASONS
-
-    sleep = sleep or time.sleep
-    clock = clock or time.monotonic
-    running_since: dict[str, float] = {}
-
-    def waiting(job) -> bool:
-        if explicit is not None or job.run_dir is not None:
-            return False
-        if job.state is JobState.PENDING:
-            return job.reason not in HELD_REASONS
-        if job.state is JobState.RUNNING:  # started, the launcher not yet at its comment
-            return clock() - running_since.setdefault(job.job_id, clock()) < startup_s
-        return False
-
-    pending = [j for j in jobs if waiting(j)]
-    if not pending:
-        return jobs
-    names = ", ".join(j.job_id for j in pending)
-    if once:
-        print(f"slurmft watch: job(s) {names} have not started (no run dir named yet): "
-              "nothing to watch in this cycle", file=sys.stderr)
-        return [j for j in jobs if not waiting(j)]
-    print(f"slurmft watch: waiting for job(s) {names} to start (a job names its run dir when it "
-          "starts; --run-dir skips the wait)", file=sys.stderr, flush=True)
-    while any(waiting(j) for j in jobs):
-        sleep(poll_s)
-        jobs = [find(client, j.job_id) if waiting(j) else j for j in jobs]
-    return jobs
 
 
 def watch(
@@ -192,7 +134,7 @@ def watch(
     from slurmft.slurm.config import SlurmConfig
     from slurmft.watch.config import WatchConfig
     from slurmft.watch.loop import Watcher
-    from slurmft.watch.resolve import current_user
+    from slurmft.watch.resolve import await_run_dirs, current_user
     from slurmft.watch.runwatch import Listener
 
     ids = list(job_ids or [])

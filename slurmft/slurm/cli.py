@@ -269,13 +269,10 @@ class CliSlurmClient:
             self._run(["scontrol", "requeuehold", *(["Incomplete"] if incomplete else []), job_id],
                       idempotent=False)
 
-        if self.job(job_id).state is JobState.PENDING:  # Slurm requeued it meanwhile: hold it
-            self.hold(job_id)
-            return True
         done = policy.requeue_by_state(lambda: self.job(job_id), run_requeue_hold,
                                        wait_s=self.config.timeout)
         if done and self.job(job_id).reason not in policy.HELD_REASONS:
-            self.hold(job_id)  # it was pending (requeued by Slurm) by the time the policy looked
+            self.hold(job_id)  # already pending (Slurm requeued it itself): nothing was sent
         return done
 
     def hold(self, job_id: str) -> None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import pwd
 import stat
+import sys
+import time
 from pathlib import Path
 
 from slurmft.rundir import CHECKPOINTS, EVENTS, HEARTBEAT, WATCH
-from slurmft.slurm.client import Job
+from slurmft.slurm.client import Job, JobState
+from slurmft.slurm.policy import HELD_REASONS
 
 
 class ResolveError(ValueError):
@@ -73,3 +76,40 @@ def run_dir_for(job: Job, explicit: Path | None) -> Path:
         raise ResolveError(f"job {job.job_id}: {path} is not a slurmft run dir (no {EVENTS}, "
                            f"{CHECKPOINTS}/ or {HEARTBEAT}/, and it is not empty)")
     return Path(os.path.realpath(path))
+
+
+def await_run_dirs(client, jobs: list, explicit: Path | None, poll_s: float, *, once: bool,
+                   find, startup_s: float = 300.0, sleep=None, clock=None) -> list:
+    """Jobs that have not started yet name no run dir (the launcher sets the comment a few seconds
+    after the job starts): wait while they are PENDING, and for up to ``startup_s`` once RUNNING,
+    re-reading them every ``poll_s`` (Slurm bounds the pending wait: the job starts or ends). With
+    ``--once`` such a job is left for the next cycle (dropped from this one). A held job is not
+    waited for: it starts only when someone releases it (it then fails as naming no run dir, with
+    the hint to pass --run-dir). Returns the jobs to watch now."""
+    sleep = sleep or time.sleep
+    clock = clock or time.monotonic
+    running_since: dict[str, float] = {}
+
+    def waiting(job) -> bool:
+        if explicit is not None or job.run_dir is not None:
+            return False
+        if job.state is JobState.PENDING:
+            return job.reason not in HELD_REASONS
+        if job.state is JobState.RUNNING:  # started, the launcher not yet at its comment
+            return clock() - running_since.setdefault(job.job_id, clock()) < startup_s
+        return False
+
+    pending = [j for j in jobs if waiting(j)]
+    if not pending:
+        return jobs
+    names = ", ".join(j.job_id for j in pending)
+    if once:
+        print(f"slurmft watch: job(s) {names} have not started (no run dir named yet): "
+              "nothing to watch in this cycle", file=sys.stderr)
+        return [j for j in jobs if not waiting(j)]
+    print(f"slurmft watch: waiting for job(s) {names} to start (a job names its run dir when it "
+          "starts; --run-dir skips the wait)", file=sys.stderr, flush=True)
+    while any(waiting(j) for j in jobs):
+        sleep(poll_s)
+        jobs = [find(client, j.job_id) if waiting(j) else j for j in jobs]
+    return jobs

@@ -12,15 +12,19 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurmft.rundir import RunDir, atomic_write_json
+from slurmft.slurm.client import Job, JobState
+from slurmft.slurm.policy import HELD_REASONS
 from slurmft.watch.runview import read_small_json
 
 STATE_VERSION = 1
+log = logging.getLogger("slurmft.watch")
 
 WATCHING, RECOVERING, FINISHED, GAVE_UP, LOST = "watching", "recovering", "finished", "gave_up", "lost"
 PHASES = (WATCHING, RECOVERING, FINISHED, GAVE_UP, LOST)
@@ -129,6 +133,20 @@ def _check_types(state: RunState, where: Path) -> None:
                             or not all(isinstance(n, str) for n in rec.exclude)
                             or not isinstance(rec.restart_count, int)):
         raise bad("recovery")
+
+
+def released_after_giving_up(state: RunState, job: Job) -> bool:
+    """A run the watcher gave up on, whose job someone released (``scontrol release``: no longer
+    held, pending or running again), is watched afresh: phase, restart counts and crash-loop
+    memory reset; the nodes it learned to distrust are kept. True when it reset."""
+    if state.phase != GAVE_UP or job.state not in (JobState.PENDING, JobState.RUNNING) \
+            or job.reason in HELD_REASONS:
+        return False
+    log.warning("job %s was released after the watcher gave up on it (%s): watching it afresh",
+                job.job_id, state.reason or "no reason saved")
+    state.phase, state.reason, state.recovery = WATCHING, "", None
+    state.restarts, state.restarts_by_cause, state.ckpt_at_recovery = 0, {}, []
+    return True
 
 
 def load_state(run_dir: RunDir, job_id: str) -> RunState:

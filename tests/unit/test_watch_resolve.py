@@ -77,7 +77,7 @@ def test_a_run_dir_whose_parts_are_symlinks_is_refused(tmp_path, name):
 def test_a_job_that_has_not_started_is_waited_for_until_it_names_its_run_dir(tmp_path, capsys):
     # `sbatch` then `slurmft watch JOBID` at once: the job is PENDING and names no run dir yet
     # (the launcher sets the comment when it starts). The watcher once exited 2 here.
-    from slurmft.commands.watch import await_run_dirs
+    from slurmft.watch.resolve import await_run_dirs
 
     pending = Job(job_id="5", name="t", state=JobState.PENDING)
     started = Job(job_id="5", name="t", state=JobState.RUNNING, run_dir=tmp_path)
@@ -95,7 +95,7 @@ def test_a_job_that_has_not_started_is_waited_for_until_it_names_its_run_dir(tmp
 
 def test_a_started_job_is_given_a_bounded_time_to_name_its_run_dir(tmp_path):
     # RUNNING, but the launcher has not set the comment yet (python start-up, two scontrol calls).
-    from slurmft.commands.watch import await_run_dirs
+    from slurmft.watch.resolve import await_run_dirs
 
     running = Job(job_id="5", name="t", state=JobState.RUNNING)
     named = Job(job_id="5", name="t", state=JobState.RUNNING, run_dir=tmp_path)

@@ -507,7 +507,7 @@ def test_the_watcher_warns_of_a_node_whose_forward_is_slow_in_every_beat(run):
 
 
 def test_a_job_released_after_the_watcher_gave_up_is_watched_afresh():
-    from slurmft.commands.watch import released_after_giving_up
+    from slurmft.watch.state import released_after_giving_up
 
     state = RunState(job_id="7", phase="gave_up", reason="crash loop", restarts=3,
                      restarts_by_cause={"crash": 3}, node_faults={"n2": 2}, ckpt_at_recovery=[10, 10, 10])
