@@ -254,8 +254,9 @@ def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) ->
         return None
     detection = detections[0] if detections else None
     fault_time = _num(detection.get("fault_time")) if detection else None
-    if fault_time is None:
-        fault_time = seg.end if seg.end is not None else (detection.time if detection else None)
+    if fault_time is None:  # no estimate: the segment's end, unless the recovery ended it
+        known = [t for t in (seg.end, detection.time if detection else None) if t is not None]
+        fault_time = min(known) if known else None
     fault = Fault(
         cause=str(detection.get("cause") or "unknown") if detection else _cause_without_watcher(events, seg),
         job_id=seg.job_id, restart_count=seg.restart_count, fault_time=fault_time,

@@ -233,22 +233,25 @@ class CliSlurmClient:
         return policy.requeue_by_state(lambda: self.job(job_id), run_requeue, wait_s=self.config.timeout)
 
     def update_pending(self, job_id: str, *, exclude_nodes: Sequence[str] = (),
-                       start_now: bool = False) -> None:
-        """Merge ``exclude_nodes`` into the pending job's ExcNodeList (Slurm replaces the list on
-        update, so the current one is read first) and/or set ``StartTime=now``."""
+                       readmit_nodes: Sequence[str] = (), start_now: bool = False) -> None:
+        """Merge ``exclude_nodes`` into the pending job's ExcNodeList and take ``readmit_nodes``
+        out of it (Slurm replaces the list on update, so the current one is read first), and/or
+        set ``StartTime=now``."""
         job_id = validate.job_id(job_id)
         extra = validate.node_names(exclude_nodes)
-        if not extra and not start_now:
+        readmit = validate.node_names(readmit_nodes)
+        if not extra and not readmit and not start_now:
             return
         argv = ["scontrol", "update", f"JobId={job_id}"]
-        if extra:
+        if extra or readmit:
             job = self.job(job_id)
             if job.state is not JobState.PENDING:
                 raise SlurmError(f"job {job_id} is {job.state.value}, not PENDING: ExcNodeList not changed")
-            argv.append(f"ExcNodeList={policy.merged_exclusions(job, extra)}")
+            argv.append(f"ExcNodeList={policy.merged_exclusions(job, extra, readmit)}")
         if start_now:
             argv.append("StartTime=now")
-        self._change(argv, lambda: policy.pending_update_done(self.job(job_id), extra, start_now))
+        self._change(argv, lambda: policy.pending_update_done(self.job(job_id), extra, start_now,
+                                                              readmit))
 
     def comment(self, job_id: str) -> str:
         """The job's comment text ('' when none): ``squeue -h -o %k`` (text output honours ``-j``

@@ -199,8 +199,9 @@ class SlurmClient(Protocol):
         pending), False when Slurm declined because it finished successfully."""
 
     def update_pending(self, job_id: str, *, exclude_nodes: Sequence[str] = (),
-                       start_now: bool = False) -> None:
-        """Merge ``exclude_nodes`` into the job's ExcNodeList and/or set StartTime=now."""
+                       readmit_nodes: Sequence[str] = (), start_now: bool = False) -> None:
+        """Merge ``exclude_nodes`` into the job's ExcNodeList, take ``readmit_nodes`` out of it,
+        and/or set StartTime=now."""
 
     def requeue_hold(self, job_id: str) -> bool:
         """``scontrol requeuehold``: a job that ended without success goes back into the queue held

@@ -188,15 +188,18 @@ def gone_or_ending(jobs: Callable[[Sequence[str]], Mapping[str, Job]], job_id: s
     return job is None or job.state.finished or job.completing
 
 
-def pending_update_done(job: Job, exclude: Sequence[str], start_now: bool) -> bool:
+def pending_update_done(job: Job, exclude: Sequence[str], start_now: bool,
+                        readmit: Sequence[str] = ()) -> bool:
     """An ExcNodeList and/or StartTime=now update shows in the re-read job."""
-    excluded = set(job.excluded_nodes) >= set(exclude)
+    excluded = set(job.excluded_nodes) >= set(exclude) and not set(job.excluded_nodes) & set(readmit)
     if not start_now or job.state is not JobState.PENDING:
         return excluded
     soon = datetime.now(timezone.utc) + timedelta(seconds=2)
     return excluded and job.eligible_time is not None and job.eligible_time <= soon
 
 
-def merged_exclusions(job: Job, extra: Sequence[str]) -> str:
-    """The job's current excluded nodes plus ``extra``, as one sorted hostlist expression."""
-    return validate.compress_nodes([*job.excluded_nodes, *extra])
+def merged_exclusions(job: Job, extra: Sequence[str], readmit: Sequence[str] = ()) -> str:
+    """The job's current excluded nodes plus ``extra`` less ``readmit``, as one sorted hostlist
+    expression ('' when none is left: the update then clears the list)."""
+    gone = set(readmit)
+    return validate.compress_nodes([n for n in [*job.excluded_nodes, *extra] if n not in gone])

@@ -208,22 +208,24 @@ class PyslurmClient:
         return self._cli.requeue(job_id)
 
     def update_pending(self, job_id: str, *, exclude_nodes: Sequence[str] = (),
-                       start_now: bool = False) -> None:
+                       readmit_nodes: Sequence[str] = (), start_now: bool = False) -> None:
         job_id = validate.job_id(job_id)
         extra = validate.node_names(exclude_nodes)
-        if not extra and not start_now:
+        readmit = validate.node_names(readmit_nodes)
+        if not extra and not readmit and not start_now:
             return
         changes: dict[str, str] = {}
-        if extra:
+        if extra or readmit:
             job = self.job(job_id)
             if job.state is not JobState.PENDING:
                 raise SlurmError(f"job {job_id} is {job.state.value}, not PENDING: ExcNodeList not changed")
-            changes["excluded_nodes"] = policy.merged_exclusions(job, extra)
+            changes["excluded_nodes"] = policy.merged_exclusions(job, extra, readmit)
         if start_now:
             changes["begin_time"] = "now"
         desc = self._ps.JobSubmitDescription(**changes)
         self._change("Job.modify", lambda: self._ps.Job(_numeric(job_id)).modify(desc),
-                     lambda: policy.pending_update_done(self.job(job_id), extra, start_now))
+                     lambda: policy.pending_update_done(self.job(job_id), extra, start_now,
+                                                              readmit))
 
     def requeue_hold(self, job_id: str) -> bool:
         return self._cli.requeue_hold(job_id)

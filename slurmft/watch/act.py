@@ -40,6 +40,11 @@ class Actor:
         self._do("exclude", cause, nodes,
                  lambda: self.client.update_pending(job_id, exclude_nodes=list(nodes)))
 
+    def readmit(self, job_id: str, cause: str, nodes: Sequence[str]) -> None:
+        """Take nodes this watcher once excluded out of the job's ExcNodeList."""
+        self._do("readmit", cause, nodes,
+                 lambda: self.client.update_pending(job_id, readmit_nodes=list(nodes)))
+
     def start_now(self, job_id: str, cause: str) -> None:
         self._do("start_now", cause, (), lambda: self.client.update_pending(job_id, start_now=True))
 

@@ -62,6 +62,26 @@ def fit_exclusions(job: Job, nodes: Mapping[str, Node], wanted: list[str]) -> tu
     return keep, dropped
 
 
+def readmit_to_fit(job: Job, nodes: Mapping[str, Node], excluding: list[str],
+                   excluded_by_us: list[str]) -> list[str]:
+    """Nodes this watcher once excluded that are usable again, oldest exclusion first, to take
+    out of the job's ExcNodeList while, with ``excluding`` added, the job would not fit the
+    usable nodes left: over weeks the exclusions of repaired nodes would otherwise pile up until
+    the job can never start again. The user's own exclusions are never touched."""
+    needed = max(job.min_nodes or 0, 1) if job.min_nodes else max(job.node_count, 1)
+    usable = {n for n, node in nodes.items() if detect.node_problem(node) is None}
+    excluded = set(job.excluded_nodes) | set(excluding)
+    free = usable - excluded
+    readmit = []
+    for name in excluded_by_us:
+        if len(free) >= needed:
+            break
+        if name in job.excluded_nodes and name in usable and name not in excluding:
+            readmit.append(name)
+            free.add(name)
+    return readmit
+
+
 def _permanent(exc: SlurmError) -> bool:
     """A refusal that the same request will meet again (no rights, --no-requeue, bad input)."""
     text = str(exc)
@@ -454,6 +474,7 @@ class RunWatch:
             if keep:
                 try:
                     self.actor.exclude(job.job_id, rec.cause, keep)
+                    self.state.excluded = [n for n in self.state.excluded if n not in keep] + keep
                 except SlurmError:
                     rec.exclude_attempts += 1
                     if rec.exclude_attempts < MAX_EXCLUDE_ATTEMPTS:
@@ -464,6 +485,14 @@ class RunWatch:
                                      f"{MAX_EXCLUDE_ATTEMPTS} tries: starting the job without it")
             rec.exclude_step = DONE
             self._save()
+            readmit = readmit_to_fit(job, obs.nodes, keep, self.state.excluded)
+            if readmit:
+                try:
+                    self.actor.readmit(job.job_id, rec.cause, readmit)
+                    self.state.excluded = [n for n in self.state.excluded if n not in readmit]
+                    self._save()
+                except SlurmError:
+                    pass  # journaled by the actor; the job waits, and stuck_pending says so
         if rec.start_now == TODO and "EXPEDITING" in job.flags:
             # 26.05, job submitted with --requeue=expedite: Slurm restarts it at once by itself.
             rec.start_now = SKIP

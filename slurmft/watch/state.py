@@ -67,6 +67,7 @@ class RunState:
     ckpt_at_recovery: list[int | None] = field(default_factory=list)
     last_restart_count: int | None = None
     last_nodes: list[str] = field(default_factory=list)
+    excluded: list[str] = field(default_factory=list)  # nodes this watcher excluded, oldest first
     max_step_s: float | None = None
     max_beat_gap_s: float | None = None
     recovery: Recovery | None = None
@@ -118,7 +119,7 @@ def _check_types(state: RunState, where: Path) -> None:
         if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int)
                                                   for k, v in value.items()):
             raise bad(name)
-    for name in ("last_nodes", "warned"):
+    for name in ("last_nodes", "warned", "excluded"):
         value = getattr(state, name)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise bad(name)

@@ -87,6 +87,19 @@ def test_requeue_then_exclude_and_start_now(client, tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_readmitted_nodes_leave_the_exclusion_list_down_to_none(client, tmp_path, slurm_cluster):
+    first, second = slurm_cluster.node_names[:2]
+    job_id = submit(client, tmp_path, "sleep 300", "-N1", "--hold", f"--exclude={first},{second}")
+    assert set(client.job(job_id).excluded_nodes) == {first, second}
+    client.update_pending(job_id, readmit_nodes=[first])
+    assert client.job(job_id).excluded_nodes == (second,)
+    client.update_pending(job_id, readmit_nodes=[second], exclude_nodes=[first])
+    assert client.job(job_id).excluded_nodes == (first,)
+    client.update_pending(job_id, readmit_nodes=[first])
+    assert client.job(job_id).excluded_nodes == ()  # an empty ExcNodeList= clears it
+    client.cancel(job_id)
+
+
 def test_exit_codes_and_completed_job_is_never_requeued(client, tmp_path):
     ok = submit(client, tmp_path, "exit 0")
     bad = submit(client, tmp_path, "exit 3")

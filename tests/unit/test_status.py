@@ -80,6 +80,20 @@ def test_fault_times_lost_work_and_ettr_of_a_constructed_run():
     assert report.last_checkpoint_step == 5 and report.mean_checkpoint_blocking_s == 0.5
 
 
+def test_a_segment_ended_by_the_recovery_does_not_put_its_fault_after_the_detection():
+    """A drained node: the watcher journals no fault time; the ranks end (and journal it) only
+    when its requeue reaches them, after the detection."""
+    j = J()
+    j.add(0, "segment_start", world_size=2, num_nodes=2, nodelist="n[1-2]", restored_step=None)
+    j.steps(1, 1, 5)
+    j.add(6, "fault_detected", cause="node_unhealthy", evidence="n1 drained", nodes=["n1"],
+          state="RUNNING", action="recover")
+    j.add(6.1, "recovery_action", action="requeue", cause="node_unhealthy", nodes=[], ok=True, detail="")
+    j.add(6.8, "segment_end", exit_code=85, outcome="REQUEUE (85)", reason="preempted", step=5)
+    (fault,) = build_report(j.events, now=T0 + 100).faults
+    assert fault.fault_time == fault.detected == T0 + 6
+
+
 def test_a_guard_rollback_counts_its_repeated_steps_as_redone():
     j = J()
     j.add(0, "segment_start", world_size=1, num_nodes=1, nodelist="n1", restored_step=None)

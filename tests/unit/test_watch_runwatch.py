@@ -14,7 +14,7 @@ from slurmft.journal import read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.client import Job, JobState, Node, NodeState, SlurmError
 from slurmft.watch.config import WatchConfig
-from slurmft.watch.runwatch import RunWatch, fit_exclusions
+from slurmft.watch.runwatch import RunWatch, fit_exclusions, readmit_to_fit
 from slurmft.watch.state import RunLock, RunState, StateError, load_state
 
 T0 = 1_800_000_000.0
@@ -41,8 +41,11 @@ class RecordingClient:
         self._call("requeue", job_id)
         return True
 
-    def update_pending(self, job_id, *, exclude_nodes=(), start_now=False) -> None:
-        self._call("start_now" if start_now else "exclude", job_id, tuple(exclude_nodes))
+    def update_pending(self, job_id, *, exclude_nodes=(), readmit_nodes=(), start_now=False) -> None:
+        if readmit_nodes:
+            self._call("readmit", job_id, tuple(readmit_nodes))
+        else:
+            self._call("start_now" if start_now else "exclude", job_id, tuple(exclude_nodes))
 
     def hold(self, job_id: str) -> None:
         self._call("hold", job_id)
@@ -230,6 +233,41 @@ def test_exclusions_that_would_not_fit_are_dropped():
     down = {**NODES, "n4": Node("n4", NodeState.DOWN)}
     keep, dropped = fit_exclusions(pending, down, ["n4"])
     assert keep == ["n4"] and dropped == []  # a DOWN node costs no capacity
+
+
+def test_readmit_only_our_repaired_exclusions_oldest_first_and_only_to_fit():
+    pending = replace(job(JobState.PENDING, nodes=()), node_count=2, min_nodes=2,
+                      excluded_nodes=("n1", "n2", "n3"))
+    # n3 is the user's own exclusion; n1 and n2 are ours (n2 the older) and in service again.
+    assert readmit_to_fit(pending, NODES, [], ["n2", "n1"]) == ["n2"]
+    # With the new exclusion of n4 there is room for nothing else: both of ours come back.
+    assert readmit_to_fit(pending, NODES, ["n4"], ["n2", "n1"]) == ["n2", "n1"]
+    # A node of ours still drained stays excluded.
+    drained = {**NODES, "n2": Node("n2", NodeState.IDLE, frozenset({"DRAIN"}), "slurmft: x")}
+    assert readmit_to_fit(pending, drained, [], ["n2", "n1"]) == ["n1"]
+    # Enough room already: nothing is lifted.
+    roomy = replace(pending, excluded_nodes=("n1",))
+    assert readmit_to_fit(roomy, NODES, [], ["n1"]) == []
+
+
+def test_exclusions_of_repaired_nodes_are_lifted_when_the_job_would_not_fit(run):
+    """Weeks of faults on a small partition: every node the watcher excluded was repaired since;
+    the next exclusion would leave the 3-node job room for 1 node, so the oldest come back."""
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.state.excluded = ["n1", "n2"]
+    three = replace(job(nodes=("n2", "n3", "n4")), node_count=3, min_nodes=3)
+    w.step(replace(three, nodes=("n1", "n3", "n4")), NODES, T0)
+    down = {**NODES, "n4": Node("n4", NodeState.DOWN, frozenset({"NOT_RESPONDING"}), "Not responding")}
+    pending = replace(three, state=JobState.PENDING, restart_count=1, nodes=(),
+                      excluded_nodes=("n2",))
+    w.step(pending, down, T0 + 30)
+    assert client.calls == [("exclude", "7", ("n4",)), ("readmit", "7", ("n2",)),
+                            ("start_now", "7", ())]
+    assert w.state.excluded == ["n1", "n4"]
+    readmitted = [e for e in read_events(run.events) if e.get("action") == "readmit"]
+    assert readmitted[0].get("nodes") == ["n2"] and readmitted[0].get("ok")
+    assert load_state(run, "7").excluded == ["n1", "n4"]
 
 
 def test_second_watcher_of_a_run_is_refused_naming_the_holder(run):

@@ -1,0 +1,141 @@
+"""One chaos run: wait until the run has something to lose, inject a fault, and read from the run's
+journal what happened next: when the watcher detected it and as what, when the job ran again, when
+training was back and from which step. Every wait is bounded and names what it waited for.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+from slurmft import journal
+from slurmft.chaos.faults import Fault, Target
+from slurmft.journal import Event
+from slurmft.status import JournalUnreadable, read_journal
+
+POLL_S = 0.5
+T = TypeVar("T")
+
+
+class ChaosError(RuntimeError):
+    """The run did not do what the chaos run waited for (the message names what, and how long)."""
+
+
+@dataclass
+class Outcome:
+    """What one injected fault cost; times are seconds after the injection."""
+    fault: str
+    detail: str
+    injected: float
+    detected_as: str | None
+    detect_s: float | None
+    running_s: float | None
+    back_s: float | None
+    last_step: int | None       # the last step trained before the fault
+    resumed_step: int | None    # the checkpoint the next segment restored
+    world_size: int | None
+    nodes: list[str]
+    expected: bool              # the watcher named one of the fault's causes
+
+    @property
+    def lost_steps(self) -> int | None:
+        if self.last_step is None:
+            return None
+        return self.last_step - (self.resumed_step or 0)
+
+
+def _segment(event: Event) -> int:
+    return int(event.get("restart_count", 0) or 0)
+
+
+class ChaosRun:
+    def __init__(self, target: Target, *, alive: Callable[[], str | None]) -> None:
+        """``alive()`` returns why the run cannot go on (its job ended...), or None."""
+        self.target = target
+        self.alive = alive
+
+    def events(self) -> list[Event]:
+        try:
+            return read_journal(self.target.run_dir.events)
+        except JournalUnreadable:
+            return []
+
+    def wait(self, found: Callable[[list[Event]], T | None], timeout: float, what: str) -> T:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = found(self.events())
+            if result is not None and result is not False:
+                return result
+            problem = self.alive()
+            if problem:
+                raise ChaosError(f"while waiting for {what}: {problem}")
+            if time.monotonic() > deadline:
+                raise ChaosError(f"timed out after {timeout:.0f} s waiting for {what}")
+            time.sleep(POLL_S)
+
+    def current_segment(self, events: list[Event]) -> Event | None:
+        starts = [e for e in events if e.kind == journal.SEGMENT_START]
+        return starts[-1] if starts else None
+
+    def wait_progress(self, timeout: float) -> int:
+        """Until the current segment committed a checkpoint past the step it restored and trained
+        a step past that checkpoint; returns that checkpoint's step."""
+        def ready(events: list[Event]) -> int | None:
+            seg = self.current_segment(events)
+            if seg is None:
+                return None
+            restored = seg.get("restored_step") or 0
+            mine = [e for e in events[events.index(seg):] if _segment(e) == _segment(seg)]
+            saved = [e.get("step") for e in mine if e.kind == journal.CHECKPOINT_COMMITTED
+                     and e.get("step", 0) > restored]
+            if not saved:
+                return None
+            trained = [e.get("step") for e in mine if e.kind == journal.LOSS]
+            return max(saved) if trained and max(trained) > max(saved) else None
+        return self.wait(ready, timeout, "a new checkpoint and a step after it")
+
+    def inject(self, fault: Fault, timeout: float) -> Outcome:
+        """Inject ``fault`` and wait until training is back (a loss of a later segment)."""
+        before = self.events()
+        seg = self.current_segment(before)
+        segment = _segment(seg) if seg is not None else 0
+        losses = [e.get("step") for e in before if e.kind == journal.LOSS and _segment(e) == segment]
+        injected = time.time()
+        detail = fault.inject(self.target)
+
+        def back(events: list[Event]) -> tuple[Event, Event] | None:
+            starts = [e for e in events if e.kind == journal.SEGMENT_START and _segment(e) > segment]
+            if not starts:
+                return None
+            first = [e for e in events if e.kind == journal.LOSS
+                     and _segment(e) == _segment(starts[0])]
+            return (starts[0], first[0]) if first else None
+
+        start, first_loss = self.wait(back, timeout, f"training back after the {fault.name}")
+        events = self.events()
+        # Losses journaled after the injection but before the ranks died count as trained.
+        losses += [e.get("step") for e in events[len(before):]
+                   if e.kind == journal.LOSS and _segment(e) == segment]
+        detected = [e for e in events[len(before):] if e.kind == journal.FAULT_DETECTED]
+        running = [e for e in events[len(before):] if e.kind == journal.JOB_RUNNING]
+        cause = detected[0].get("cause") if detected else None
+        return Outcome(
+            fault=fault.name, detail=detail, injected=injected, detected_as=cause,
+            detect_s=detected[0].time - injected if detected else None,
+            running_s=running[0].time - injected if running else None,
+            back_s=first_loss.time - injected,
+            last_step=max(losses) if losses else None,
+            resumed_step=start.get("restored_step"), world_size=start.get("world_size"),
+            nodes=list(running[0].get("nodes") or []) if running else [],
+            expected=cause in fault.causes)
+
+    def repair(self) -> list[str]:
+        """Run and forget the repairs the faults left (a node restarted, a drain resumed)."""
+        problems = []
+        while self.target.repairs:
+            try:
+                self.target.repairs.pop(0)()
+            except Exception as exc:  # a repair that failed leaves the cluster smaller, not broken
+                problems.append(str(exc))
+        return problems

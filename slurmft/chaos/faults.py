@@ -1,0 +1,193 @@
+"""The faults the chaos demo and the soak inject into a training job on a devcluster, each done
+the way it happens on a real cluster: a node's slurmd and processes die (SIGKILL), a rank stops
+(SIGSTOP: a hung collective for everyone else), the health sweeper finds a failing check on an
+allocated node and drains it, the newest checkpoint's bytes rot before the run must load it, the
+ranks crash (SIGKILL: no handler runs), and Slurm sends the time-limit signal (USR2 to the batch
+script, as ``--signal=B:USR2@120`` does before the limit).
+
+Each fault names the causes ``slurmft watch`` may journal for it, and may repair afterwards what
+it broke on the cluster (a dead node restarted, the failing check fixed and the sweeper run again,
+which resumes its own drain): the next fault then finds the cluster whole, as an admin would leave it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import SlurmClient
+from slurmft.slurm.devcluster import DevCluster
+
+SWEEP_TIMEOUT_S = 120
+
+
+class FaultError(RuntimeError):
+    """A fault could not be injected (nothing to kill, the sweeper did not drain...)."""
+
+
+@dataclass
+class Target:
+    """What the faults act on: one job of one devcluster, its run dir and its training script."""
+    cluster: DevCluster
+    client: SlurmClient
+    job_id: str
+    run_dir: RunDir
+    script: Path
+    work_dir: Path                          # for the sweeper's config and its state
+    repairs: list[Callable[[], None]] = field(default_factory=list)
+
+    def nodes(self) -> list[str]:
+        nodes = self.client.job(self.job_id).nodes
+        if not nodes:
+            raise FaultError(f"job {self.job_id} has no nodes (not running)")
+        return list(nodes)
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    causes: frozenset[str]                  # what the watcher may journal as fault_detected cause
+    inject: Callable[[Target], str]         # does it; returns what it did, in words
+
+
+def rank_pids(job_id: str, script: Path, rank: int | None = None) -> list[int]:
+    """The training processes of ``job_id`` on this machine: ``python -u SCRIPT`` with the job's
+    SLURM_JOB_ID in their environment (torchrun and the bash wrapper name the script later in
+    their argv); with ``rank``, only that global rank's."""
+    job_mark = f"SLURM_JOB_ID={job_id}".encode()
+    rank_mark = f"RANK={rank}".encode() if rank is not None else None
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if job_mark in environ and str(script).encode() in argv[1:3] and (
+                rank_mark is None or rank_mark in environ):
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> int:
+    done = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            done += 1
+        except ProcessLookupError:
+            pass
+    return done
+
+
+def crash(target: Target) -> str:
+    killed = _signal_all(rank_pids(target.job_id, target.script), signal.SIGKILL)
+    if not killed:
+        raise FaultError(f"job {target.job_id}: no training process of {target.script.name} to kill")
+    return f"SIGKILL to all {killed} training processes (no handler runs, nothing is saved)"
+
+
+def hang(target: Target) -> str:
+    stopped = _signal_all(rank_pids(target.job_id, target.script, rank=1), signal.SIGSTOP)
+    if not stopped:
+        raise FaultError(f"job {target.job_id}: no process of rank 1 to stop")
+    return "SIGSTOP to rank 1: the other ranks wait in a collective, nothing exits"
+
+
+def node_death(target: Target) -> str:
+    victim = target.nodes()[-1]
+    target.cluster.kill_node(victim)
+    target.repairs.append(lambda: target.cluster.start_node(victim, wait_timeout=60))
+    return f"node {victim} died: its slurmd and every process on it SIGKILLed"
+
+
+def corrupt_newest(target: Target) -> str:
+    steps = target.run_dir.committed_steps()
+    if not steps:
+        raise FaultError(f"{target.run_dir.root}: no committed checkpoint to corrupt")
+    shards = sorted(target.run_dir.checkpoint(steps[-1]).glob("*.distcp"))
+    if not shards:
+        raise FaultError(f"checkpoint of step {steps[-1]} has no .distcp shard")
+    with open(shards[0], "r+b") as fh:  # one flipped bit's worth of rot, in place
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(size // 2)
+        byte = fh.read(1)
+        fh.seek(size // 2)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    what = crash(target)
+    return f"one byte of {shards[0].name} of checkpoint {steps[-1]} flipped, then {what}"
+
+
+def time_limit(target: Target) -> str:
+    target.client.cancel(target.job_id, signal="USR2", batch_only=True)
+    return "USR2 to the batch script, what Slurm sends 120 s before the time limit"
+
+
+def _sweep_config(work_dir: Path, flag: Path) -> Path:
+    """A sweeper config whose one site check fails while ``flag`` exists."""
+    script = work_dir / "site-check"
+    script.write_text(f"#!/bin/sh\nif [ -e '{flag}' ]; then\n"
+                      "  echo 'ERROR: site check: /scratch is read-only'; exit 1\nfi\nexit 0\n")
+    script.chmod(0o755)
+    config = work_dir / "sweep.toml"
+    config.write_text(f"""[sweep]
+checks = ["external_site"]
+state_dir = "{work_dir}/sweep-state"
+report_dir = "{work_dir}/sweep-reports"
+textfile_dir = "{work_dir}/sweep-textfile"
+
+[[health_external.commands]]
+name = "site"
+argv = ["{script}"]
+timeout_s = 15
+""")
+    return config
+
+
+def run_sweeper(target: Target, node: str, config: Path) -> subprocess.CompletedProcess[str]:
+    """``slurmft sweep --node NODE`` as cron or HealthCheckProgram runs it."""
+    return subprocess.run([sys.executable, "-m", "slurmft.cli", "sweep", "--node", node,
+                           "--config", str(config)],
+                          env={**os.environ, **target.cluster.env}, text=True,
+                          capture_output=True, timeout=SWEEP_TIMEOUT_S, check=False)
+
+
+def unhealthy_node(target: Target) -> str:
+    victim = target.nodes()[0]
+    work = target.work_dir / "sweep"
+    work.mkdir(parents=True, exist_ok=True)
+    flag = work / "scratch-broken"
+    flag.touch()
+    config = _sweep_config(work, flag)
+    res = run_sweeper(target, victim, config)
+    if res.returncode != 1:
+        raise FaultError(f"slurmft sweep --node {victim} exited {res.returncode}, not 1 (drained): "
+                         f"{(res.stderr or res.stdout).strip()[-500:]}")
+
+    def repair() -> None:
+        flag.unlink(missing_ok=True)
+        again = run_sweeper(target, victim, config)
+        if again.returncode != 0:
+            raise FaultError(f"slurmft sweep --node {victim} after the repair exited "
+                             f"{again.returncode}: {(again.stderr or again.stdout).strip()[-500:]}")
+    target.repairs.append(repair)
+    return f"the sweeper's site check failed on {victim}: it drained the node (reason slurmft:...)"
+
+
+NODE_DEATH = Fault("node death", frozenset({"node_fail", "node_down"}), node_death)
+HANG = Fault("hang", frozenset({"hang"}), hang)
+UNHEALTHY_NODE = Fault("failing health check", frozenset({"node_unhealthy"}), unhealthy_node)
+CORRUPT_NEWEST = Fault("corrupted checkpoint", frozenset({"crash"}), corrupt_newest)
+CRASH = Fault("crash", frozenset({"crash"}), crash)
+TIME_LIMIT = Fault("time limit", frozenset({"preempted"}), time_limit)
+
+ALL = (NODE_DEATH, HANG, UNHEALTHY_NODE, CORRUPT_NEWEST, CRASH, TIME_LIMIT)
+BY_NAME = {f.name: f for f in ALL}
