@@ -30,9 +30,11 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e ".[train,dev,plot]"
 	touch $@
 
-# The main job: a real training job on a throwaway devcluster, preempted, requeued, resumed.
+# The main job: a real training job on a throwaway 4-node devcluster under slurmft watch, through
+# a node death, a hang, a crash, a corrupted checkpoint, a time-limit signal and a failing health
+# check; then slurmft status, its timeline PNG, and the losses against an uninterrupted run.
 demo: venv
-	bash examples/demo.sh
+	$(PY) examples/demo.py
 
 # The lint first (ruff and mypy, see lint): a finding fails make test before any test runs.
 # pytest exits 5 when it collected nothing: that is a failure for us, not a pass. Then the Slurm
@@ -56,11 +58,11 @@ MATRIX_SUITES ?=
 test-matrix:
 	matrix/run.sh $(MATRIX_SUITES)
 
-# ruff (pycodestyle + pyflakes) and mypy on slurmft/, configured in pyproject.toml; the first step
+# ruff (pycodestyle + pyflakes) on all Python and mypy on slurmft/, configured in pyproject.toml; the first step
 # of `make test`. The lint extra goes into this venv only (the matrix venvs take core + dev), once
 # per change of pyproject.toml.
 lint: $(VENV)/.lint-installed
-	$(VENV)/bin/ruff check slurmft
+	$(VENV)/bin/ruff check slurmft tests benchmarks examples matrix
 	$(VENV)/bin/mypy
 
 $(VENV)/.lint-installed: $(VENV)/.installed

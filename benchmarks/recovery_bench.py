@@ -196,7 +196,10 @@ def cycle_with_many_jobs(cluster: DevCluster, root: Path, jobs: int) -> dict:
     wall = time.monotonic() - started
     self_after = resource.getrusage(resource.RUSAGE_SELF)
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = lambda a, b: (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
+
+    def cpu(a, b) -> float:
+        return (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
+
     subprocess.run(["scancel", *ids], env={**os.environ, **cluster.env}, timeout=120,
                    capture_output=True)
     return {"jobs": jobs, "observed": result.observed, "queries": len(calls), "commands": calls,
@@ -275,7 +278,10 @@ def main() -> int:
 def print_tables(summary: dict) -> None:
     """The markdown tables of a run (also from a saved ``--json`` output: ``--tables FILE``)."""
     results, cycle = summary["trials"], summary["cycle"]
-    fmt = lambda v: "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+
+    def fmt(v) -> str:
+        return "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+
     print(f"recovery benchmark: poll {summary['poll_s']:g} s, hang timeout "
           f"{summary['hang_timeout_s']:g} s, cap {summary['cap_s']:g} s, 1-min load "
           f"{summary['loadavg_1m']:.1f}\n")

@@ -6,15 +6,19 @@ training was back and from which step. Every wait is bounded and names what it w
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 from slurmft import journal
+from slurmft.chaos import faults
 from slurmft.chaos.faults import Fault, Target
 from slurmft.journal import Event
 from slurmft.status import JournalUnreadable, read_journal
 
 POLL_S = 0.5
+# Slurm alone takes 150-180 s to restart a job after a node death (DESIGN.md), and never
+# restarts a hung or crashed one: recovered later than this, something is wrong.
+RUNNING_AGAIN_S = 90
 T = TypeVar("T")
 
 
@@ -37,6 +41,10 @@ class Outcome:
     world_size: int | None
     nodes: list[str]
     expected: bool              # the watcher named one of the fault's causes
+    evidence: str = ""          # the watcher's, for its first detection
+    committed_before: list[int] = field(default_factory=list)  # checkpoints at the injection
+    victim: str | None = None   # the node a node fault hit
+    excluded: list[str] = field(default_factory=list)  # nodes the watcher excluded for it
 
     @property
     def lost_steps(self) -> int | None:
@@ -101,6 +109,8 @@ class ChaosRun:
         seg = self.current_segment(before)
         segment = _segment(seg) if seg is not None else 0
         losses = [e.get("step") for e in before if e.kind == journal.LOSS and _segment(e) == segment]
+        committed = self.target.run_dir.committed_steps()
+        self.target.victim = None
         injected = time.time()
         detail = fault.inject(self.target)
 
@@ -119,6 +129,8 @@ class ChaosRun:
                    if e.kind == journal.LOSS and _segment(e) == segment]
         detected = [e for e in events[len(before):] if e.kind == journal.FAULT_DETECTED]
         running = [e for e in events[len(before):] if e.kind == journal.JOB_RUNNING]
+        excluded = [n for e in events[len(before):] if e.kind == journal.RECOVERY_ACTION
+                    and e.get("action") == "exclude" and e.get("ok") for n in e.get("nodes") or []]
         cause = detected[0].get("cause") if detected else None
         return Outcome(
             fault=fault.name, detail=detail, injected=injected, detected_as=cause,
@@ -128,7 +140,34 @@ class ChaosRun:
             last_step=max(losses) if losses else None,
             resumed_step=start.get("restored_step"), world_size=start.get("world_size"),
             nodes=list(running[0].get("nodes") or []) if running else [],
-            expected=cause in fault.causes)
+            expected=cause in fault.causes,
+            evidence=str(detected[0].get("evidence") or "") if detected else "",
+            committed_before=committed, victim=self.target.victim, excluded=excluded)
+
+    def problems(self, o: Outcome) -> list[str]:
+        """What this outcome shows that slurmft should not have done (empty: nothing)."""
+        found = []
+        if not o.expected:
+            found.append(f"detected as {o.detected_as}")
+        newest = max(o.committed_before, default=None)
+        if o.fault == faults.CORRUPT_NEWEST.name:
+            older = [s for s in o.committed_before if s != newest]
+            if o.resumed_step != (max(older) if older else None):
+                found.append(f"resumed from {o.resumed_step}, not from the checkpoint before the "
+                             f"corrupted {newest}")
+        elif newest is not None and (o.resumed_step is None or o.resumed_step < newest):
+            found.append(f"resumed from {o.resumed_step}, older than the newest intact {newest}")
+        if o.fault == faults.TIME_LIMIT.name and o.lost_steps:
+            found.append(f"{o.lost_steps} steps lost although the signal let it save")
+        if o.victim is not None and o.victim in o.nodes:
+            found.append(f"running again on {o.victim}, the node the fault hit")
+        if o.victim is not None and o.victim not in o.excluded:
+            found.append(f"{o.victim}, the node the fault hit, was not excluded")
+        if o.running_s is None or o.running_s > RUNNING_AGAIN_S:
+            found.append(f"running again after {o.running_s} s (more than {RUNNING_AGAIN_S} s)")
+        if o.fault == faults.UNHEALTHY_NODE.name and "slurmft: external_site" not in o.evidence:
+            found.append(f"evidence does not name the sweeper's check: {o.evidence!r}")
+        return found
 
     def repair(self) -> list[str]:
         """Run and forget the repairs the faults left (a node restarted, a drain resumed)."""

@@ -41,6 +41,7 @@ class Target:
     script: Path
     work_dir: Path                          # for the sweeper's config and its state
     repairs: list[Callable[[], None]] = field(default_factory=list)
+    victim: str | None = None               # the node the last node fault hit
 
     def nodes(self) -> list[str]:
         nodes = self.client.job(self.job_id).nodes
@@ -103,7 +104,7 @@ def hang(target: Target) -> str:
 
 
 def node_death(target: Target) -> str:
-    victim = target.nodes()[-1]
+    victim = target.victim = target.nodes()[-1]
     target.cluster.kill_node(victim)
     target.repairs.append(lambda: target.cluster.start_node(victim, wait_timeout=60))
     return f"node {victim} died: its slurmd and every process on it SIGKILLed"
@@ -161,7 +162,7 @@ def run_sweeper(target: Target, node: str, config: Path) -> subprocess.Completed
 
 
 def unhealthy_node(target: Target) -> str:
-    victim = target.nodes()[0]
+    victim = target.victim = target.nodes()[0]
     work = target.work_dir / "sweep"
     work.mkdir(parents=True, exist_ok=True)
     flag = work / "scratch-broken"

@@ -19,7 +19,7 @@ from pathlib import Path
 from slurmft.journal import Event, read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
-from slurmft.slurm.client import Job, JobState
+from slurmft.slurm.client import Job
 from watch_support import WatcherProc
 
 REPO = Path(__file__).resolve().parents[2]

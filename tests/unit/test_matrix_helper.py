@@ -62,7 +62,8 @@ def test_report_counts_outcomes_and_tabulates_features(helper, tmp_path):
 FAILING_JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
  failures="1" skipped="1" tests="3" time="9.1">
 <testcase classname="tests.integration.test_x" name="test_ok"/>
-<testcase classname="tests.integration.test_x" name="test_bad[2]"><failure message="AssertionError: 3 != 2&#10;more">trace</failure></testcase>
+<testcase classname="tests.integration.test_x" name="test_bad[2]">
+<failure message="AssertionError: 3 != 2&#10;more">trace</failure></testcase>
 <testcase classname="tests.integration.test_x" name="test_skip"><skipped message="no devcluster"/></testcase>
 </testsuite></testsuites>"""
 

@@ -122,8 +122,10 @@ def runner(retries=2, timeout=5.0):
 ])
 def test_permanent_errors_raise_at_once_with_slurms_message(tmp_path, stderr, error):
     counter = tmp_path / "calls"
-    cmd = fake_command(tmp_path, "scontrol", f"p = pathlib.Path({str(counter)!r}); p.write_text(p.read_text() + 'x' if p.exists() else 'x')\n"
-                                             f"print({stderr!r}, file=sys.stderr); sys.exit(1)")
+    cmd = fake_command(tmp_path, "scontrol",
+                       f"p = pathlib.Path({str(counter)!r}); "
+                       "p.write_text(p.read_text() + 'x' if p.exists() else 'x')\n"
+                       f"print({stderr!r}, file=sys.stderr); sys.exit(1)")
     run, sleeps = runner()
     with pytest.raises(error) as info:
         run.run([cmd, "show", "job", "1"])

@@ -1,0 +1,303 @@
+"""Chaos soak: effective training time under failure (ETTR) of one long run on its own devcluster.
+
+    python benchmarks/soak.py [--minutes 30] [--fault-every 180] [--seed 1] [--dir DIR] [--json]
+
+Brings up a 4-node devcluster (root; Debian's Slurm, slurmdbd, munge, MariaDB) and:
+
+1. calibrates: an uninterrupted 3-rank run of examples/train_gpt.py (torchrun, no Slurm) measures
+   the step time and what a checkpoint costs the loop; `slurmft interval` turns that cost and the
+   fault rate into the checkpoint interval (Young/Daly), and the step count is set so that the run
+   trains for about --minutes;
+2. submits the run through sbatch_templates/train.sbatch on 3 nodes (--nodes=3-4) with
+   `slurmft watch` beside it, and injects faults drawn at random from the six classes of
+   slurmft.chaos.faults (node death, hang, failing health check, corrupted newest checkpoint,
+   crash, time-limit signal), exponentially spaced with mean --fault-every seconds; a fault due
+   while the run is still recovering waits until it trains again and has committed a checkpoint
+   (a fault needs something to hit); a node broken by a fault is repaired after its recovery;
+3. once the run finished: ETTR and checkpoint overhead from its journal (`slurmft status`'s
+   report), time to recover per fault class (fault -> training again, median and max), steps lost
+   per fault, and whether the final model equals that of an uninterrupted run of the same steps
+   on the same number of ranks (exported weights compared tensor by tensor, and every step's loss).
+
+Prints markdown tables, or one JSON object with --json (ettr, faults, mttr_s_median, mttr_s_max,
+lost_steps_max, ckpt_overhead, final_state_equal and the details). Exits 1 when the run did not
+finish or its final state differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from slurmft import journal  # noqa: E402
+from slurmft.chaos import faults  # noqa: E402
+from slurmft.chaos.drive import ChaosError, ChaosRun, Outcome  # noqa: E402
+from slurmft.chaos.faults import Target  # noqa: E402
+from slurmft.journal import read_events  # noqa: E402
+from slurmft.rundir import RunDir  # noqa: E402
+from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
+from slurmft.slurm.devcluster import DevCluster  # noqa: E402
+from slurmft.status import build_report  # noqa: E402
+
+TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
+SCRIPT = REPO / "examples" / "train_gpt.py"
+NODES, JOB_NODES, RANKS = 4, "3-4", 3
+# The model's own step takes ~0.1 s here; the sleep stands for a bigger model's compute, so that
+# a step costs what it does on a real cluster relative to a restart. It changes no number.
+STEP_SLEEP_S = 0.5
+BASE_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "2",
+             "--watchdog-timeout", "600"]
+WATCH_ARGS = ["--poll", "1", "--hang-timeout", "30"]
+JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
+           "SLURMFT_JOURNAL_FLUSH_EVERY_EVENTS": "1"}
+RECOVERY_TIMEOUT_S = 300
+PROGRESS_TIMEOUT_S = 300
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def standalone(run_dir: Path, args: list[str], timeout: float) -> list[journal.Event]:
+    """An uninterrupted run on RANKS local ranks (torchrun --standalone, no Slurm)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update(JOB_ENV)
+    env["SLURMFT_RUN_DIR"] = str(run_dir)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          f"--nproc-per-node={RANKS}", str(SCRIPT), *args],
+                         env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if res.returncode != 0:
+        raise ChaosError(f"uninterrupted run in {run_dir} exited {res.returncode}: "
+                         f"{res.stderr.strip()[-800:]}")
+    return read_events(RunDir(run_dir).events)
+
+
+def calibrate(work: Path, fault_every: float) -> dict:
+    """Step time and checkpoint cost from a short uninterrupted run; the interval from them."""
+    events = standalone(work / "calibration", [*BASE_ARGS, "--steps", "40", "--ckpt-every", "5",
+                                               "--step-sleep", str(STEP_SLEEP_S)], 300)
+    times = [e.time for e in events if e.kind == journal.LOSS]
+    gaps = [b - a for a, b in zip(times[5:], times[6:])]
+    step_s = statistics.median(gaps)
+    res = subprocess.run([sys.executable, "-m", "slurmft.cli", "interval", "--run-dir",
+                          str(work / "calibration"), "--mtbf", str(fault_every), "--step-time",
+                          str(step_s), "--json"], capture_output=True, text=True, timeout=60,
+                         check=False)
+    if res.returncode != 0:
+        raise ChaosError(f"slurmft interval failed: {res.stderr.strip()}")
+    interval = json.loads(res.stdout)
+    return {"step_s": step_s, "ckpt_cost_s": interval["cost_s"],
+            "ckpt_every": max(1, int(interval["daly_steps"])), "interval": interval}
+
+
+def final_weights_equal(work: Path, run: Path, reference: Path, step: int) -> bool:
+    """Both runs' checkpoints of ``step`` exported as safetensors, compared tensor by tensor."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = {}
+    for name, run_dir in (("run", run), ("reference", reference)):
+        target = work / f"final-{name}.safetensors"
+        res = subprocess.run([sys.executable, "-m", "slurmft.cli", "ckpt", "export", str(run_dir),
+                              str(step), str(target), "--force"], capture_output=True, text=True,
+                             timeout=300, check=False)
+        if res.returncode != 0:
+            raise ChaosError(f"slurmft ckpt export {run_dir} {step}: {res.stderr.strip()}")
+        out[name] = load_file(str(target))
+    a, b = out["run"], out["reference"]
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class Soak:
+    def __init__(self, work: Path, minutes: float, fault_every: float, seed: int) -> None:
+        self.work, self.minutes, self.fault_every = work, minutes, fault_every
+        self.rng = random.Random(seed)
+        self.run_dir = RunDir(work / "run")
+        self.cluster: DevCluster | None = None
+        self.watcher: subprocess.Popen | None = None
+
+    def _alive(self) -> str | None:
+        if self.watcher is not None and self.watcher.poll() is not None:
+            return f"slurmft watch exited with {self.watcher.returncode} (see {self.work}/watch.log)"
+        return None
+
+    def run(self) -> dict:
+        calib = calibrate(self.work, self.fault_every)
+        steps = int(self.minutes * 60 / calib["step_s"])
+        args = [*BASE_ARGS, "--steps", str(steps), "--ckpt-every", str(calib["ckpt_every"])]
+        log(f"calibrated: {calib['step_s']:.3f} s/step, checkpoint cost {calib['ckpt_cost_s']:.3f} s "
+            f"-> every {calib['ckpt_every']} steps; {steps} steps")
+        self.cluster = DevCluster.up(self.work / "cluster", nodes=NODES)
+        client = CliSlurmClient(env=self.cluster.env)
+        self.run_dir.root.mkdir()
+        env = {**os.environ, **self.cluster.env, **JOB_ENV, "SLURMFT_RUN_DIR": str(self.run_dir.root)}
+        job_id = client.submit(TEMPLATE, [str(SCRIPT), *args, "--step-sleep", str(STEP_SLEEP_S)], env=env,
+                               sbatch_options=[f"--nodes={JOB_NODES}", f"--output={self.work}/job.log",
+                                               f"--chdir={self.work}"])
+        deadline = time.monotonic() + 120
+        while client.job(job_id).run_dir is None:
+            if time.monotonic() > deadline:
+                raise ChaosError(f"job {job_id} did not name its run dir within 120 s")
+            time.sleep(0.5)
+        with open(self.work / "watch.log", "ab") as fh:
+            self.watcher = subprocess.Popen(
+                [sys.executable, "-m", "slurmft.cli", "watch", job_id, *WATCH_ARGS, "-v"],
+                env={**os.environ, **self.cluster.env}, stdout=fh, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        target = Target(self.cluster, client, job_id, self.run_dir, SCRIPT, self.work)
+        chaos = ChaosRun(target, alive=self._alive)
+        started = time.monotonic()
+        outcomes: list[Outcome] = []
+        due = started + self.rng.expovariate(1 / self.fault_every)
+        # Faults until the run is close to its end: one due later might find it finished.
+        while True:
+            trained = max((e.get("step", 0) for e in chaos.events() if e.kind == journal.LOSS),
+                          default=0)
+            left_s = (steps - trained) * calib["step_s"]
+            if due - time.monotonic() > left_s - 60:
+                break
+            chaos.wait_progress(PROGRESS_TIMEOUT_S)
+            if time.monotonic() < due:
+                time.sleep(max(0.0, due - time.monotonic()))
+            fault = self.rng.choice(faults.ALL)
+            log(f"fault {len(outcomes) + 1}: {fault.name}")
+            outcome = chaos.inject(fault, RECOVERY_TIMEOUT_S)
+            log(f"  detected as {outcome.detected_as} after {outcome.detect_s}, training again "
+                f"after {outcome.back_s:.1f} s from step {outcome.resumed_step}, "
+                f"{outcome.lost_steps} steps lost")
+            for problem in chaos.repair():
+                log(f"  repair failed: {problem}")
+            outcomes.append(outcome)
+            due = outcome.injected + self.rng.expovariate(1 / self.fault_every)
+        deadline = time.monotonic() + steps * calib["step_s"] + 600
+        while not self.run_dir.done.exists():
+            if self._alive() or time.monotonic() > deadline:
+                raise ChaosError(f"the run did not finish: {self._alive() or 'timed out'}")
+            time.sleep(2)
+        return self.report(args, steps, calib, outcomes, time.monotonic() - started)
+
+    def report(self, args: list[str], steps: int, calib: dict, outcomes: list[Outcome],
+               wall_s: float) -> dict:
+        events = read_events(self.run_dir.events)
+        rep = build_report(events, now=time.time())
+        log("the uninterrupted reference run")
+        ref_events = standalone(self.work / "reference", args, 1800)  # no sleep: it changes no number
+        final: dict[int, journal.Event] = {}
+        for e in events:
+            if e.kind == journal.LOSS:
+                final[e.get("step")] = e
+        ref = {e.get("step"): e for e in ref_events if e.kind == journal.LOSS}
+        same_ranks = [s for s, e in final.items() if e.get("world_size") == RANKS]
+        loss_differs = [s for s in same_ranks
+                        if (final[s].get("loss"), final[s].get("samples")) !=
+                        (ref[s].get("loss"), ref[s].get("samples"))]
+        other_ranks = len(final) - len(same_ranks)
+        weights_equal = final_weights_equal(self.work, self.run_dir.root, self.work / "reference", steps)
+        blocking = sum(e.get("blocking_s", 0.0) or 0.0 for e in events
+                       if e.kind == journal.CHECKPOINT_COMMITTED)
+        by_class: dict[str, list[Outcome]] = {}
+        for o in outcomes:
+            by_class.setdefault(o.fault, []).append(o)
+        backs = [o.back_s for o in outcomes if o.back_s is not None]
+        return {
+            "minutes": self.minutes, "fault_every_s": self.fault_every, "steps": steps,
+            "step_s": calib["step_s"], "ckpt_cost_s": calib["ckpt_cost_s"],
+            "ckpt_every_steps": calib["ckpt_every"], "wall_s": wall_s,
+            "ettr": rep.ettr, "productive_s": rep.productive_s, "run_wall_s": rep.wall_s,
+            "faults": len(outcomes),
+            "faults_by_class": {k: len(v) for k, v in by_class.items()},
+            "mttr_s_median": statistics.median(backs) if backs else None,
+            "mttr_s_max": max(backs) if backs else None,
+            "mttr_by_class": {k: {"median": statistics.median([o.back_s for o in v]),
+                                  "max": max(o.back_s for o in v),
+                                  "lost_steps_max": max(o.lost_steps or 0 for o in v),
+                                  "detected_as": sorted({str(o.detected_as) for o in v})}
+                              for k, v in by_class.items()},
+            "lost_steps_max": max((o.lost_steps or 0 for o in outcomes), default=0),
+            "lost_steps_total": sum(o.lost_steps or 0 for o in outcomes),
+            "ckpt_overhead": blocking / rep.wall_s if rep.wall_s else None,
+            "ckpt_blocking_s": blocking,
+            "final_state_equal": weights_equal and not loss_differs and other_ranks == 0,
+            "final_weights_equal": weights_equal,
+            "steps_loss_differs": loss_differs, "steps_on_other_world_sizes": other_ranks,
+            "restarts_by_cause": rep.restarts_by_cause,
+            "faults_detail": [{"fault": o.fault, "detected_as": o.detected_as, "detect_s": o.detect_s,
+                               "running_s": o.running_s, "back_s": o.back_s,
+                               "resumed_step": o.resumed_step, "lost_steps": o.lost_steps,
+                               "world_size": o.world_size} for o in outcomes],
+        }
+
+    def close(self) -> None:
+        if self.watcher is not None and self.watcher.poll() is None:
+            self.watcher.terminate()
+            try:
+                self.watcher.wait(10)
+            except subprocess.TimeoutExpired:
+                self.watcher.kill()
+        if self.cluster is not None:
+            self.cluster.down()
+
+
+def render(r: dict) -> str:
+    def num(v, fmt="{:.1f}"):
+        return "-" if v is None else fmt.format(v)
+    lines = [f"# Chaos soak: {r['minutes']:g} min, one fault every {r['fault_every_s']:g} s on "
+             "average", "",
+             "| metric | value |", "|---|---|",
+             f"| ETTR | {num(r['ettr'], '{:.3f}')} (target >= 0.90) |",
+             f"| faults | {r['faults']} |",
+             f"| time to recover, median / max | {num(r['mttr_s_median'])} s / {num(r['mttr_s_max'])} s |",
+             f"| steps lost, max / total | {r['lost_steps_max']} / {r['lost_steps_total']} |",
+             f"| checkpoint overhead | {num(100 * r['ckpt_overhead'] if r['ckpt_overhead'] is not None else None, '{:.2f}')} % "
+             f"(every {r['ckpt_every_steps']} steps, {r['step_s']:.2f} s/step, cost "
+             f"{r['ckpt_cost_s']:.3f} s) |",
+             f"| final state equals an uninterrupted run | {'yes' if r['final_state_equal'] else 'NO'} |",
+             "", "| fault class | count | recover median (s) | max (s) | steps lost max | detected as |",
+             "|---|---|---|---|---|---|"]
+    for name, c in sorted(r["mttr_by_class"].items(), key=lambda kv: -kv[1]["median"]):
+        lines.append(f"| {name} | {r['faults_by_class'][name]} | {c['median']:.1f} | {c['max']:.1f} | "
+                     f"{c['lost_steps_max']} | {', '.join(c['detected_as'])} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--fault-every", type=float, default=180.0, help="mean seconds between faults")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--dir", type=Path, help="work dir (default: a new temp dir)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("soak: must run as root (it starts Slurm daemons)", file=sys.stderr)
+        return 1
+    if args.minutes <= 0 or args.fault_every <= 0:
+        print("soak: --minutes and --fault-every must be > 0", file=sys.stderr)
+        return 1
+    work = (args.dir or Path(tempfile.mkdtemp(prefix="slurmft-soak."))).absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    soak = Soak(work, args.minutes, args.fault_every, args.seed)
+    try:
+        result = soak.run()
+    except (ChaosError, faults.FaultError) as exc:
+        print(f"soak: {exc} (files: {work})", file=sys.stderr)
+        return 1
+    finally:
+        soak.close()
+    print(json.dumps(result, sort_keys=True) if args.json else render(result))
+    return 0 if result["final_state_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
