@@ -355,7 +355,7 @@ def prune(
     milestones: Optional[list[int]] = typer.Option(None, "--milestone", show_default=False,
                                                    help="Keep this step (repeatable; replaces milestones)."),
     config: Optional[Path] = typer.Option(None, "--config", show_default=False,
-                                          help="slurmft.toml to read [checkpoint] from "
+                                          help="slurmft.toml to read \\[checkpoint] from "
                                                "(default: $SLURMFT_CONFIG, else ./slurmft.toml)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; delete nothing."),
 ) -> None:

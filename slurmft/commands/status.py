@@ -77,7 +77,7 @@ def status(
     target: str = typer.Argument(..., metavar="JOBID|RUN_DIR", help="A job id, or a run directory."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (for scripts)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the timeline into this PNG "
-                                        "(needs matplotlib: pip install 'slurmft[plot]')."),
+                                        "(needs matplotlib: pip install 'slurmft\\[plot]')."),
     no_slurm: bool = typer.Option(False, "--no-slurm", help="With a RUN_DIR: do not ask Slurm."),
     config: Optional[Path] = typer.Option(None, "--config", help="slurmft.toml to read \\[slurm] from."),
 ) -> None:

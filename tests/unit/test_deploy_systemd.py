@@ -38,6 +38,19 @@ def test_it_watches_the_instance_and_restarts_only_what_a_restart_can_fix():
     assert _unit()["Install"]["WantedBy"] == "default.target"  # a --user unit
 
 
+def test_the_environment_the_unit_sets_is_one_the_watcher_accepts(tmp_path, monkeypatch):
+    """Every Environment= variable of the unit reaches `slurmft watch`: one named like a
+    [watch] setting (SLURMFT_WATCH_*) must be one, or the watcher refuses to start (exit 2)."""
+    from slurmft.config import load_section
+    from slurmft.watch.config import WatchConfig
+
+    monkeypatch.chdir(tmp_path)  # no slurmft.toml of the checkout's
+    for line in _unit()["Service"]["Environment"].splitlines():
+        key, _, value = line.strip().partition("=")
+        monkeypatch.setenv(key, value)
+    load_section(WatchConfig, "watch")  # raises ConfigError naming the variable
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_accepts_the_unit_without_a_warning(tmp_path):
     home = tmp_path / "home"
