@@ -1,9 +1,9 @@
 """Exit codes shared by the training process, the sbatch template and the watcher.
 
 These numbers are the protocol between a training step and whoever decides what happens next
-(the template's ``scontrol requeue``, the watcher's give-up rule). They are defined here and
-nowhere else in Python; ``sbatch_templates/train.sbatch`` repeats ``NO_REQUEUE`` in bash, and a unit test
-checks the two agree. Torch-free.
+(the launcher's self-requeue, the watcher's give-up rule). They are defined here and nowhere
+else; the template's comments name them, and its own early exits are tested against these
+values (tests/unit/test_train_sbatch.py). Torch-free.
 """
 
 from __future__ import annotations

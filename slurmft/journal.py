@@ -18,8 +18,8 @@ opened without following a link and only as a regular file (a FIFO must not stal
 template's ``outcome`` or ``append``), at most ``MAX_READ_BYTES`` of its end are read, a line
 longer than ``MAX_LINE_BYTES`` or one that is not JSON of bounded depth is skipped like a torn one.
 
-``python -m slurmft.journal`` exposes the two operations the bash sbatch template needs
-(``append`` and ``outcome``). Torch-free.
+``python -m slurmft.journal`` exposes ``append`` and ``outcome`` on the command line (for
+scripts and by-hand inspection; the launcher calls the functions). Torch-free.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ REQUEUE_REQUEST = "requeue_request"
 # watched job id and the restart count the watcher saw; times are unix seconds.
 WATCH_STARTED = "watch_started"      # pid, host, user
 FAULT_DETECTED = "fault_detected"    # cause, evidence, nodes, fault_time (best estimate), state
-RECOVERY_ACTION = "recovery_action"  # action (requeue|exclude|start_now|expedite|hold|resubmit),
+RECOVERY_ACTION = "recovery_action"  # action (requeue|exclude|readmit|start_now|expedite|set_down|
+                                     # hold|requeue_hold|resubmit),
                                      # cause, nodes, ok, detail
 JOB_RUNNING = "job_running"          # nodes, start_time: running again after a recovery
 JOB_RESUBMITTED = "job_resubmitted"  # old_job_id, new_job_id: Slurm had forgotten the job
@@ -338,7 +339,7 @@ def _parse_field(text: str) -> tuple[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI for the sbatch template: ``append`` an event, or print a segment's recorded ``outcome``."""
+    """Command line: ``append`` an event, or print a segment's recorded ``outcome``."""
     parser = argparse.ArgumentParser(prog="python -m slurmft.journal", description=main.__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add = sub.add_parser("append", help="append one event: KIND [KEY=VALUE ...] (values JSON or text)")

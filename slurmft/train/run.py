@@ -55,7 +55,7 @@ from slurmft.train.guards import GuardConfig, GuardResult, StepGuard, Verdict
 from slurmft.train.busy import ForwardTimer
 from slurmft.train.heartbeat import Heartbeat
 from slurmft.train.manifest import ManifestError, read_manifest
-from slurmft.train.preemption import PreemptionHandler
+from slurmft.train.preemption import PreemptionConfig, PreemptionHandler
 from slurmft.train.redo_check import RedoneLosses
 from slurmft.train.run_config import RunConfig
 from slurmft.train.runtime import JobEnv, JobEnvError, RunDirError, Segment, check_run_dir_writable
@@ -129,6 +129,7 @@ class Run:
             self.checkpoint_config = checkpoint or CheckpointConfig.load(config_file)
             self.guard_config = guards or load_section(GuardConfig, "guards", config_file=config_file)
             self.config = config or RunConfig.load(config_file)
+            self.preemption_config = PreemptionConfig.load(config_file)
         except ConfigError as exc:  # a wrong key or value: running again would fail the same way
             _fail(str(exc), run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV), env)
         self.process_group = process_group
@@ -204,8 +205,8 @@ class Run:
             self._watchdog = StepWatchdog(timeout_s=self.config.watchdog_timeout_s,
                                           on_fire=self._on_hang).start()
             self._checkpoints.watchdog = self._watchdog  # saves between steps are watched too
-        self._preemption = PreemptionHandler(process_group=self.process_group,
-                                             device=self.device).install()
+        self._preemption = PreemptionHandler(process_group=self.process_group, device=self.device,
+                                             check_every=self.preemption_config.check_every).install()
         self._boundary = BoundaryCheck(rank=self.rank, enabled=self.config.check_boundaries)
         self._boundary.mark()
         return self

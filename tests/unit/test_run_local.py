@@ -153,6 +153,16 @@ def test_bad_config_value_exits_86_naming_the_key(tmp_path):
                                    "-> NO_REQUEUE (86)")
 
 
+@pytest.mark.timeout(60)
+def test_preemption_check_every_setting_reaches_the_handler(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMFT_PREEMPTION_CHECK_EVERY", "3")
+    model, optimizer, run = make_run(tmp_path / "run")
+    with run:
+        assert run.preemption is not None and run.preemption.check_every == 3
+        for _step in run.steps(1):
+            train(model, optimizer, run, draw_batch())
+
+
 def test_loop_section_does_not_claim_the_run_dir_variable(tmp_path):
     # [loop], not [run]: SLURMFT_RUN_DIR must never be read as a key of Run's own section.
     config = RunConfig.load(environ={"SLURMFT_RUN_DIR": str(tmp_path), "SLURMFT_LOOP_LOG_EVERY": "1"})
