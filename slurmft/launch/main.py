@@ -27,7 +27,10 @@ from slurmft.launch.step import run_step
 from slurmft.rundir import RunDir
 from slurmft.slurm.client import SlurmError
 
-USAGE = "usage: slurmft launch SCRIPT.py [ARGS...]  (or -m MODULE [ARGS...])"
+USAGE = ("usage: slurmft launch SCRIPT.py [ARGS...]  (or -m MODULE [ARGS...])\n"
+         "Run a training script across this Slurm allocation (what sbatch_templates/train.sbatch\n"
+         "execs); settings come from the SLURMFT_* environment (see the template). Exit: 0\n"
+         "finished, 85 requeue me, 86 do not requeue, anything else left to slurmft watch.")
 
 
 def give_up(voice: Voice, reason: str) -> int:
@@ -188,7 +191,7 @@ def segment_code(run_dir, ident) -> int | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"]):
-        print(__doc__.strip().splitlines()[0] + "\n" + USAGE)
+        print(USAGE)
         return 0
     if args[:1] == ["--"]:
         args = args[1:]
