@@ -173,7 +173,8 @@ class Soak:
             fault = self.rng.choice(faults.ALL)
             log(f"fault {len(outcomes) + 1}: {fault.name}")
             outcome = chaos.inject(fault, RECOVERY_TIMEOUT_S)
-            log(f"  detected as {outcome.detected_as} after {outcome.detect_s}, training again "
+            detect = "-" if outcome.detect_s is None else f"{outcome.detect_s:.1f} s"
+            log(f"  detected as {outcome.detected_as} after {detect}, training again "
                 f"after {outcome.back_s:.1f} s from step {outcome.resumed_step}, "
                 f"{outcome.lost_steps} steps lost")
             for problem in chaos.repair():

@@ -57,11 +57,13 @@ class Fault:
     inject: Callable[[Target], str]         # does it; returns what it did, in words
 
 
-def rank_pids(job_id: str, script: Path, rank: int | None = None) -> list[int]:
-    """The training processes of ``job_id`` on this machine: ``python -u SCRIPT`` with the job's
-    SLURM_JOB_ID in their environment (torchrun and the bash wrapper name the script later in
-    their argv); with ``rank``, only that global rank's."""
+def rank_pids(cluster: str, job_id: str, script: Path, rank: int | None = None) -> list[int]:
+    """The training processes of ``job_id`` of devcluster ``cluster`` on this machine:
+    ``python -u SCRIPT`` with the job's SLURM_JOB_ID and SLURM_CLUSTER_NAME in their environment
+    (another cluster on this machine may have a job of the same number; torchrun and the
+    launcher name the script later in their argv); with ``rank``, only that global rank's."""
     job_mark = f"SLURM_JOB_ID={job_id}".encode()
+    cluster_mark = f"SLURM_CLUSTER_NAME={cluster}".encode()
     rank_mark = f"RANK={rank}".encode() if rank is not None else None
     found = []
     for entry in Path("/proc").iterdir():
@@ -72,7 +74,7 @@ def rank_pids(job_id: str, script: Path, rank: int | None = None) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if job_mark in environ and str(script).encode() in argv[1:3] and (
+        if job_mark in environ and cluster_mark in environ and str(script).encode() in argv[1:3] and (
                 rank_mark is None or rank_mark in environ):
             found.append(int(entry.name))
     return found
@@ -90,14 +92,14 @@ def _signal_all(pids: list[int], sig: int) -> int:
 
 
 def crash(target: Target) -> str:
-    killed = _signal_all(rank_pids(target.job_id, target.script), signal.SIGKILL)
+    killed = _signal_all(rank_pids(target.cluster.cluster_name, target.job_id, target.script), signal.SIGKILL)
     if not killed:
         raise FaultError(f"job {target.job_id}: no training process of {target.script.name} to kill")
     return f"SIGKILL to all {killed} training processes (no handler runs, nothing is saved)"
 
 
 def hang(target: Target) -> str:
-    stopped = _signal_all(rank_pids(target.job_id, target.script, rank=1), signal.SIGSTOP)
+    stopped = _signal_all(rank_pids(target.cluster.cluster_name, target.job_id, target.script, rank=1), signal.SIGSTOP)
     if not stopped:
         raise FaultError(f"job {target.job_id}: no process of rank 1 to stop")
     return "SIGSTOP to rank 1: the other ranks wait in a collective, nothing exits"
