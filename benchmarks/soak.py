@@ -159,17 +159,17 @@ class Soak:
         chaos = ChaosRun(target, alive=self._alive)
         started = time.monotonic()
         outcomes: list[Outcome] = []
-        due = started + self.rng.expovariate(1 / self.fault_every)
+        # Wall-clock times, as the outcomes' injection times are.
+        due = time.time() + self.rng.expovariate(1 / self.fault_every)
         # Faults until the run is close to its end: one due later might find it finished.
         while True:
             trained = max((e.get("step", 0) for e in chaos.events() if e.kind == journal.LOSS),
                           default=0)
             left_s = (steps - trained) * calib["step_s"]
-            if due - time.monotonic() > left_s - 60:
+            if due - time.time() > left_s - 60:
                 break
             chaos.wait_progress(PROGRESS_TIMEOUT_S)
-            if time.monotonic() < due:
-                time.sleep(max(0.0, due - time.monotonic()))
+            time.sleep(max(0.0, due - time.time()))
             fault = self.rng.choice(faults.ALL)
             log(f"fault {len(outcomes) + 1}: {fault.name}")
             outcome = chaos.inject(fault, RECOVERY_TIMEOUT_S)
