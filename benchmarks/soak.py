@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -43,11 +44,13 @@ sys.path.insert(0, str(REPO))
 from slurmft import journal  # noqa: E402
 from slurmft.chaos import faults  # noqa: E402
 from slurmft.chaos.drive import ChaosError, ChaosRun, Outcome  # noqa: E402
-from slurmft.chaos.faults import Target  # noqa: E402
+from slurmft.chaos.faults import FaultError, Target  # noqa: E402
+from slurmft.chaos.reference import ReferenceRunError, uninterrupted_run  # noqa: E402
 from slurmft.journal import read_events  # noqa: E402
 from slurmft.rundir import RunDir  # noqa: E402
 from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
-from slurmft.slurm.devcluster import DevCluster  # noqa: E402
+from slurmft.slurm.client import SlurmError  # noqa: E402
+from slurmft.slurm.devcluster import DevCluster, DevClusterError  # noqa: E402
 from slurmft.status import build_report  # noqa: E402
 
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
@@ -71,16 +74,7 @@ def log(message: str) -> None:
 
 def standalone(run_dir: Path, args: list[str], timeout: float) -> list[journal.Event]:
     """An uninterrupted run on RANKS local ranks (torchrun --standalone, no Slurm)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env.update(JOB_ENV)
-    env["SLURMFT_RUN_DIR"] = str(run_dir)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          f"--nproc-per-node={RANKS}", str(SCRIPT), *args],
-                         env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    if res.returncode != 0:
-        raise ChaosError(f"uninterrupted run in {run_dir} exited {res.returncode}: "
-                         f"{res.stderr.strip()[-800:]}")
-    return read_events(RunDir(run_dir).events)
+    return uninterrupted_run(run_dir, SCRIPT, args, RANKS, env=JOB_ENV, timeout=timeout)
 
 
 def calibrate(work: Path, fault_every: float) -> dict:
@@ -169,6 +163,10 @@ class Soak:
             if due - time.time() > left_s - 60:
                 break
             chaos.wait_progress(PROGRESS_TIMEOUT_S)
+            if due <= time.time():
+                # Overdue (it fell due during the last recovery): not always one step after a
+                # fresh checkpoint, which would flatter the steps lost; anywhere in an interval.
+                due = time.time() + self.rng.uniform(0, calib["ckpt_every"] * calib["step_s"])
             time.sleep(max(0.0, due - time.time()))
             fault = self.rng.choice(faults.ALL)
             log(f"fault {len(outcomes) + 1}: {fault.name}")
@@ -211,18 +209,24 @@ class Soak:
         for o in outcomes:
             by_class.setdefault(o.fault, []).append(o)
         backs = [o.back_s for o in outcomes if o.back_s is not None]
+        gaps = [b.injected - a.injected for a, b in zip(outcomes, outcomes[1:])]
+
+        def cost(o: Outcome) -> float:  # training time the fault took: down time + work redone
+            return (o.back_s or 0.0) + (o.lost_steps or 0) * calib["step_s"]
         return {
             "minutes": self.minutes, "fault_every_s": self.fault_every, "steps": steps,
             "step_s": calib["step_s"], "ckpt_cost_s": calib["ckpt_cost_s"],
             "ckpt_every_steps": calib["ckpt_every"], "wall_s": wall_s,
             "ettr": rep.ettr, "productive_s": rep.productive_s, "run_wall_s": rep.wall_s,
             "faults": len(outcomes),
+            "fault_interval_s_mean": statistics.mean(gaps) if gaps else None,
             "faults_by_class": {k: len(v) for k, v in by_class.items()},
             "mttr_s_median": statistics.median(backs) if backs else None,
             "mttr_s_max": max(backs) if backs else None,
             "mttr_by_class": {k: {"median": statistics.median([o.back_s for o in v]),
                                   "max": max(o.back_s for o in v),
                                   "lost_steps_max": max(o.lost_steps or 0 for o in v),
+                                  "cost_s_total": sum(cost(o) for o in v),
                                   "detected_as": sorted({str(o.detected_as) for o in v})}
                               for k, v in by_class.items()},
             "lost_steps_max": max((o.lost_steps or 0 for o in outcomes), default=0),
@@ -240,14 +244,18 @@ class Soak:
         }
 
     def close(self) -> None:
-        if self.watcher is not None and self.watcher.poll() is None:
-            self.watcher.terminate()
-            try:
-                self.watcher.wait(10)
-            except subprocess.TimeoutExpired:
-                self.watcher.kill()
-        if self.cluster is not None:
-            self.cluster.down()
+        try:
+            if self.watcher is not None and self.watcher.poll() is None:
+                self.watcher.terminate()
+                try:
+                    self.watcher.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.watcher.kill()
+        finally:
+            if self.cluster is None and (self.work / "cluster" / "devcluster.json").exists():
+                self.cluster = DevCluster.attach(self.work / "cluster", running=False)
+            if self.cluster is not None:
+                self.cluster.down()
 
 
 def render(r: dict) -> str:
@@ -257,18 +265,19 @@ def render(r: dict) -> str:
              "average", "",
              "| metric | value |", "|---|---|",
              f"| ETTR | {num(r['ettr'], '{:.3f}')} (target >= 0.90) |",
-             f"| faults | {r['faults']} |",
+             f"| faults | {r['faults']} (one every {num(r['fault_interval_s_mean'], '{:.0f}')} s) |",
              f"| time to recover, median / max | {num(r['mttr_s_median'])} s / {num(r['mttr_s_max'])} s |",
              f"| steps lost, max / total | {r['lost_steps_max']} / {r['lost_steps_total']} |",
              f"| checkpoint overhead | {num(100 * r['ckpt_overhead'] if r['ckpt_overhead'] is not None else None, '{:.2f}')} % "
              f"(every {r['ckpt_every_steps']} steps, {r['step_s']:.2f} s/step, cost "
              f"{r['ckpt_cost_s']:.3f} s) |",
              f"| final state equals an uninterrupted run | {'yes' if r['final_state_equal'] else 'NO'} |",
-             "", "| fault class | count | recover median (s) | max (s) | steps lost max | detected as |",
-             "|---|---|---|---|---|---|"]
-    for name, c in sorted(r["mttr_by_class"].items(), key=lambda kv: -kv[1]["median"]):
+             "", "| fault class | count | recover median (s) | max (s) | steps lost max | "
+             "training time lost (s) | detected as |",
+             "|---|---|---|---|---|---|---|"]
+    for name, c in sorted(r["mttr_by_class"].items(), key=lambda kv: -kv[1]["cost_s_total"]):
         lines.append(f"| {name} | {r['faults_by_class'][name]} | {c['median']:.1f} | {c['max']:.1f} | "
-                     f"{c['lost_steps_max']} | {', '.join(c['detected_as'])} |")
+                     f"{c['lost_steps_max']} | {c['cost_s_total']:.0f} | {', '.join(c['detected_as'])} |")
     return "\n".join(lines)
 
 
@@ -289,13 +298,23 @@ def main() -> int:
     work = (args.dir or Path(tempfile.mkdtemp(prefix="slurmft-soak."))).absolute()
     work.mkdir(parents=True, exist_ok=True)
     soak = Soak(work, args.minutes, args.fault_every, args.seed)
+
+    def terminated(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+    signal.signal(signal.SIGTERM, terminated)
     try:
-        result = soak.run()
-    except (ChaosError, faults.FaultError) as exc:
+        try:
+            result = soak.run()
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing cuts the teardown short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            soak.close()
+    except (ChaosError, FaultError, ReferenceRunError, DevClusterError, SlurmError) as exc:
         print(f"soak: {exc} (files: {work})", file=sys.stderr)
         return 1
-    finally:
-        soak.close()
+    except KeyboardInterrupt:
+        print(f"soak: interrupted; the cluster is down (files: {work})", file=sys.stderr)
+        return 130
     print(json.dumps(result, sort_keys=True) if args.json else render(result))
     return 0 if result["final_state_equal"] else 1
 

@@ -33,8 +33,9 @@ from rich.table import Table
 
 from slurmft import journal
 from slurmft.chaos import faults
-from slurmft.chaos.drive import ChaosError, ChaosRun, Outcome
+from slurmft.chaos.drive import ChaosError, ChaosRun, Outcome, outcome_problems
 from slurmft.chaos.faults import FaultError, Target
+from slurmft.chaos.reference import ReferenceRunError, uninterrupted_run
 from slurmft.journal import read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
@@ -52,23 +53,25 @@ ORDER = (faults.NODE_DEATH, faults.HANG, faults.CRASH, faults.CORRUPT_NEWEST, fa
          faults.UNHEALTHY_NODE)
 # Small and deterministic: 2 cores run every rank. The in-job step watchdog is set far beyond the
 # watcher's hang timeout so that the hang is the watcher's to find (from the heartbeats). The hang
-# timeout is above the ~20 s the controller needs to call a dead node DOWN (SlurmdTimeout=10): a
-# node death is then found as one, and the dead node excluded, before the stopped heartbeats
-# would make it a hang that names no node.
+# timeout is well above the ~28 s the controller took here to call a dead node DOWN
+# (SlurmdTimeout=10): a node death is then found as one, and the dead node excluded, before the
+# stopped heartbeats would make it a hang that names no node.
 TRAIN_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "2", "--ckpt-every", "5",
               "--step-sleep", "0.25", "--watchdog-timeout", "600"]
-HANG_TIMEOUT_S = 30
+HANG_TIMEOUT_S = 45
 WATCH_ARGS = ["--poll", "1", "--hang-timeout", str(HANG_TIMEOUT_S)]
 # Every loss line reaches the journal at once, so that the display follows each step.
 JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
            "SLURMFT_JOURNAL_FLUSH_EVERY_EVENTS": "1"}
 FAULT_TIMEOUT_S = 240
+MIN_STEPS = 60
 PROGRESS_TIMEOUT_S = 180
 WATCHER_STOP_S = 10
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM: tear down and leave."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: tear down and leave (a BaseException: no ``except Exception`` on the
+    way, a failed repair's included, may swallow it)."""
 
 
 def _interrupt(signum, frame):
@@ -149,7 +152,7 @@ class Demo:
                 outcome = run.inject(fault, FAULT_TIMEOUT_S)
             self.console.print(f"[bold red]fault {number}: {fault.name}[/] after checkpoint {ckpt}: "
                                f"{outcome.detail}")
-            wrong = run.problems(outcome)
+            wrong = outcome_problems(outcome)
             # Found within the hang timeout + 2 poll cycles + a heartbeat period of the stop.
             if fault is faults.HANG and (outcome.detect_s or 1e9) > HANG_TIMEOUT_S + 5:
                 wrong.append(f"found {_secs(outcome.detect_s)} after the stop")
@@ -206,19 +209,11 @@ class Demo:
                 final[event.get("step")] = event  # a redone step: its last run is the one kept
         sizes = collections.Counter(e.get("world_size") for e in final.values())
         size = sizes.most_common(1)[0][0]
-        ref_dir = RunDir(self.work / "reference")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-        env.update(JOB_ENV)
-        env["SLURMFT_RUN_DIR"] = str(ref_dir.root)
         with self.console.status(f"an uninterrupted run of {self.steps} steps on {size} ranks"):
-            res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                  f"--nproc-per-node={size}", str(SCRIPT), *TRAIN_ARGS,
-                                  "--steps", str(self.steps)],
-                                 env=env, capture_output=True, text=True, timeout=300, check=False)
-        if res.returncode != 0:
-            raise ChaosError(f"the uninterrupted reference run exited {res.returncode}: "
-                             f"{res.stderr.strip()[-800:]}")
-        ref = {e.get("step"): e for e in read_events(ref_dir.events) if e.kind == journal.LOSS}
+            ref_events = uninterrupted_run(self.work / "reference", SCRIPT,
+                                           [*TRAIN_ARGS, "--steps", str(self.steps)], size,
+                                           env=JOB_ENV, timeout=300)
+        ref = {e.get("step"): e for e in ref_events if e.kind == journal.LOSS}
         problems = []
         missing = sorted(set(range(1, self.steps + 1)) - set(final))
         if missing:
@@ -255,25 +250,35 @@ class Demo:
         return table
 
     def down(self) -> None:
-        if self.watcher is not None and self.watcher.poll() is None:
-            self.watcher.terminate()
-            try:
-                self.watcher.wait(WATCHER_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.watcher.kill()
-                self.watcher.wait(WATCHER_STOP_S)
-        if self.cluster is not None:
-            with self.console.status("tearing the devcluster down"):
-                self.cluster.down()
-            self.console.print("devcluster down: no daemon, job process or /etc/hosts line left")
+        try:
+            if self.watcher is not None and self.watcher.poll() is None:
+                self.watcher.terminate()
+                try:
+                    self.watcher.wait(WATCHER_STOP_S)
+                except subprocess.TimeoutExpired:
+                    self.watcher.kill()
+                    self.watcher.wait(WATCHER_STOP_S)
+        finally:
+            cluster = self.cluster
+            if cluster is None and (self.work / "cluster" / "devcluster.json").exists():
+                # Interrupted inside `up` (its own clean-up may have been cut short too).
+                cluster = DevCluster.attach(self.work / "cluster", running=False)
+            if cluster is not None:
+                with self.console.status("tearing the devcluster down"):
+                    cluster.down()
+                self.console.print("devcluster down: no daemon, job process or /etc/hosts line left")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, default=os.environ.get("DEMO_DIR") or None,
                    help="where the cluster, the run and the logs go (default: a new temp dir)")
-    p.add_argument("--steps", type=int, default=int(os.environ.get("DEMO_STEPS", "80")))
+    # argparse converts a string default with `type`: DEMO_STEPS=abc is a one-line usage error.
+    p.add_argument("--steps", type=int, default=os.environ.get("DEMO_STEPS", "80"),
+                   help=f"steps of the run (at least {MIN_STEPS}: six faults need room)")
     args = p.parse_args(argv)
+    if args.steps < MIN_STEPS:
+        p.error(f"--steps {args.steps}: at least {MIN_STEPS} (six faults, each after a new checkpoint)")
     console = Console(width=None if sys.stdout.isatty() else 130)
     if os.geteuid() != 0:
         console.print("demo: must run as root (it starts Slurm daemons)", style="red")
@@ -307,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as why:
         console.print(f"[yellow]interrupted ({why}): tearing down[/]")
         code = 130
-    except (ChaosError, FaultError, DevClusterError, SlurmError) as exc:
+    except (ChaosError, FaultError, ReferenceRunError, DevClusterError, SlurmError) as exc:
         console.print(f"[red]demo failed:[/] {exc}")
     finally:
         # Nothing may cut the teardown short: a second Ctrl-C waits for it.
@@ -315,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             demo.down()
-        except DevClusterError as exc:
+        except (DevClusterError, OSError, subprocess.SubprocessError) as exc:
             console.print(f"[red]teardown failed:[/] {exc}")
             code = code or 1
         console.print(f"files: {work} (job log: {work / 'job.log'}, watcher: {work / 'watch.log'})")

@@ -5,14 +5,16 @@ training was back and from which step. Every wait is bounded and names what it w
 
 from __future__ import annotations
 
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 from slurmft import journal
 from slurmft.chaos import faults
-from slurmft.chaos.faults import Fault, Target
+from slurmft.chaos.faults import Fault, FaultError, Target
 from slurmft.journal import Event
+from slurmft.slurm.devcluster import DevClusterError
 from slurmft.status import JournalUnreadable, read_journal
 
 POLL_S = 0.5
@@ -45,12 +47,39 @@ class Outcome:
     committed_before: list[int] = field(default_factory=list)  # checkpoints at the injection
     victim: str | None = None   # the node a node fault hit
     excluded: list[str] = field(default_factory=list)  # nodes the watcher excluded for it
+    corrupted: int | None = None  # the checkpoint a corruption hit
 
     @property
     def lost_steps(self) -> int | None:
         if self.last_step is None:
             return None
         return self.last_step - (self.resumed_step or 0)
+
+
+def outcome_problems(o: Outcome) -> list[str]:
+    """What this outcome shows that slurmft should not have done (empty: nothing)."""
+    found = []
+    if not o.expected:
+        found.append(f"detected as {o.detected_as}")
+    newest = max(o.committed_before, default=None)
+    if o.fault == faults.CORRUPT_NEWEST.name:
+        older = [s for s in o.committed_before if o.corrupted is not None and s < o.corrupted]
+        if o.resumed_step != (max(older) if older else None):
+            found.append(f"resumed from {o.resumed_step}, not from the checkpoint before the "
+                         f"corrupted {o.corrupted}")
+    elif newest is not None and (o.resumed_step is None or o.resumed_step < newest):
+        found.append(f"resumed from {o.resumed_step}, older than the newest intact {newest}")
+    if o.fault == faults.TIME_LIMIT.name and o.lost_steps:
+        found.append(f"{o.lost_steps} steps lost although the signal let it save")
+    if o.victim is not None and o.victim in o.nodes:
+        found.append(f"running again on {o.victim}, the node the fault hit")
+    if o.victim is not None and o.victim not in o.excluded:
+        found.append(f"{o.victim}, the node the fault hit, was not excluded")
+    if o.running_s is None or o.running_s > RUNNING_AGAIN_S:
+        found.append(f"running again after {o.running_s} s (more than {RUNNING_AGAIN_S} s)")
+    if o.fault == faults.UNHEALTHY_NODE.name and "slurmft: external_site" not in o.evidence:
+        found.append(f"evidence does not name the sweeper's check: {o.evidence!r}")
+    return found
 
 
 def _segment(event: Event) -> int:
@@ -110,7 +139,7 @@ class ChaosRun:
         segment = _segment(seg) if seg is not None else 0
         losses = [e.get("step") for e in before if e.kind == journal.LOSS and _segment(e) == segment]
         committed = self.target.run_dir.committed_steps()
-        self.target.victim = None
+        self.target.victim = self.target.corrupted = None
         injected = time.time()
         detail = fault.inject(self.target)
 
@@ -142,32 +171,8 @@ class ChaosRun:
             nodes=list(running[0].get("nodes") or []) if running else [],
             expected=cause in fault.causes,
             evidence=str(detected[0].get("evidence") or "") if detected else "",
-            committed_before=committed, victim=self.target.victim, excluded=excluded)
-
-    def problems(self, o: Outcome) -> list[str]:
-        """What this outcome shows that slurmft should not have done (empty: nothing)."""
-        found = []
-        if not o.expected:
-            found.append(f"detected as {o.detected_as}")
-        newest = max(o.committed_before, default=None)
-        if o.fault == faults.CORRUPT_NEWEST.name:
-            older = [s for s in o.committed_before if s != newest]
-            if o.resumed_step != (max(older) if older else None):
-                found.append(f"resumed from {o.resumed_step}, not from the checkpoint before the "
-                             f"corrupted {newest}")
-        elif newest is not None and (o.resumed_step is None or o.resumed_step < newest):
-            found.append(f"resumed from {o.resumed_step}, older than the newest intact {newest}")
-        if o.fault == faults.TIME_LIMIT.name and o.lost_steps:
-            found.append(f"{o.lost_steps} steps lost although the signal let it save")
-        if o.victim is not None and o.victim in o.nodes:
-            found.append(f"running again on {o.victim}, the node the fault hit")
-        if o.victim is not None and o.victim not in o.excluded:
-            found.append(f"{o.victim}, the node the fault hit, was not excluded")
-        if o.running_s is None or o.running_s > RUNNING_AGAIN_S:
-            found.append(f"running again after {o.running_s} s (more than {RUNNING_AGAIN_S} s)")
-        if o.fault == faults.UNHEALTHY_NODE.name and "slurmft: external_site" not in o.evidence:
-            found.append(f"evidence does not name the sweeper's check: {o.evidence!r}")
-        return found
+            committed_before=committed, victim=self.target.victim, excluded=excluded,
+            corrupted=self.target.corrupted)
 
     def repair(self) -> list[str]:
         """Run and forget the repairs the faults left (a node restarted, a drain resumed)."""
@@ -175,6 +180,6 @@ class ChaosRun:
         while self.target.repairs:
             try:
                 self.target.repairs.pop(0)()
-            except Exception as exc:  # a repair that failed leaves the cluster smaller, not broken
-                problems.append(str(exc))
+            except (FaultError, DevClusterError, OSError, subprocess.SubprocessError) as exc:
+                problems.append(str(exc))  # a repair that failed leaves the cluster smaller
         return problems

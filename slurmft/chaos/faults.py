@@ -12,7 +12,9 @@ which resumes its own drain): the next fault then finds the cluster whole, as an
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -42,6 +44,7 @@ class Target:
     work_dir: Path                          # for the sweeper's config and its state
     repairs: list[Callable[[], None]] = field(default_factory=list)
     victim: str | None = None               # the node the last node fault hit
+    corrupted: int | None = None            # the checkpoint the last corruption hit
 
     def nodes(self) -> list[str]:
         nodes = self.client.job(self.job_id).nodes
@@ -113,20 +116,29 @@ def node_death(target: Target) -> str:
 
 
 def corrupt_newest(target: Target) -> str:
-    steps = target.run_dir.committed_steps()
-    if not steps:
-        raise FaultError(f"{target.run_dir.root}: no committed checkpoint to corrupt")
-    shards = sorted(target.run_dir.checkpoint(steps[-1]).glob("*.distcp"))
-    if not shards:
-        raise FaultError(f"checkpoint of step {steps[-1]} has no .distcp shard")
-    with open(shards[0], "r+b") as fh:  # one flipped bit's worth of rot, in place
-        size = fh.seek(0, os.SEEK_END)
-        fh.seek(size // 2)
-        byte = fh.read(1)
-        fh.seek(size // 2)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-    what = crash(target)
-    return f"one byte of {shards[0].name} of checkpoint {steps[-1]} flipped, then {what}"
+    # Stopped first, so that no newer checkpoint commits between choosing "the newest" and the
+    # crash that makes the run load it.
+    ranks = rank_pids(target.cluster.cluster_name, target.job_id, target.script)
+    if not _signal_all(ranks, signal.SIGSTOP):
+        raise FaultError(f"job {target.job_id}: no training process of {target.script.name} to stop")
+    try:
+        steps = target.run_dir.committed_steps()
+        if not steps:
+            raise FaultError(f"{target.run_dir.root}: no committed checkpoint to corrupt")
+        shards = sorted(target.run_dir.checkpoint(steps[-1]).glob("*.distcp"))
+        if not shards:
+            raise FaultError(f"checkpoint of step {steps[-1]} has no .distcp shard")
+        with open(shards[0], "r+b") as fh:  # one flipped bit's worth of rot, in place
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(size // 2)
+            byte = fh.read(1)
+            fh.seek(size // 2)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        target.corrupted = steps[-1]
+    finally:
+        killed = _signal_all(ranks, signal.SIGKILL)  # a stopped process dies of SIGKILL too
+    return (f"one byte of {shards[0].name} of checkpoint {steps[-1]} flipped, then SIGKILL to "
+            f"all {killed} training processes")
 
 
 def time_limit(target: Target) -> str:
@@ -137,19 +149,22 @@ def time_limit(target: Target) -> str:
 def _sweep_config(work_dir: Path, flag: Path) -> Path:
     """A sweeper config whose one site check fails while ``flag`` exists."""
     script = work_dir / "site-check"
-    script.write_text(f"#!/bin/sh\nif [ -e '{flag}' ]; then\n"
+    script.write_text(f"#!/bin/sh\nif [ -e {shlex.quote(str(flag))} ]; then\n"
                       "  echo 'ERROR: site check: /scratch is read-only'; exit 1\nfi\nexit 0\n")
     script.chmod(0o755)
+
+    def toml(path: Path) -> str:  # a JSON string is a TOML basic string, any path quoted
+        return json.dumps(str(path))
     config = work_dir / "sweep.toml"
     config.write_text(f"""[sweep]
 checks = ["external_site"]
-state_dir = "{work_dir}/sweep-state"
-report_dir = "{work_dir}/sweep-reports"
-textfile_dir = "{work_dir}/sweep-textfile"
+state_dir = {toml(work_dir / "sweep-state")}
+report_dir = {toml(work_dir / "sweep-reports")}
+textfile_dir = {toml(work_dir / "sweep-textfile")}
 
 [[health_external.commands]]
 name = "site"
-argv = ["{script}"]
+argv = [{toml(script)}]
 timeout_s = 15
 """)
     return config

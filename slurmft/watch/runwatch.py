@@ -459,6 +459,22 @@ class RunWatch:
             st.phase, st.recovery = WATCHING, None  # the new run ended already: detected next cycle
             st.last_restart_count = job.restart_count
 
+    def _readmit(self, rec: Recovery, job: Job, obs: RunObservation, excluding: list[str]) -> None:
+        """Every cycle the requeued job pends: readmit our repaired exclusions it needs to fit
+        (``excluding``: what this cycle just excluded, not yet in the job as read)."""
+        if rec.readmit_attempts >= MAX_EXCLUDE_ATTEMPTS:
+            return
+        readmit = readmit_to_fit(job, obs.nodes, excluding, self.state.excluded)
+        if not readmit:
+            return
+        try:
+            self.actor.readmit(job.job_id, rec.cause, readmit)
+        except SlurmError:  # journaled by the actor; tried again next cycle, a bounded number of times
+            rec.readmit_attempts += 1
+            return
+        self.state.excluded = [n for n in self.state.excluded if n not in readmit]
+        self._save()
+
     def _expedite(self, rec: Recovery, job: Job, obs: RunObservation) -> None:
         if rec.pending_since is None:
             rec.pending_since = obs.now
@@ -472,9 +488,12 @@ class RunWatch:
             rec.exclude_step = DOING
             self._save()
             if keep:
+                # Ours before it is sent (a watcher killed meanwhile must still know them);
+                # one that did not get excluded is never readmitted: it is not in the list.
+                self.state.excluded = [n for n in self.state.excluded if n not in keep] + keep
+                self._save()
                 try:
                     self.actor.exclude(job.job_id, rec.cause, keep)
-                    self.state.excluded = [n for n in self.state.excluded if n not in keep] + keep
                 except SlurmError:
                     rec.exclude_attempts += 1
                     if rec.exclude_attempts < MAX_EXCLUDE_ATTEMPTS:
@@ -485,14 +504,10 @@ class RunWatch:
                                      f"{MAX_EXCLUDE_ATTEMPTS} tries: starting the job without it")
             rec.exclude_step = DONE
             self._save()
-            readmit = readmit_to_fit(job, obs.nodes, keep, self.state.excluded)
-            if readmit:
-                try:
-                    self.actor.readmit(job.job_id, rec.cause, readmit)
-                    self.state.excluded = [n for n in self.state.excluded if n not in readmit]
-                    self._save()
-                except SlurmError:
-                    pass  # journaled by the actor; the job waits, and stuck_pending says so
+            excluding = keep
+        else:
+            excluding = []
+        self._readmit(rec, job, obs, excluding)
         if rec.start_now == TODO and "EXPEDITING" in job.flags:
             # 26.05, job submitted with --requeue=expedite: Slurm restarts it at once by itself.
             rec.start_now = SKIP

@@ -54,6 +54,7 @@ class Recovery:
     start_now_attempts: int = 0
     start_now_at: float | None = None
     exclude_attempts: int = 0
+    readmit_attempts: int = 0
     warned_pending: bool = False
 
 

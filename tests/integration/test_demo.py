@@ -71,6 +71,9 @@ def test_demo_recovers_every_fault_and_leaves_nothing_behind(tmp_path):
     for cause in ("node_fail|node_down", "hang", "crash", "preempted", "node_unhealthy"):
         assert re.search(rf"detected as ({cause}) after", out), cause
     assert "bit for bit" in out and "every step saw the same samples: yes" in out
+    assert "ETTR" in out and "timeline written to" in out  # slurmft status and its PNG
+    took = int(re.search(r"demo passed in (\d+) s", out).group(1))
+    assert took < 600, f"the demo took {took} s, more than the 10 minutes it promises"
     assert (demo_dir / "timeline.png").stat().st_size > 10_000
     name = re.search(r"devcluster (sft[0-9a-f]+)", out).group(1)
     _left_behind(demo_dir, name)
@@ -81,8 +84,9 @@ def test_ctrl_c_in_the_middle_of_the_demo_tears_everything_down(tmp_path):
     demo_dir = tmp_path / "demo"
     log = tmp_path / "demo.out"
     with open(log, "wb") as fh:
+        # Its own process group, signalled as a whole: what Ctrl-C in a terminal does.
         proc = subprocess.Popen([sys.executable, str(DEMO), "--dir", str(demo_dir)], cwd=REPO,
-                                env=ENV, stdout=fh, stderr=subprocess.STDOUT)
+                                env=ENV, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         events = demo_dir / "run" / "events.jsonl"
         deadline = time.monotonic() + 180
@@ -92,7 +96,7 @@ def test_ctrl_c_in_the_middle_of_the_demo_tears_everything_down(tmp_path):
             assert time.monotonic() < deadline, "the demo's job never trained\n" + log.read_text()[-4000:]
             time.sleep(0.5)
         assert processes_of(demo_dir)
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(120) == 130, log.read_text()[-4000:]
     finally:
         if proc.poll() is None:

@@ -270,6 +270,26 @@ def test_exclusions_of_repaired_nodes_are_lifted_when_the_job_would_not_fit(run)
     assert load_state(run, "7").excluded == ["n1", "n4"]
 
 
+def test_a_crash_with_nothing_to_exclude_still_readmits_what_the_job_needs(run):
+    """Two node deaths, both excluded; both nodes repaired since. The next fault names no node,
+    yet the job would never start again: our exclusions come back, a refusal is tried again."""
+    client = RecordingClient()
+    w = watcher(run, client, start_now_delay_s=0)
+    w.state.excluded = ["n1", "n2"]
+    three = replace(job(nodes=("n2", "n3", "n4")), node_count=3, min_nodes=3)
+    w.step(replace(three, nodes=("n3", "n4", "n1")), NODES, T0)
+    w.step(replace(three, state=JobState.FAILED, exit_code=1, nodes=("n3", "n4", "n1")), NODES, T0 + 5)
+    pending = replace(three, state=JobState.PENDING, restart_count=1, nodes=(),
+                      excluded_nodes=("n1", "n2"))
+    client.fail["readmit"] = "slurm_update error: Socket timed out"
+    w.step(pending, NODES, T0 + 6)
+    assert ("readmit", "7", ("n1",)) not in client.calls
+    w.step(pending, NODES, T0 + 7)
+    assert client.calls[:2] == [("requeue", "7"), ("start_now", "7", ())]
+    assert ("readmit", "7", ("n1",)) in client.calls
+    assert w.state.excluded == ["n2"]
+
+
 def test_second_watcher_of_a_run_is_refused_naming_the_holder(run):
     first = RunLock(run)
     first.acquire()
