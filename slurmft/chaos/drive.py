@@ -87,6 +87,8 @@ def _segment(event: Event) -> int:
 
 
 class ChaosRun:
+    """One training job under injected faults, observed through its run dir's journal."""
+
     def __init__(self, target: Target, *, alive: Callable[[], str | None]) -> None:
         """``alive()`` returns why the run cannot go on (its job ended...), or None."""
         self.target = target
