@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from slurmft.chaos.faults import rank_pids  # noqa: E402
 from slurmft.journal import read_events  # noqa: E402
 from slurmft.rundir import RunDir  # noqa: E402
 from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
@@ -98,9 +99,9 @@ class Trial:
             self.victim = job.nodes[-1]
             self.cluster.kill_node(self.victim)
         elif self.fault == "hang":
-            self.stopped = signal_rank(self.job_id, 1, signal.SIGSTOP)
+            self.stopped = signal_rank(self.cluster, self.job_id, 1, signal.SIGSTOP)
         else:
-            signal_rank(self.job_id, None, signal.SIGKILL)
+            signal_rank(self.cluster, self.job_id, None, signal.SIGKILL)
         return time.time()
 
     def back_at_step(self) -> float | None:
@@ -144,24 +145,13 @@ class Trial:
             self.cluster.start_node(self.victim)
 
 
-def signal_rank(job_id: str, rank: int | None, sig: int) -> list[int]:
+def signal_rank(cluster: DevCluster, job_id: str, rank: int | None, sig: int) -> list[int]:
     """Send ``sig`` to the python rank processes of the job (``rank`` None: every rank)."""
     hit = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in rank_pids(cluster.cluster_name, job_id, EXAMPLE, rank=rank):
         try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"SLURM_JOB_ID={job_id}".encode() not in environ or str(EXAMPLE).encode() not in argv[1:3]:
-            continue
-        if rank is not None and f"RANK={rank}".encode() not in environ:
-            continue
-        try:
-            os.kill(int(entry.name), sig)
-            hit.append(int(entry.name))
+            os.kill(pid, sig)
+            hit.append(pid)
         except ProcessLookupError:
             pass
     return hit

@@ -296,7 +296,11 @@ def main() -> int:
         print("soak: --minutes and --fault-every must be > 0", file=sys.stderr)
         return 1
     work = (args.dir or Path(tempfile.mkdtemp(prefix="slurmft-soak."))).absolute()
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"soak: --dir {work}: {exc.strerror}", file=sys.stderr)
+        return 1
     soak = Soak(work, args.minutes, args.fault_every, args.seed)
 
     def terminated(signum, frame):

@@ -284,8 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         console.print("demo: must run as root (it starts Slurm daemons)", style="red")
         return 1
     work = (args.dir or Path(tempfile.mkdtemp(prefix="slurmft-demo."))).absolute()
-    work.mkdir(parents=True, exist_ok=True)
-    if any(work.iterdir()):
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        empty = not any(work.iterdir())
+    except OSError as exc:
+        console.print(f"demo: --dir {work}: {exc.strerror}", style="red")
+        return 1
+    if not empty:
         console.print(f"demo: {work} is not empty; give an empty or new --dir", style="red")
         return 1
     signal.signal(signal.SIGINT, _interrupt)
