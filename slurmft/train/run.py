@@ -142,6 +142,7 @@ class Run:
         self.grad_norm: float | None = None
         self.result: GuardResult | None = None
         self.done = False
+        self._ended = False  # segment_end journaled (by a Run exit or the end of steps())
         self._started = False
         self._in_step: int | None = None
         self._total: int | None = None
@@ -228,8 +229,23 @@ class Run:
     def __enter__(self) -> "Run":
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if isinstance(exc, SystemExit) and not self._ended and getattr(self, "segment", None) is not None:
+            self._journal_script_exit(exc)
         self.close()
+
+    def _journal_script_exit(self, exc: SystemExit) -> None:
+        """The script's own ``sys.exit(code)`` inside ``with Run``: torchrun turns the worker's
+        code into 1, so rank 0 journals it as this segment's end for the launcher to read back.
+        No barrier: the other ranks may not be exiting."""
+        code = exc.code
+        if code is None:
+            code = exitcodes.OK
+        elif not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+            code = 1  # what Python exits with for sys.exit("message")
+        self._ended = True
+        self.segment.finish(code, f"the training script exited with code {code} after step {self.step}",
+                            step=self.step, announce="rank 0")
 
     # ------------------------------------------------------------------ the pieces
 
@@ -410,12 +426,14 @@ class Run:
             self._end(exitcodes.REQUEUE, f"final checkpoint at step {self.step} failed: {exc}", step=self.step)
         if self.env.is_rank0:
             write_done(self.run_dir, self.env, self.step, total)
+        self._ended = True
         self.segment.finish(exitcodes.OK, f"finished at step {self.step}", step=self.step,
                             barrier=self._barrier())
         self.done = True
 
     def _end(self, code: int, reason: str, *, step: int | None = None) -> NoReturn:
         self.close()
+        self._ended = True
         self.segment.end(code, reason, step=step, barrier=self._barrier(), announce="rank 0")
 
     def _barrier(self):
@@ -443,8 +461,13 @@ class Run:
             return 0
 
     def _collective_device(self) -> torch.device:
+        """NCCL needs this rank's own GPU: the model's, else ``LOCAL_RANK``'s (a script that never
+        called ``torch.cuda.set_device`` would otherwise put every rank on GPU 0)."""
         if self._distributed and "nccl" in str(dist.get_backend(self.process_group)):
-            return torch.device("cuda", torch.cuda.current_device())
+            for param in self.state.model.parameters():
+                if param.device.type == "cuda":
+                    return param.device
+            return torch.device("cuda", self.env.local_rank)
         return torch.device("cpu")
 
     def _values(self, *values: Any) -> torch.Tensor:

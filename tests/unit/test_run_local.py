@@ -245,3 +245,34 @@ def test_redone_losses_compare_only_like_with_like():
     redo = RedoneLosses({6: (3.0, 4)})
     assert redo.check(6, 3.3, world_size=4).startswith("step 6 was redone")
     assert (redo.diverged_at, redo.journaled) == (6, 3.0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("raised, journaled", [(85, exitcodes.REQUEUE), (None, exitcodes.OK), ("bye", 1)])
+def test_the_scripts_own_exit_inside_run_is_journaled_as_the_segment_end(tmp_path, raised, journaled):
+    # torchrun turns a worker's `raise SystemExit(85)` into 1: without this line in the journal the
+    # launcher sees a crash and the requeue the script asked for never happens.
+    from slurmft.launch.outcome import Next, decide
+
+    model, optimizer, run = make_run(tmp_path / "run")
+    with pytest.raises(SystemExit):
+        with run:
+            for step in run.steps(10):
+                train(model, optimizer, run, draw_batch())
+                if step == 2:
+                    raise SystemExit(raised)
+    (end,) = read_events(RunDir(tmp_path / "run").events, ["segment_end"])
+    assert (end.get("exit_code"), end.get("step")) == (journaled, 1)  # step: the last one completed
+    assert f"the training script exited with code {journaled} after step 1" == end.get("reason")
+    if journaled == exitcodes.REQUEUE:
+        assert decide(end.get("exit_code"), 1).next is Next.REQUEUE
+
+
+@pytest.mark.timeout(60)
+def test_runs_own_exit_is_journaled_once(tmp_path):
+    model, optimizer, run = make_run(tmp_path / "run")
+    with run:
+        for _step in run.steps(3):
+            train(model, optimizer, run, draw_batch())
+    ends = read_events(RunDir(tmp_path / "run").events, ["segment_end"])
+    assert [e.get("exit_code") for e in ends] == [exitcodes.OK]
