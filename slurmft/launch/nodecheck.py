@@ -22,12 +22,12 @@ import argparse
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from slurmft import subproc
 from slurmft.launch.settings import MIN_SWEEP_RETRY_S
 
 SWEEP_LOCKED = 3          # slurmft sweep: another sweep for this node is running
@@ -42,12 +42,10 @@ def free_port() -> int:
 
 
 def run_bounded(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
-    """(rc, stdout, stderr); rc None when it did not finish within ``timeout`` (killed)."""
+    """(rc, stdout, stderr); rc None when it did not finish within ``timeout`` (its group killed;
+    a child stuck in the kernel on a hung mount is abandoned, not waited for)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, timeout=max(timeout, 0.1),
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired as exc:
-        return None, (exc.stdout or b"")[:MAX_OUTPUT].decode(errors="replace"), ""
+        proc = subproc.run_bounded(argv, max(timeout, 0.1))
     except OSError as exc:
         return 127, "", f"{argv[0]}: {exc.strerror or exc}"
     return (proc.returncode, proc.stdout[:MAX_OUTPUT].decode(errors="replace"),

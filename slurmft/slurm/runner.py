@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -26,6 +25,7 @@ from slurmft.slurm.client import (
     InvalidArgument, JobNotFound, OutcomeUnknown, PermissionDenied, SlurmError, SlurmUnavailable,
 )
 from slurmft.slurm.config import SlurmConfig
+from slurmft.subproc import run_bounded
 
 # Slurm's messages when the controller/slurmdbd could not be reached: worth another try.
 _UNREACHABLE = re.compile(
@@ -131,22 +131,22 @@ class Runner:
     def _attempt(self, argv: tuple[str, ...], limit: float, env: dict[str, str], check: bool,
                  idempotent: bool) -> Result:
         try:
-            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=limit,
-                                  env=env, stdin=subprocess.DEVNULL, check=False)
-        except subprocess.TimeoutExpired:
+            proc = run_bounded(argv, limit, env=env)
+        except FileNotFoundError:
+            raise SlurmError(f"{argv[0]}: command not found (install slurm-wlm, or fix PATH)") from None
+        if proc.returncode is None:  # killed after the timeout
             if not idempotent:
                 raise OutcomeUnknown(
                     f"{' '.join(argv[:2])}: no answer within {limit:g} s; not retried (it may have "
                     "taken effect)"
-                ) from None
-            raise _Transient(f"no answer within {limit:g} s") from None
-        except FileNotFoundError:
-            raise SlurmError(f"{argv[0]}: command not found (install slurm-wlm, or fix PATH)") from None
-        result = Result(argv, proc.returncode, proc.stdout, proc.stderr)
+                )
+            raise _Transient(f"no answer within {limit:g} s")
+        result = Result(argv, proc.returncode, proc.stdout.decode(errors="replace"),
+                        proc.stderr.decode(errors="replace"))
         if proc.returncode != 0:
-            if is_transient(proc.stderr, idempotent=idempotent):
+            if is_transient(result.stderr, idempotent=idempotent):
                 raise _Transient(result.message)
-            if not idempotent and may_have_happened(proc.stderr):
+            if not idempotent and may_have_happened(result.stderr):
                 raise OutcomeUnknown(f"{' '.join(argv[:2])}: {result.message}; not retried (it may "
                                      "have taken effect)")
             if check:

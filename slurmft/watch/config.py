@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The shortest poll period accepted (seconds).
+MIN_POLL_S = 0.5
+
 
 @dataclass(frozen=True)
 class WatchConfig:
@@ -51,8 +54,12 @@ class WatchConfig:
     silent_node_stale_s: float = 30.0
 
     def __post_init__(self) -> None:
-        positive = ("poll_s", "hang_factor", "hang_min_s", "straggler_factor",
-                    "checkpoint_overdue_factor")
+        # Each cycle is two controller RPCs per watcher: a floor keeps a typo (--poll 0.001) from
+        # becoming thousands of RPCs a second at slurmctld.
+        if not self.poll_s >= MIN_POLL_S:
+            raise ValueError(f"poll_s must be >= {MIN_POLL_S:g} s (each cycle queries slurmctld), "
+                             f"got {self.poll_s}")
+        positive = ("hang_factor", "hang_min_s", "straggler_factor", "checkpoint_overdue_factor")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

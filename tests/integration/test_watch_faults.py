@@ -189,7 +189,7 @@ def test_bad_input_is_one_line_and_touches_nothing(slurm_cluster, tmp_path):
         ([held], 2, f"job {held} names no run dir"),
         ([held, "--run-dir", str(not_a_run)], 2, "is not a slurmft run dir"),
         ([held, "--run-dir", "relative/dir"], 2, "is not an absolute path"),
-        ([held, "--poll", "0"], 2, "poll_s must be > 0"),
+        ([held, "--poll", "0.01"], 2, "poll_s must be >= 0.5 s"),
     ]
     for argv, code, message in cases:
         res = subprocess.run([str(SLURMFT), "watch", *argv, "--once"], env=env, text=True,

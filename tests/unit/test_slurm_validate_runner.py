@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,34 @@ def test_persistent_timeout_is_unavailable_not_empty(tmp_path):
     with pytest.raises(SlurmUnavailable, match="could not observe.*no answer within 0.3 s.*2 attempts"):
         run.run([cmd])
     assert len(sleeps) == 1
+
+
+@pytest.mark.timeout(20)
+def test_a_timed_out_command_leaves_no_process_behind(tmp_path):
+    # subprocess.run kills only the command: a child it started (a helper stuck on a mount, say)
+    # lived on, holding whatever it held. The whole process group goes now, within a bound.
+    pidfile = tmp_path / "child.pid"
+    cmd = fake_command(tmp_path, "squeue",
+                       "import subprocess; p = subprocess.Popen(['sleep', '60']); "
+                       f"pathlib.Path({str(pidfile)!r}).write_text(str(p.pid)); time.sleep(60)")
+    run, _ = runner(retries=0, timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(SlurmUnavailable, match="no answer within 1 s"):
+        run.run([cmd])
+    assert time.monotonic() - started < 8
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child), f"the command's child {child} outlived the timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def test_non_idempotent_call_not_retried_after_timeout(tmp_path):

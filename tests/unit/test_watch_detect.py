@@ -168,3 +168,11 @@ def test_stale_heartbeats_with_a_node_not_responding_blame_that_node():
                                  Memory(), WatchConfig(hang_timeout_s=30))
     assert (finding.cause, finding.action, finding.nodes) == ("node_down", "recover", ("n2",))
     assert "n2 not responding" in finding.evidence
+
+
+@pytest.mark.parametrize("poll", [0, 0.001, 0.49, float("nan")])
+def test_a_poll_period_under_the_floor_is_refused(poll):
+    # Every cycle is two RPCs at slurmctld: --poll 0.001 would be thousands a second.
+    with pytest.raises(ValueError, match=r"poll_s must be >= 0.5 s"):
+        WatchConfig(poll_s=poll)
+    assert WatchConfig(poll_s=0.5).poll_s == 0.5
