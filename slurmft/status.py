@@ -12,8 +12,9 @@ Definitions (``slurmft status`` shows them; docs/architecture.md repeats them):
   step duration of its segment.
 - A step is *redone* when a later loss event has the same step number (a restart from an older
   checkpoint, or a guard rollback); only its last run is *productive*.
-- *ETTR* = productive step time / wall time from the first segment start to the run's end (or
-  now, for a run still going).
+- *ETTR* = productive step time / wall time from the run's submission (journaled by the watcher,
+  or Slurm's submit time of the job; else the first segment's start) to the run's end (or now,
+  for a run still going).
 - A *fault* is every interruption between two segments (and a fault the watcher detected after
   the last segment started). Its times: fault -> detected -> requeued -> running -> back, where
   *back* is the first loss event of the next segment past its restored step; the *work lost* is
@@ -302,6 +303,21 @@ def _job_dict(job: Job) -> dict[str, Any]:
             "start_time": job.start_time.timestamp() if job.start_time else None}
 
 
+def _run_start(events: Sequence[Event], segments: Sequence[Segment], job: Job | None) -> float | None:
+    """When the run's wall clock starts for ETTR: its submission, where the watcher journaled it
+    or Slurm still knows it (the queue wait before the first start is time lost too), else the
+    first segment's start. A submission after that start (a requeue or a resubmission renews
+    it) says nothing about the run's beginning."""
+    first = segments[0].start if segments else None
+    if first is None:
+        return None
+    submitted = [t for t in (_num(e.get("job_submit_time")) for e in events
+                             if e.kind == journal.WATCH_STARTED) if t is not None]
+    if job is not None and job.submit_time is not None:
+        submitted.append(job.submit_time.timestamp())
+    return min([first] + [t for t in submitted if 0 < t <= first])
+
+
 def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
                  watch_state: Mapping[str, Any] | None = None) -> Report:
     """The run's report from its journal events (file order) and, when known, its Slurm job and
@@ -319,7 +335,7 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
                 redone, redone_s = redone + 1, redone_s + duration
             else:
                 productive += duration
-    first = segments[0].start if segments else None
+    first = _run_start(events, segments, job)
     finishing = [e.time for e in events if e.kind == journal.RUN_FINISHED]
     last_seg = segments[-1] if segments else None
     if finishing:

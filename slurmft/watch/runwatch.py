@@ -184,8 +184,10 @@ class RunWatch:
             # A long-running watcher says it started; cron's --once cycles say it once per run.
             if not (self.once and self.state.announced):
                 self.state.announced = True
+                submitted = job.submit_time.timestamp() if job is not None and job.submit_time else None
                 self.emit(journal.WATCH_STARTED, pid=os.getpid(), host=os.uname().nodename,
-                          user=current_user(), phase=self.state.phase, once=self.once)
+                          user=current_user(), phase=self.state.phase, once=self.once,
+                          job_submit_time=submitted)
         obs = self.observe(job, nodes, now)
         if self.recorder is not None:
             self.recorder(obs, self.memory(), self.tail.offset)

@@ -80,6 +80,30 @@ def test_fault_times_lost_work_and_ettr_of_a_constructed_run():
     assert report.last_checkpoint_step == 5 and report.mean_checkpoint_blocking_s == 0.5
 
 
+def test_ettr_counts_the_queue_wait_from_the_submission_the_watcher_journaled():
+    j = node_down_run()
+    watched = Event(kind="watch_started", time=T0 - 5,
+                    fields={"job_id": "100", "restart_count": 0, "job_submit_time": T0 - 24})
+    report = build_report([watched] + j.events, now=T0 + 1000)
+    assert report.wall_s == pytest.approx(80.0) and report.ettr == pytest.approx(15 / 80)
+    assert report.first_time == T0 - 24
+
+
+def test_a_submission_after_the_first_start_does_not_move_the_runs_beginning():
+    # A requeue or a resubmission renews the job's submit time: not the run's beginning.
+    from datetime import datetime, timezone
+
+    from slurmft.slurm.client import Job, JobState
+
+    job = Job(job_id="100", name="train", state=JobState.COMPLETED,
+              submit_time=datetime.fromtimestamp(T0 + 20, tz=timezone.utc))
+    report = build_report(node_down_run().events, job, now=T0 + 1000)
+    assert report.wall_s == pytest.approx(56.0)
+    earlier = Job(job_id="100", name="train", state=JobState.COMPLETED,
+                  submit_time=datetime.fromtimestamp(T0 - 4, tz=timezone.utc))
+    assert build_report(node_down_run().events, earlier, now=T0 + 1000).wall_s == pytest.approx(60.0)
+
+
 def test_a_segment_ended_by_the_recovery_does_not_put_its_fault_after_the_detection():
     """A drained node: the watcher journals no fault time; the ranks end (and journal it) only
     when its requeue reaches them, after the detection."""
