@@ -206,6 +206,25 @@ def test_node_death_makes_node_down_and_job_leaves_running(client, tmp_path, slu
     client.cancel(job_id)
 
 
+@pytest.mark.timeout(60)
+def test_set_down_takes_a_silent_nodes_job_off_it_at_once(client, tmp_path, slurm_cluster):
+    """What the watcher's --operator mode does to a node that stopped answering: the controller
+    gives up on it now instead of after SlurmdTimeout (300 s by default), so the job leaves it."""
+    job_id = submit(client, tmp_path, "sleep 300", "-N1", "--requeue")
+    victim = running(client, job_id).nodes[0]
+    started = time.monotonic()
+    client.set_down(victim, "slurmft: silent node: heartbeats of job 1 stale 31 s")
+    node = client.nodes([victim])[victim]
+    assert node.down and node.reason.startswith("slurmft: silent node"), node
+    job = wait_for(lambda: client.job(job_id), lambda j: j.state is not JobState.RUNNING, 20,
+                   "the job off its DOWN node")
+    assert time.monotonic() - started < 20
+    assert job.state in (JobState.PENDING, JobState.NODE_FAIL, JobState.FAILED), job
+    client.cancel(job_id)
+    with pytest.raises(InvalidArgument):
+        client.set_down("n1;reboot", "x")
+
+
 @pytest.mark.timeout(120)
 def test_a_requeue_the_controller_never_answers_is_read_back_not_sent_twice(slurm_cluster, tmp_path):
     """The real controller stops answering in the middle of a requeue (slurmctld SIGSTOPped: the
