@@ -128,6 +128,14 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, *, dir_fd: int | 
         os.close(fd)
 
 
+def lstat_at(name: str, dir_fd: int) -> os.stat_result | None:
+    """What ``name`` below the directory ``dir_fd`` is (a link itself, not followed); None if absent."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
 def is_real_dir(path: Path) -> bool:
     """Whether ``path`` is a directory and not a link to one."""
     try:

@@ -10,13 +10,15 @@ checkpoint until it has been renamed. Exit codes:
 
   0  done; every checkpoint checked is intact
   1  a checkpoint failed verification (each problem printed, one line per file)
-  2  bad input: not a run directory, no such checkpoint, a tmp dir, an unreadable manifest, a bad
-     ``[checkpoint]`` setting, a ``checkpoints`` that is a link, a ``.metadata`` the allow-list
-     unpickler refuses, an entry ``prune`` refused to delete (a link named like a checkpoint),
-     any file system error; or a manifest written by a newer slurmft (upgrade slurmft): such a
+  2  bad input: not a run directory, a run directory that is a link, no such checkpoint, a tmp
+     dir, an unreadable manifest, a bad ``[checkpoint]`` setting, a ``checkpoints`` that is a
+     link, a ``.metadata`` the allow-list unpickler refuses, an entry ``prune`` refused to delete
+     (a link named like a checkpoint), any file system error; or a manifest written by a newer slurmft (upgrade slurmft): such a
      checkpoint is not called corrupt, and ``prune`` deletes nothing while one is present
 
-The run directory is untrusted input (its owner writes it; root may run these): no link is
+The run directory is untrusted input (its owner writes it; root may run these): it is opened once,
+not through a link, and everything after is looked up relative to that descriptor, never by its
+path again (its owner may swap the path for a link to another run meanwhile); no link is
 followed below it, only regular files are read, and DCP's ``.metadata`` is unpickled only through
 an allow-list (``docs/security.md``). Entries of ``checkpoints/`` that are no checkpoint (a link,
 a special file, a non-canonical step name) are named on stderr and ignored.
@@ -27,24 +29,26 @@ a special file, a non-canonical step name) are named on stderr and ignored.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import stat
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NoReturn, Optional, ParamSpec, TypeVar
+from typing import Callable, Iterator, NoReturn, Optional, ParamSpec, TypeVar
 
 import typer
 
 from slurmft.config import ConfigError, find_config_file
-from slurmft.rundir import STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
-from slurmft.safeio import is_real_dir, kind_of
+from slurmft.rundir import CHECKPOINTS, STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
+from slurmft.safeio import UnsafeFileError, kind_of, lstat_at, open_dir
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.ckpt_listing import CheckpointInfo, list_checkpoints, stray_entries
 from slurmft.train.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError, VerifyReport,
-                                    parse_tmp_dirname, read_manifest, verify_checkpoint)
+                                    parse_tmp_dirname, read_manifest, unopened_report, verify_checkpoint)
 from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
 
 EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2
@@ -88,8 +92,8 @@ def bad_input_is_usage(command: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _warn_strays(run: RunDir) -> None:
-    for line in stray_entries(run.root):
+def _warn_strays(run: OpenRun) -> None:
+    for line in stray_entries(run.root, ckpt_fd=run.ckpt_fd):
         print(f"slurmft ckpt: {line}", file=sys.stderr)
 
 
@@ -115,30 +119,84 @@ def _human_age(seconds: float) -> str:
 # ----------------------------------------------------------------------------- argument checks
 
 
-def open_run_dir(path: Path) -> RunDir:
-    """The run directory at ``path``, or a one-line error saying what ``path`` is instead."""
+@dataclass
+class OpenRun:
+    """A run directory opened once, without following a link. ``root`` and the paths made from it
+    only name things in messages: every lookup goes through ``ckpt_fd``, a descriptor of its
+    ``checkpoints/``, so a path swapped afterwards (for a link to another run) changes nothing."""
+
+    root: Path
+    ckpt_fd: int
+
+    @property
+    def checkpoints(self) -> Path:
+        return RunDir(self.root).checkpoints
+
+    def checkpoint(self, step: int) -> Path:
+        return RunDir(self.root).checkpoint(step)
+
+    def committed_steps(self) -> list[int]:
+        return scan_checkpoint_dirs(self.root, ckpt_fd=self.ckpt_fd)[0]
+
+    def open_checkpoint(self, ckpt_dir: Path) -> int:
+        """A descriptor of the checkpoint dir ``ckpt_dir`` names, opened below ``ckpt_fd``, no link followed."""
+        return open_dir(ckpt_dir.name, dir_fd=self.ckpt_fd, shown=ckpt_dir)
+
+    @contextlib.contextmanager
+    def opened(self, ckpt_dir: Path) -> Iterator[int]:
+        """:meth:`open_checkpoint`, closed after the block."""
+        fd = self.open_checkpoint(ckpt_dir)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> "OpenRun":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        os.close(self.ckpt_fd)
+
+
+def open_run_dir(path: Path) -> OpenRun:
+    """The run directory at ``path``, opened once; or a one-line error saying what ``path`` is instead."""
     try:
-        path.stat()
+        run_fd = open_dir(path)
     except FileNotFoundError:
         _fail(f"{path}: no such directory")
+    except UnsafeFileError as exc:
+        if exc.what.startswith("a symbolic link"):
+            _fail(f"{path}: a symbolic link; name the run directory itself, not a link to it (not followed)")
+        _fail(f"{path}: not a directory")
+    except NotADirectoryError:
+        _fail(f"{path}: not a directory")
     except OSError as exc:
         _fail(f"{path}: {exc.strerror}")
-    if not path.is_dir():
-        _fail(f"{path}: not a directory")
+    try:
+        return OpenRun(Path(path), _open_checkpoints(Path(path), run_fd))
+    finally:
+        os.close(run_fd)
+
+
+def _open_checkpoints(path: Path, run_fd: int) -> int:
+    """A descriptor of ``checkpoints/`` below the run dir ``run_fd`` (``path`` names it)."""
     name = path.name
-    if (path / MANIFEST_NAME).exists() or parse_step_dirname(name) is not None \
+    if lstat_at(MANIFEST_NAME, run_fd) is not None or parse_step_dirname(name) is not None \
             or parse_tmp_dirname(name) is not None:
         _fail(f"{path} is a checkpoint directory; pass its run directory ({path.parent.parent})")
-    run = RunDir(path)
-    if run.checkpoints.is_symlink():
-        _fail(f"{run.checkpoints}: a symbolic link; a run's checkpoints must be a real directory inside it "
-              f"(not followed)")
-    if not is_real_dir(run.checkpoints):
-        _fail(f"{path} is not a slurmft run directory (no {run.checkpoints.name}/ inside)")
-    return run
+    checkpoints = RunDir(path).checkpoints
+    try:
+        return open_dir(CHECKPOINTS, dir_fd=run_fd, shown=checkpoints)
+    except UnsafeFileError as exc:
+        if exc.what.startswith("a symbolic link"):
+            _fail(f"{checkpoints}: a symbolic link; a run's checkpoints must be a real directory inside it "
+                  f"(not followed)")
+        _fail(f"{path} is not a slurmft run directory (no {CHECKPOINTS}/ inside)")
+    except (FileNotFoundError, NotADirectoryError):
+        _fail(f"{path} is not a slurmft run directory (no {CHECKPOINTS}/ inside)")
 
 
-def resolve_checkpoint(run: RunDir, selector: str) -> Path:
+def resolve_checkpoint(run: OpenRun, selector: str) -> Path:
     """The committed checkpoint named by ``selector`` (a step number or a ``step_N`` dir name)."""
     name = Path(selector).name
     tmp_step = parse_tmp_dirname(name)
@@ -154,22 +212,22 @@ def resolve_checkpoint(run: RunDir, selector: str) -> Path:
             shown = selector if len(selector) <= 60 else f"{selector[:40]}...({len(selector)} characters)"
             _fail(f"{shown!r} is not a step number or a {STEP_PREFIX}N directory name")
     path = run.checkpoint(step)
-    if os.path.lexists(path):
-        mode = os.lstat(path).st_mode
-        if stat.S_ISDIR(mode):
+    found = lstat_at(path.name, run.ckpt_fd)
+    if found is not None:
+        if stat.S_ISDIR(found.st_mode):
             return path
-        _fail(f"{path}: {kind_of(mode)}, not a checkpoint directory (not followed)")
-    pending = sorted(p.name for p in run.checkpoints.glob(f"{step_dirname(step)}.tmp-*"))
+        _fail(f"{path}: {kind_of(found.st_mode)}, not a checkpoint directory (not followed)")
+    committed, tmp_dirs = scan_checkpoint_dirs(run.root, ckpt_fd=run.ckpt_fd)
+    pending = [n for n in tmp_dirs if parse_tmp_dirname(n) == step]
     if pending:
         _fail(f"step {step} was never committed (only {', '.join(pending)}: in flight or abandoned)")
-    have = run.committed_steps()
     _fail(f"no checkpoint for step {step} in {run.checkpoints} "
-          f"(committed steps: {', '.join(map(str, have)) if have else 'none'})")
+          f"(committed steps: {', '.join(map(str, committed)) if committed else 'none'})")
 
 
-def _read_manifest_or_fail(ckpt_dir: Path) -> Manifest:
+def _read_manifest_or_fail(ckpt_dir: Path, dir_fd: int) -> Manifest:
     try:
-        return read_manifest(ckpt_dir)
+        return read_manifest(ckpt_dir, dir_fd=dir_fd)
     except ManifestError as exc:
         _fail(str(exc))
 
@@ -195,9 +253,9 @@ def ls(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List committed and in-flight/abandoned checkpoints (manifests read, checksums not)."""
-    run = open_run_dir(run_dir)
-    infos = list_checkpoints(run.root)
-    _warn_strays(run)
+    with open_run_dir(run_dir) as run:
+        infos = list_checkpoints(run.root, ckpt_fd=run.ckpt_fd)
+        _warn_strays(run)
     now = time.time()
     if as_json:
         print(json.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now) for i in infos]},
@@ -215,7 +273,7 @@ def _fail_if_newer_format(infos: list[CheckpointInfo], consequence: str = "") ->
         _fail(f"{newer[0].error}{more}{consequence}")
 
 
-def _print_ls_table(run: RunDir, infos: list[CheckpointInfo], now: float) -> None:
+def _print_ls_table(run: OpenRun, infos: list[CheckpointInfo], now: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -245,14 +303,28 @@ def _print_ls_table(run: RunDir, infos: list[CheckpointInfo], now: float) -> Non
 # ----------------------------------------------------------------------------- verify
 
 
-def verify_with_progress(ckpt_dir: Path, *, quiet: bool = False) -> VerifyReport:
-    """Full checksum verification; a progress bar on stderr for checkpoints above PROGRESS_MIN_BYTES."""
+def verify_in(run: OpenRun, ckpt_dir: Path, *, quiet: bool = False) -> VerifyReport:
+    """:func:`verify_with_progress` of the checkpoint ``ckpt_dir`` names, opened below the run's
+    descriptor; one that cannot be opened (gone, swapped for a link) is a failed report."""
     try:
-        total = read_manifest(ckpt_dir).total_bytes
+        dir_fd = run.open_checkpoint(ckpt_dir)
+    except OSError as exc:
+        return unopened_report(ckpt_dir, exc)
+    try:
+        return verify_with_progress(ckpt_dir, dir_fd, quiet=quiet)
+    finally:
+        os.close(dir_fd)
+
+
+def verify_with_progress(ckpt_dir: Path, dir_fd: int, *, quiet: bool = False) -> VerifyReport:
+    """Full checksum verification of the checkpoint dir ``dir_fd`` (``ckpt_dir`` names it); a
+    progress bar on stderr for checkpoints above PROGRESS_MIN_BYTES."""
+    try:
+        total = read_manifest(ckpt_dir, dir_fd=dir_fd).total_bytes
     except ManifestError:
         total = 0  # verify_checkpoint reports the manifest problem itself
     if quiet or total < PROGRESS_MIN_BYTES:
-        return verify_checkpoint(ckpt_dir)
+        return verify_checkpoint(ckpt_dir, dir_fd=dir_fd)
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                TransferSpeedColumn)
@@ -261,7 +333,8 @@ def verify_with_progress(ckpt_dir: Path, *, quiet: bool = False) -> VerifyReport
                   TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
                   transient=True) as bar:
         task = bar.add_task(ckpt_dir.name, total=total)
-        return verify_checkpoint(ckpt_dir, progress=lambda done, _total: bar.update(task, completed=done))
+        return verify_checkpoint(ckpt_dir, progress=lambda done, _total: bar.update(task, completed=done),
+                                 dir_fd=dir_fd)
 
 
 @app.command("verify")
@@ -274,25 +347,8 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Recompute every file's checksum against the manifest; exit 1 naming each problem."""
-    run = open_run_dir(run_dir)
-    _warn_strays(run)
-    if all_ and step is not None:
-        _fail("give a STEP or --all, not both")
-    if step is not None:
-        targets = [resolve_checkpoint(run, step)]
-    else:
-        steps = run.committed_steps()
-        if not steps:
-            _fail(f"no committed checkpoint in {run.checkpoints}")
-        targets = [run.checkpoint(s) for s in (steps if all_ else steps[-1:])]
-    results = []
-    for path in targets:
-        started = time.perf_counter()
-        try:
-            report = verify_with_progress(path, quiet=as_json)
-        except ManifestVersionError as exc:
-            _fail(str(exc))
-        results.append((report, time.perf_counter() - started))
+    with open_run_dir(run_dir) as run:
+        results = _verify_run(run, step, all_, as_json)
     bad = [r for r, _ in results if not r.ok]
     if as_json:
         print(json.dumps({"ok": not bad, "checkpoints": [
@@ -313,13 +369,35 @@ def verify(
         raise typer.Exit(EXIT_CORRUPT)
 
 
+def _verify_run(run: OpenRun, step: Optional[str], all_: bool, quiet: bool) -> list[tuple[VerifyReport, float]]:
+    _warn_strays(run)
+    if all_ and step is not None:
+        _fail("give a STEP or --all, not both")
+    if step is not None:
+        targets = [resolve_checkpoint(run, step)]
+    else:
+        steps = run.committed_steps()
+        if not steps:
+            _fail(f"no committed checkpoint in {run.checkpoints}")
+        targets = [run.checkpoint(s) for s in (steps if all_ else steps[-1:])]
+    results = []
+    for path in targets:
+        started = time.perf_counter()
+        try:
+            report = verify_in(run, path, quiet=quiet)
+        except ManifestVersionError as exc:
+            _fail(str(exc))
+        results.append((report, time.perf_counter() - started))
+    return results
+
+
 # ----------------------------------------------------------------------------- prune
 
 
-def newest_valid_step(run: RunDir, steps: list[int], *, say=print) -> int | None:
+def newest_valid_step(run: OpenRun, steps: list[int], *, say=print) -> int | None:
     """Verify committed checkpoints newest first; the first that passes, or None."""
     for step in reversed(steps):
-        report = verify_with_progress(run.checkpoint(step))
+        report = verify_in(run, run.checkpoint(step))
         if report.ok:
             return step
         say(f"{step_dirname(step)} fails verification ({report.problems[0]}); trying the one before")
@@ -365,12 +443,16 @@ def prune(
     SLURMFT_CHECKPOINT_*, each overridden by its flag. The newest valid checkpoint is found by full
     verification, newest first. Nothing is deleted while a checkpoint from a newer slurmft is present.
     """
-    run = open_run_dir(run_dir)
-    _warn_strays(run)
-    policy, source = retention_policy(config, keep_last, keep_every, milestones)
-    _fail_if_newer_format(list_checkpoints(run.root), "; nothing pruned")
+    with open_run_dir(run_dir) as run:
+        _warn_strays(run)
+        policy, source = retention_policy(config, keep_last, keep_every, milestones)
+        _prune_run(run, policy, source, dry_run)
+
+
+def _prune_run(run: OpenRun, policy: RetentionPolicy, source: Optional[Path], dry_run: bool) -> None:
+    _fail_if_newer_format(list_checkpoints(run.root, ckpt_fd=run.ckpt_fd), "; nothing pruned")
     print(f"retention: {_describe_policy(policy)} (config file: {source or 'none'})")
-    committed, tmp_dirs = scan_checkpoint_dirs(run.root)
+    committed, tmp_dirs = scan_checkpoint_dirs(run.root, ckpt_fd=run.ckpt_fd)
     try:
         valid = newest_valid_step(run, committed)
     except ManifestVersionError as exc:  # a newer slurmft committed one since the check above
@@ -391,7 +473,7 @@ def prune(
         print("dry run: nothing deleted")
     else:
         refused: list[str] = []
-        removed = apply_prune(run.root, plan, refused.append)
+        removed = apply_prune(run.root, plan, refused.append, ckpt_fd=run.ckpt_fd)  # the directory verified
         print(f"deleted {len(removed)} director{'y' if len(removed) == 1 else 'ies'}")
         if refused:
             _fail("; ".join(refused))
@@ -410,10 +492,11 @@ def inspect(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Print a checkpoint's manifest and files; with --tensors, every tensor's dtype and shape."""
-    run = open_run_dir(run_dir)
-    path = resolve_checkpoint(run, step)
-    manifest = _read_manifest_or_fail(path)
-    described = _describe_tensors(path, manifest) if tensors else None
+    with open_run_dir(run_dir) as run:
+        path = resolve_checkpoint(run, step)
+        with run.opened(path) as dir_fd:
+            manifest = _read_manifest_or_fail(path, dir_fd)
+            described = _describe_tensors(path, dir_fd, manifest) if tensors else None
     if as_json:
         out = {"path": str(path), "manifest": manifest.to_json()}
         if described is not None:
@@ -452,11 +535,11 @@ def inspect(
         console.print(table)
 
 
-def _describe_tensors(path: Path, manifest: Manifest):  # -> list[TensorInfo]
+def _describe_tensors(path: Path, dir_fd: int, manifest: Manifest):  # -> list[TensorInfo]
     from slurmft.train.export import ExportError, describe_checkpoint
 
     try:
-        return describe_checkpoint(path, manifest)
+        return describe_checkpoint(path, manifest, dir_fd=dir_fd)
     except ExportError as exc:
         _fail(str(exc))
 
@@ -476,9 +559,14 @@ def export(
 
     The checkpoint is fully verified first; the output appears atomically (temp file + rename).
     """
-    run = open_run_dir(run_dir)
-    path = resolve_checkpoint(run, step)
-    manifest = _read_manifest_or_fail(path)
+    with open_run_dir(run_dir) as run:
+        path = resolve_checkpoint(run, step)
+        with run.opened(path) as dir_fd:  # verified and read through this one descriptor
+            _export(path, dir_fd, out, force)
+
+
+def _export(path: Path, dir_fd: int, out: Path, force: bool) -> None:
+    manifest = _read_manifest_or_fail(path, dir_fd)
     if out.suffix != ".safetensors":
         _fail(f"{out}: the output file name must end in .safetensors")
     if out.exists() and not force:
@@ -487,7 +575,7 @@ def export(
         _fail(f"{out} exists and is not a regular file")
     if not out.parent.is_dir():
         _fail(f"{out.parent}: no such directory for the output")
-    report = verify_with_progress(path)
+    report = verify_with_progress(path, dir_fd)
     if not report.ok:
         print(f"{path.name}: CORRUPT, not exported:", file=sys.stderr)
         for problem in report.problems:
@@ -496,7 +584,7 @@ def export(
     from slurmft.train.export import ExportError, export_model_safetensors
 
     try:
-        summary = export_model_safetensors(path, manifest, out)
+        summary = export_model_safetensors(path, manifest, out, dir_fd=dir_fd)
     except ExportError as exc:
         _fail(str(exc))
     print(f"wrote {out}: {summary.tensors} tensors, {_human_bytes(summary.nbytes)} "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import secrets
 import threading
 import time
@@ -36,6 +37,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from slurmft.rundir import RunDir
+from slurmft.safeio import open_dir
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.dcp_metadata import metadata_problem
 from slurmft.train.groups import CheckpointGroups
@@ -304,11 +306,15 @@ class CheckpointManager:
 
     def _after_commit(self, step: int, final: Path, stats: SaveStats) -> None:
         try:
-            committed, tmp_dirs = scan_checkpoint_dirs(self.run.root)
-            plan = plan_prune(committed, step, tmp_dirs, self.config.retention())
-            refused = lambda line: log.warning("retention: %s", line)  # noqa: E731
-            for path in apply_prune(self.run.root, plan, refused):
-                log.info("retention removed %s", path)
+            ckpt_fd = open_dir(self.run.checkpoints)  # once: the scan and the deletion see one directory
+            try:
+                committed, tmp_dirs = scan_checkpoint_dirs(self.run.root, ckpt_fd=ckpt_fd)
+                plan = plan_prune(committed, step, tmp_dirs, self.config.retention())
+                refused = lambda line: log.warning("retention: %s", line)  # noqa: E731
+                for path in apply_prune(self.run.root, plan, refused, ckpt_fd=ckpt_fd):
+                    log.info("retention removed %s", path)
+            finally:
+                os.close(ckpt_fd)
         except OSError as exc:
             log.error("retention after step %d failed: %s", step, exc)
         if self.on_commit is not None:

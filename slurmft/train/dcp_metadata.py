@@ -87,11 +87,15 @@ def parse_dcp_metadata(data: bytes, shown: str | os.PathLike[str]) -> Metadata:
     return metadata
 
 
-def read_dcp_metadata_bytes(ckpt_dir: Path, name: str = DCP_METADATA_NAME) -> bytes:
-    """The bytes of ``<ckpt_dir>/<name>``: a regular file, no link followed, bounded."""
+def read_dcp_metadata_bytes(ckpt_dir: Path, name: str = DCP_METADATA_NAME, *, dir_fd: int | None = None) -> bytes:
+    """The bytes of ``<ckpt_dir>/<name>``: a regular file, no link followed, bounded. With ``dir_fd``
+    (a descriptor of ``ckpt_dir``) the file is read there."""
+    shown = Path(ckpt_dir) / name
+    if dir_fd is not None:
+        return read_regular(name, MAX_METADATA_BYTES, dir_fd=dir_fd, shown=shown)
     fd = open_dir(ckpt_dir)
     try:
-        return read_regular(name, MAX_METADATA_BYTES, dir_fd=fd, shown=Path(ckpt_dir) / name)
+        return read_regular(name, MAX_METADATA_BYTES, dir_fd=fd, shown=shown)
     finally:
         os.close(fd)
 
@@ -113,13 +117,22 @@ def metadata_problem(ckpt_dir: Path) -> str | None:
 
 
 class SafeMetadataReader(FileSystemReader):
-    """DCP's file-system reader whose ``read_metadata`` goes through the allow-list unpickler."""
+    """DCP's file-system reader whose ``read_metadata`` goes through the allow-list unpickler.
+
+    ``dir_fd``: a descriptor of the checkpoint directory (kept open by the caller) to read from
+    instead of looking ``path`` up again; ``path`` then only names the files in errors.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, dir_fd: int | None = None) -> None:
+        super().__init__(path)
+        self.dir_fd = dir_fd
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
         name = DCP_METADATA_NAME if rank is None else f"__{int(rank)}{DCP_METADATA_NAME}"
         ckpt_dir = Path(self.path)
-        metadata = parse_dcp_metadata(read_dcp_metadata_bytes(ckpt_dir, name), ckpt_dir / name)
+        metadata = parse_dcp_metadata(read_dcp_metadata_bytes(ckpt_dir, name, dir_fd=self.dir_fd),
+                                      ckpt_dir / name)
         storage_meta = getattr(metadata, "storage_meta", None)
         if storage_meta is None:
             storage_meta = metadata.storage_meta = StorageMeta()

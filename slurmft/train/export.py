@@ -8,7 +8,9 @@ chunks each rank wrote, and ``dcp.load`` assembles full tensors from them.
 DCP's ``.metadata`` is a pickle written by the job's user, and this may run as root: it is read
 once (a regular file, no link followed), its bytes checked against the manifest, and unpickled
 only through the allow-list of :mod:`slurmft.train.dcp_metadata`; ``dcp.load`` reads it through
-the same allow-list (:class:`SafeMetadataReader`).
+the same allow-list (:class:`SafeMetadataReader`). Every function takes ``dir_fd``, a descriptor
+of the checkpoint directory that ``slurmft ckpt`` opened once below the run dir: everything is
+then read there, and ``ckpt_dir`` only names files in errors.
 """
 
 from __future__ import annotations
@@ -60,14 +62,14 @@ class ExportSummary:
     nbytes: int
 
 
-def read_dcp_metadata(ckpt_dir: Path, manifest: Manifest) -> Metadata:
+def read_dcp_metadata(ckpt_dir: Path, manifest: Manifest, *, dir_fd: int | None = None) -> Metadata:
     """DCP's metadata of a checkpoint, after checking ``.metadata`` against the manifest."""
     entry = next((f for f in manifest.files if f.path == DCP_METADATA_NAME), None)
     path = ckpt_dir / DCP_METADATA_NAME
     if entry is None:
         raise ExportError(f"{path}: not listed in the manifest")
     try:
-        data = read_dcp_metadata_bytes(ckpt_dir)
+        data = read_dcp_metadata_bytes(ckpt_dir, dir_fd=dir_fd)
     except OSError as exc:
         raise ExportError(str(exc) if exc.filename else f"{path}: unreadable ({exc.strerror})") from None
     hasher = StreamHasher()
@@ -82,9 +84,9 @@ def read_dcp_metadata(ckpt_dir: Path, manifest: Manifest) -> Metadata:
         raise ExportError(str(exc)) from None
 
 
-def describe_checkpoint(ckpt_dir: Path, manifest: Manifest) -> list[TensorInfo]:
+def describe_checkpoint(ckpt_dir: Path, manifest: Manifest, *, dir_fd: int | None = None) -> list[TensorInfo]:
     """Every entry of the checkpoint's DCP metadata, sorted by key."""
-    metadata = read_dcp_metadata(ckpt_dir, manifest)
+    metadata = read_dcp_metadata(ckpt_dir, manifest, dir_fd=dir_fd)
     out = []
     for key, meta in sorted(metadata.state_dict_metadata.items()):
         if isinstance(meta, TensorStorageMetadata):
@@ -100,9 +102,9 @@ def describe_checkpoint(ckpt_dir: Path, manifest: Manifest) -> list[TensorInfo]:
     return out
 
 
-def load_model_weights(ckpt_dir: Path, manifest: Manifest) -> dict[str, torch.Tensor]:
+def load_model_weights(ckpt_dir: Path, manifest: Manifest, *, dir_fd: int | None = None) -> dict[str, torch.Tensor]:
     """Full (unsharded) model tensors of a checkpoint, keyed by parameter/buffer name."""
-    metadata = read_dcp_metadata(ckpt_dir, manifest)
+    metadata = read_dcp_metadata(ckpt_dir, manifest, dir_fd=dir_fd)
     template: dict[str, torch.Tensor] = {}
     for key, meta in metadata.state_dict_metadata.items():
         nested = (metadata.planner_data or {}).get(key)
@@ -117,18 +119,20 @@ def load_model_weights(ckpt_dir: Path, manifest: Manifest) -> dict[str, torch.Te
             warnings.simplefilter("ignore", UserWarning)
             # The verifying reader: every file read is checksummed against the manifest in the same
             # read and opened without following a link (a file swapped since `verify` is caught).
-            reader = VerifyingReader(ckpt_dir, manifest.files, rank=0, world_size=1, union=lambda xs: xs)
+            reader = VerifyingReader(ckpt_dir, manifest.files, rank=0, world_size=1, union=lambda xs: xs,
+                                     dir_fd=dir_fd)
             dcp.load({MODEL: template}, storage_reader=reader, no_dist=True)
     except (Exception, CheckpointException) as exc:  # DCP's wrapper is a BaseException
         raise ExportError(f"{ckpt_dir}: loading the model tensors failed: {describe_failure(exc)}") from None
     return template
 
 
-def export_model_safetensors(ckpt_dir: Path, manifest: Manifest, out: Path) -> ExportSummary:
+def export_model_safetensors(ckpt_dir: Path, manifest: Manifest, out: Path, *,
+                             dir_fd: int | None = None) -> ExportSummary:
     """Write the model weights to ``out`` (safetensors) atomically: temp file, fsync, rename."""
     from safetensors.torch import save_file
 
-    weights = load_model_weights(ckpt_dir, manifest)
+    weights = load_model_weights(ckpt_dir, manifest, dir_fd=dir_fd)
     header = {"format": "pt", "slurmft_step": str(manifest.step),
               "slurmft_world_size": str(manifest.world_size), "torch_version": manifest.torch_version}
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)

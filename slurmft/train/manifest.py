@@ -298,7 +298,7 @@ def split_files(files: Iterable[FileEntry], parts: int) -> list[list[FileEntry]]
 
 def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | None = None, *,
                       part: tuple[int, int] | None = None, threads: int = VERIFY_THREADS,
-                      checksums: bool = True) -> VerifyReport:
+                      checksums: bool = True, dir_fd: int | None = None) -> VerifyReport:
     """Check every file of a checkpoint against its manifest: presence, size, checksum, nothing extra.
 
     ``progress(done_bytes, total_bytes)`` is called on the caller's thread as checksums advance.
@@ -308,21 +308,31 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | N
     checks only the manifest, presence, sizes and extra files (stat calls, no reads): a loader
     that checksums while it reads (:mod:`slurmft.train.verified_read`) does the rest.
 
+    With ``dir_fd`` (a descriptor of ``ckpt_dir``) the checkpoint is read there and ``ckpt_dir``
+    only names it in the problems.
+
     Raises :class:`ManifestVersionError` for a manifest newer than this slurmft reads: that says
     nothing about the checkpoint's integrity, so it is not reported as a problem of it.
     """
     ckpt_dir = Path(ckpt_dir)
     if part is not None and not 0 <= part[0] < part[1]:
         raise ValueError(f"part must be (index, count) with 0 <= index < count, got {part}")
-    try:
-        dir_fd = open_dir(ckpt_dir)
-    except OSError as exc:
-        what = str(exc) if isinstance(exc, UnsafeFileError) else f"{ckpt_dir}: unreadable ({exc.strerror})"
-        return VerifyReport(ckpt_dir, None, (what,), 0)
-    try:
+    if dir_fd is not None:
         return _verify_open_dir(ckpt_dir, dir_fd, progress, part, threads, checksums)
+    try:
+        fd = open_dir(ckpt_dir)
+    except OSError as exc:
+        return unopened_report(ckpt_dir, exc)
+    try:
+        return _verify_open_dir(ckpt_dir, fd, progress, part, threads, checksums)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
+
+
+def unopened_report(ckpt_dir: Path, exc: OSError) -> VerifyReport:
+    """The report of a checkpoint whose directory could not be opened (a link, gone, unreadable)."""
+    what = str(exc) if isinstance(exc, UnsafeFileError) else f"{ckpt_dir}: unreadable ({exc.strerror})"
+    return VerifyReport(ckpt_dir, None, (what,), 0)
 
 
 def _verify_open_dir(ckpt_dir: Path, dir_fd: int, progress: ProgressFn | None,

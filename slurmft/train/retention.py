@@ -20,7 +20,10 @@ Root runs retention over users' run directories, so deletion never leaves the ru
 ``checkpoints/``: that directory is opened once without following a link (a ``checkpoints``
 that is a link is refused), every rename and removal is made relative to that descriptor, only
 real directories are deleted (a link named like a checkpoint is reported and left alone), and
-the tree removal itself never follows a link (``shutil.rmtree`` with ``dir_fd``).
+the tree removal itself never follows a link (``shutil.rmtree`` with ``dir_fd``). A caller that
+has already opened ``checkpoints`` (``slurmft ckpt``, which opens the run dir once, and the
+manager's pass after a commit) passes its descriptor as ``ckpt_fd``: the scan and the deletion
+then act on that directory whatever its path names meanwhile.
 """
 
 from __future__ import annotations
@@ -102,64 +105,79 @@ def plan_prune(
     )
 
 
-def scan_checkpoint_dirs(run_dir: str | os.PathLike[str]) -> tuple[list[int], list[str]]:
-    """Committed steps (oldest first) and tmp dir names under ``<run_dir>/checkpoints``: real
-    directories only. Raises :class:`slurmft.safeio.UnsafeFileError` when ``checkpoints`` is a link."""
-    root = RunDir(Path(run_dir)).checkpoints
+def scan_checkpoint_dirs(run_dir: str | os.PathLike[str], *,
+                         ckpt_fd: int | None = None) -> tuple[list[int], list[str]]:
+    """Committed steps (oldest first) and tmp dir names under ``<run_dir>/checkpoints`` (or the
+    directory ``ckpt_fd``): real directories only. Raises :class:`slurmft.safeio.UnsafeFileError`
+    when ``checkpoints`` is a link."""
+    if ckpt_fd is not None:
+        return _scan(ckpt_fd)
     try:
-        root_fd = open_dir(root)
+        root_fd = open_dir(RunDir(Path(run_dir)).checkpoints)
     except FileNotFoundError:
         return [], []
-    steps, tmp = [], []
     try:
-        with os.scandir(root_fd) as entries:
-            for entry in entries:
-                if not entry.is_dir(follow_symlinks=False):
-                    continue
-                step = parse_step_dirname(entry.name)
-                if step is not None:
-                    steps.append(step)
-                elif parse_tmp_dirname(entry.name) is not None:
-                    tmp.append(entry.name)
+        return _scan(root_fd)
     finally:
         os.close(root_fd)
+
+
+def _scan(root_fd: int) -> tuple[list[int], list[str]]:
+    steps, tmp = [], []
+    with os.scandir(root_fd) as entries:
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            step = parse_step_dirname(entry.name)
+            if step is not None:
+                steps.append(step)
+            elif parse_tmp_dirname(entry.name) is not None:
+                tmp.append(entry.name)
     return sorted(steps), sorted(tmp)
 
 
 def apply_prune(run_dir: str | os.PathLike[str], plan: PrunePlan,
-                refused: Callable[[str], None] | None = None) -> list[Path]:
+                refused: Callable[[str], None] | None = None, *, ckpt_fd: int | None = None) -> list[Path]:
     """Delete what ``plan`` names under ``<run_dir>/checkpoints``; returns the paths removed.
 
-    A directory that is already gone (another pruner got there first) is skipped silently. An
-    entry that is not a real directory, or that cannot be removed, is left alone and reported to
-    ``refused`` (one line naming it); the rest of the plan still runs. Raises
-    :class:`slurmft.safeio.UnsafeFileError` (deleting nothing) when ``checkpoints`` is a link.
+    With ``ckpt_fd`` (a descriptor of that directory) the deletion happens there and ``run_dir``
+    only names the paths reported. A directory that is already gone (another pruner got there
+    first) is skipped silently. An entry that is not a real directory, or that cannot be removed,
+    is left alone and reported to ``refused`` (one line naming it); the rest of the plan still
+    runs. Raises :class:`slurmft.safeio.UnsafeFileError` (deleting nothing) when ``checkpoints``
+    is a link.
     """
     root = RunDir(Path(run_dir)).checkpoints
     say = refused or (lambda _line: None)
+    if ckpt_fd is not None:
+        return _prune_below(ckpt_fd, root, plan, say)
     root_fd = open_dir(root)
-    removed: list[Path] = []
     try:
-        for step in plan.delete_steps:
-            name = step_dirname(step)
-            if not _is_real_dir(root_fd, root, name, say):
-                continue
-            doomed = tmp_dirname(step, f"pruned-{uuid.uuid4().hex[:12]}")
-            try:
-                os.rename(name, doomed, src_dir_fd=root_fd, dst_dir_fd=root_fd)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                say(f"{root / name}: not deleted ({exc.strerror})")
-                continue
-            os.fsync(root_fd)
-            if _rmtree(root_fd, root, doomed, say):
-                removed.append(root / name)
-        for name in plan.delete_tmp_dirs:
-            if _is_real_dir(root_fd, root, name, say) and _rmtree(root_fd, root, name, say):
-                removed.append(root / name)
+        return _prune_below(root_fd, root, plan, say)
     finally:
         os.close(root_fd)
+
+
+def _prune_below(root_fd: int, root: Path, plan: PrunePlan, say: Callable[[str], None]) -> list[Path]:
+    removed: list[Path] = []
+    for step in plan.delete_steps:
+        name = step_dirname(step)
+        if not _is_real_dir(root_fd, root, name, say):
+            continue
+        doomed = tmp_dirname(step, f"pruned-{uuid.uuid4().hex[:12]}")
+        try:
+            os.rename(name, doomed, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            say(f"{root / name}: not deleted ({exc.strerror})")
+            continue
+        os.fsync(root_fd)
+        if _rmtree(root_fd, root, doomed, say):
+            removed.append(root / name)
+    for name in plan.delete_tmp_dirs:
+        if _is_real_dir(root_fd, root, name, say) and _rmtree(root_fd, root, name, say):
+            removed.append(root / name)
     return removed
 
 

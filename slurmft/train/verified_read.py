@@ -58,8 +58,8 @@ def _no_transforms(storage_info: Any) -> bool:
 
 class VerifyingReader(SafeMetadataReader):
     def __init__(self, path: Path, files: tuple[FileEntry, ...], *, rank: int, world_size: int,
-                 union: Union) -> None:
-        super().__init__(path)
+                 union: Union, dir_fd: int | None = None) -> None:
+        super().__init__(path, dir_fd=dir_fd)
         self.root = Path(path)
         self.files = {f.path: f for f in files}
         self.share, self.shares = rank, world_size  # this rank's part of the files nobody reads
@@ -106,11 +106,14 @@ class VerifyingReader(SafeMetadataReader):
         buf = bytearray(HASH_CHUNK)
         view = memoryview(buf)
         try:  # no link followed, regular files only: the files may be swapped after the manifest check
-            root_fd = safeio.open_dir(self.root)
-            try:
-                fd, _ = safeio.open_inside(root_fd, relative, path)
-            finally:
-                os.close(root_fd)
+            if self.dir_fd is not None:
+                fd, _ = safeio.open_inside(self.dir_fd, relative, path)
+            else:
+                root_fd = safeio.open_dir(self.root)
+                try:
+                    fd, _ = safeio.open_inside(root_fd, relative, path)
+                finally:
+                    os.close(root_fd)
             with os.fdopen(fd, "rb", buffering=0) as fh:
                 if hasattr(os, "posix_fadvise"):
                     try:

@@ -1,12 +1,13 @@
 """A generator of hostile run directories: what a job's user can put in their own run dir.
 
 Each case starts from a real run (steps 1, 2, 3 written by :class:`CheckpointManager`) and adds
-one hostile thing: links out of the run dir (to a secret, to another run's
-checkpoints, to ``/dev/zero``), FIFOs, odd and non-canonical step names, huge and deeply nested
-manifests and journal lines, a ``.metadata`` pickle that would run a command. Next to the cases,
-``outside/`` holds what must never be read, changed or deleted: a secret, a FIFO, another run's
-checkpoints, and the path the pickle's command would create (the test puts all of them within
-reach of the unprivileged identity too: a check that could not fail for it would prove nothing).
+one hostile thing: links out of the run dir (to a secret, to another run's checkpoints, to
+``/dev/zero``), a run dir that is itself a link to another run, FIFOs, odd and non-canonical step
+names, huge and deeply nested manifests and journal lines, a ``.metadata`` pickle that would run a
+command. Next to the cases, ``outside/`` holds what must never be read, changed or deleted: a
+secret, a FIFO, another run's checkpoints, and the path the pickle's command would create (the
+test puts all of them within reach of the unprivileged identity too: a check that could not fail
+for it would prove nothing).
 """
 
 from __future__ import annotations
@@ -113,11 +114,17 @@ class Case:
     expect: dict[str, tuple[int, str | None]] = field(default_factory=dict)
     loads: int | None = 3  # the step load_latest must resume from (None: fresh start)
     outcome: str = ""  # what `python -m slurmft.journal outcome RUN 7 0` prints
+    skip: frozenset[str] = frozenset()  # commands not run over this case (the case says why)
 
 
 def _symlink_checkpoints(run: Path, out: Outside) -> None:
     shutil.rmtree(run / "checkpoints")
     (run / "checkpoints").symlink_to(out.other_run / "checkpoints")
+
+
+def _symlink_run_dir(run: Path, out: Outside) -> None:
+    shutil.rmtree(run)
+    run.symlink_to(out.other_run)
 
 
 def _symlink_step(run: Path, out: Outside) -> None:
@@ -242,6 +249,12 @@ CASES: list[Case] = [
          {cmd: (2, "a symbolic link") for cmd in
           ("ls", "verify", "verify --all", "prune --dry-run", "prune", "inspect 3", "inspect --tensors 3",
            "export 3")}, loads=None),
+    # The in-job side follows a linked run dir (SLURMFT_RUN_DIR is the job's own, used with its
+    # rights): load_latest reads the other run, and `append` would write to it, so it is not run.
+    Case("symlink_run_dir", _symlink_run_dir,
+         {cmd: (2, "a symbolic link") for cmd in
+          ("ls", "verify", "verify --all", "prune --dry-run", "prune", "inspect 3", "inspect --tensors 3",
+           "export 3")}, skip=frozenset({"append"})),
     Case("symlink_step_and_tmp_dirs", _symlink_step,
          {"ls": (0, "step_000000004: a symbolic link"), "inspect 4": (2, "a symbolic link")}),
     Case("entry_link_to_secret", _entry_link_to_secret, _bad3("a symbolic link"), loads=2),
@@ -326,4 +339,4 @@ COMMANDS = ("ls", "verify", "verify --all", "inspect 3", "inspect --tensors 3", 
 def commands_for(case: Case) -> list[str]:
     """Every command, read-only ones first (prune last: it changes the run dir)."""
     extra = [c for c in case.expect if c not in COMMANDS]
-    return [*COMMANDS[:-1], *extra, COMMANDS[-1]]
+    return [c for c in (*COMMANDS[:-1], *extra, COMMANDS[-1]) if c not in case.skip]

@@ -353,6 +353,88 @@ def test_export_consolidates_an_fsdp2_checkpoint_from_two_ranks(tmp_path):
         assert torch.equal(exported[name], tensor), name
 
 
+# ----------------------------------------------------------------------------- the run dir, opened once
+# Issue 18: root's `prune` checked the run dir, verified for a while, then looked `<run>/checkpoints`
+# up by path again. A user who swapped their run dir for a link to another run in between had root
+# delete the other run's checkpoints by the first run's plan; a run dir that was a link was followed.
+
+
+def _tree(run: Path) -> list[str]:
+    return sorted(os.listdir(RunDir(run).checkpoints))
+
+
+@pytest.mark.parametrize("args", [("ls",), ("verify",), ("verify", "--all"), ("prune", "--keep-last", "1"),
+                                  ("prune", "--keep-last", "1", "--dry-run"), ("inspect", "3"),
+                                  ("export", "3", "o.safetensors")])
+def test_a_run_dir_that_is_a_link_is_refused_and_its_target_untouched(run, tmp_path, args):
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    before = _tree(run)
+    result = ckpt(args[0], link, *[tmp_path / a if a.endswith(".safetensors") else a for a in args[1:]])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"slurmft ckpt: {link}: a symbolic link"), result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert _tree(run) == before and not (tmp_path / "o.safetensors").exists()
+
+
+def _swap_after(monkeypatch, name: str, run: Path, other: Path, calls: int = 1) -> Path:
+    """After the ``calls``-th call of ``slurmft.commands.ckpt.<name>``, move the run dir away and
+    put a link to ``other`` in its place (what a user can do while root's command runs)."""
+    from slurmft.commands import ckpt as ckpt_command
+
+    real, moved, seen = getattr(ckpt_command, name), run.parent / "run.moved", []
+
+    def swapping(*args, **kwargs):
+        result = real(*args, **kwargs)
+        seen.append(1)
+        if len(seen) == calls:
+            run.rename(moved)
+            run.symlink_to(other)
+        return result
+
+    monkeypatch.setattr(ckpt_command, name, swapping)
+    return moved
+
+
+def test_prune_deletes_in_the_run_it_checked_when_the_run_dir_is_swapped_mid_command(run, tmp_path,
+                                                                                       monkeypatch):
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    before = _tree(other)
+    moved = _swap_after(monkeypatch, "newest_valid_step", run, other)
+    result = ckpt("prune", run, "--keep-last", "1")
+    assert result.exit_code == 0, result.output
+    assert _tree(other) == before  # the other run: untouched
+    assert _tree(moved) == [step_dirname(3)]  # the plan ran on the run that was checked
+
+
+def test_verify_all_reads_the_run_it_opened_when_the_run_dir_is_swapped_mid_command(run, tmp_path,
+                                                                                      monkeypatch):
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    for step in (2, 3):
+        shard(other, step).write_bytes(b"garbage")
+    _swap_after(monkeypatch, "verify_with_progress", run, other)
+    result = ckpt("verify", run, "--all", "--json")
+    assert result.exit_code == 0, result.output
+    assert [c["ok"] for c in json.loads(result.output)["checkpoints"]] == [True, True, True]
+
+
+def test_export_reads_the_run_it_opened_when_the_run_dir_is_swapped_mid_command(pristine_run, run, tmp_path,
+                                                                                  monkeypatch):
+    from safetensors.torch import load_file
+
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    shard(other, 3).write_bytes(b"garbage")
+    _swap_after(monkeypatch, "verify_with_progress", run, other)
+    out = tmp_path / "model.safetensors"
+    result = ckpt("export", run, "3", out)
+    assert result.exit_code == 0, result.output
+    exported = load_file(out)
+    assert all(torch.equal(exported[name], tensor) for name, tensor in pristine_run[1].items())
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
