@@ -97,8 +97,9 @@ class Watcher:
 
     def _confirm_forgotten(self, run: RunWatch):
         """A job missing from the controller's answer: ask once more, accounting included. Its
-        accounting record is used only when it says COMPLETED (finished); otherwise the job is
-        forgotten (None: it can no longer be requeued). False when that cannot be told now."""
+        accounting record is used when it says COMPLETED (finished) or CANCELLED (its owner or an
+        admin ended it: left cancelled, never resubmitted); otherwise the job is forgotten (None:
+        it can no longer be requeued, only resubmitted). False when that cannot be told now."""
         try:
             job = self.client.job(run.job_id)
         except JobNotFound:
@@ -107,7 +108,7 @@ class Watcher:
             return False
         if not job.state.finished:
             return False  # the controller (or accounting) still has it alive: not forgotten
-        return job if job.state is JobState.COMPLETED else None
+        return job if job.state in (JobState.COMPLETED, JobState.CANCELLED) else None
 
     def _report(self, result: CycleResult) -> None:
         if self.on_cycle is not None:

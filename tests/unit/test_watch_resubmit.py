@@ -134,3 +134,38 @@ def test_no_resubmission_while_slurm_cannot_say_whether_the_last_one_went_throug
     w = RunWatch(run, RunState(job_id="7", resubmit_started=T0), client, WatchConfig())
     w.step(None, NODES, T0 + 50)
     assert client.calls == [] and w.job_id == "7"
+
+
+class ForgettingController(ResubmitClient):
+    """The controller no longer lists job 7; accounting says how it ended."""
+
+    def __init__(self, line: str, ended: Job) -> None:
+        super().__init__(line)
+        self.ended = ended
+
+    def jobs(self, ids):
+        return {}
+
+    def nodes(self):
+        return NODES
+
+    def job(self, job_id):
+        return self.ended
+
+
+@pytest.mark.parametrize("state, resubmitted", [(JobState.FAILED, True), (JobState.CANCELLED, False)])
+def test_a_forgotten_job_its_owner_cancelled_stays_cancelled(site, state, resubmitted):
+    """Found on the real controller: a job cancelled while no watcher ran was resubmitted once
+    Slurm forgot it; accounting's CANCELLED is the same verdict as the controller's."""
+    from slurmft.watch.loop import Watcher
+
+    run, line, work = site
+    resubmit.save_record(run, "7", line, str(work), SCRIPT)
+    client = ForgettingController(line, job(state, exit_code=0 if state is JobState.CANCELLED else 1))
+    w = RunWatch(run, RunState(job_id="7"), client, WatchConfig())
+    Watcher(client, [w], poll_s=1, clock=lambda: T0).cycle()
+    assert [c[0] for c in client.calls] == (["resubmit"] if resubmitted else [])
+    if not resubmitted:
+        assert w.state.phase == "finished" and w.job_id == "7"
+        finished = [e for e in read_events(run.events) if e.kind == "run_finished"]
+        assert [e.get("how") for e in finished] == ["cancelled"]
