@@ -3,6 +3,8 @@
 ``devcluster`` (session) starts it in a temp dir on first use and always takes it down: in the
 fixture's ``finally`` and, should the run be interrupted before that runs, from ``atexit``.
 ``slurm_cluster`` (function) is the same cluster after ``reset()``: no jobs, every node IDLE.
+``forgetful_cluster`` (function) is a dedicated 1-node cluster of its own whose controller forgets
+an ended job within seconds (a short MinJobAge), taken down after the test.
 Integration tests are skipped only when this machine cannot run a devcluster at all (not root,
 or Slurm/munge/MariaDB programs missing); any other failure to start is an error.
 """
@@ -10,6 +12,7 @@ or Slurm/munge/MariaDB programs missing); any other failure to start is an error
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 from typing import Iterator
 
@@ -19,6 +22,9 @@ from slurmft.slurm.devcluster import DevCluster, DevClusterError
 from slurmft.slurm.devcluster.release import Binaries
 
 SESSION_NODES = 4
+# MinJobAge of forgetful_cluster. Measured on 22.05.8, from the end of a job to the controller's
+# "Invalid job id": 3.7-4.4 s with MinJobAge=2, 5-13 s with 5, 14 s with 10, 44 s with 25.
+FORGETFUL_MIN_JOB_AGE_S = 5
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,3 +74,21 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory,
 def slurm_cluster(devcluster: DevCluster) -> DevCluster:
     devcluster.reset()
     return devcluster
+
+
+@pytest.fixture
+def forgetful_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """Its own cluster, so that the short MinJobAge touches no other test's jobs (a short path:
+    munged's socket lives under it)."""
+    reason = devcluster_unavailable()
+    if reason is not None:
+        pytest.skip(f"no devcluster on this machine: {reason}")
+    cluster = DevCluster.up(tmp_path_factory.mktemp("forgetful"), nodes=1,
+                            min_job_age_s=FORGETFUL_MIN_JOB_AGE_S)
+    stop = functools.partial(_down_quietly, cluster)  # its own: unregister leaves the session's
+    atexit.register(stop)
+    try:
+        yield cluster
+    finally:
+        stop()
+        atexit.unregister(stop)

@@ -204,8 +204,10 @@ def test_bad_input_is_one_line_and_touches_nothing(slurm_cluster, tmp_path):
 
 @pytest.mark.timeout(120)
 def test_saved_submission_resubmits_the_same_job_on_real_slurm(slurm_cluster, tmp_path):
-    """What a forgotten job's resubmission sends, checked against the real controller: the job
-    itself cannot be made to age out of the controller here (MinJobAge=600 s)."""
+    """What a forgotten job's resubmission sends, checked against the real controller: options,
+    name, run dir comment, exclusion and work dir of the new job (held, so it never runs). The
+    whole path, with the controller really forgetting a job and the watcher resubmitting it, is
+    tests/integration/test_watch_forgotten.py."""
     from slurmft.watch import resubmit
 
     client = CliSlurmClient(env=slurm_cluster.env)

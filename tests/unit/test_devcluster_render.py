@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,28 @@ def test_slurm_conf_points_every_path_and_port_into_the_cluster(spec: ConfSpec, 
         "RealMemory=1000 State=UNKNOWN" for i in (1, 2, 3)]
     assert text.splitlines()[-1] == ("PartitionName=debug Nodes=n1,n2,n3 Default=YES "
                                      "MaxTime=INFINITE State=UP")
+
+
+def test_min_job_age_is_600_s_unless_asked_for_less(spec: ConfSpec) -> None:
+    assert conf_lines(render_slurm_conf(spec))["MinJobAge"] == "600"
+    short = replace(spec, min_job_age_s=5)
+    assert "MinJobAge=5" in render_slurm_conf(short).splitlines()
+    assert render_slurm_conf(short).count("MinJobAge=") == 1
+
+
+@pytest.mark.parametrize("value", [0, 1, -5, 86401, 5.0, "5", True, None])
+def test_a_min_job_age_slurm_would_not_purge_after_is_refused(spec: ConfSpec, value) -> None:
+    # 0 means "never purge" to Slurm and 1 is below what slurm.conf(5) recommends.
+    with pytest.raises(ValueError, match="min_job_age_s"):
+        replace(spec, min_job_age_s=value)
+
+
+def test_devcluster_up_refuses_a_bad_min_job_age_before_starting_anything(tmp_path: Path) -> None:
+    from slurmft.slurm.devcluster import DevCluster, DevClusterError
+
+    with pytest.raises(DevClusterError, match="min_job_age_s 0"):
+        DevCluster.up(tmp_path / "c", nodes=1, min_job_age_s=0)
+    assert not (tmp_path / "c").exists()
 
 
 def test_slurmdbd_conf_uses_the_private_mariadb(spec: ConfSpec, tmp_path: Path) -> None:

@@ -15,6 +15,19 @@ from slurmft.slurm.devcluster.layout import Layout, Ports
 PARTITION = "debug"
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
+# How long slurmctld keeps an ended job's record. A test that needs the controller to forget a
+# job asks for less; slurm.conf(5) recommends at least 2 (0 would mean never purge).
+DEFAULT_MIN_JOB_AGE_S = 600
+MIN_JOB_AGE_RANGE_S = (2, 86400)
+
+
+def check_min_job_age(seconds: int) -> int:
+    """``seconds`` when it is a whole number of seconds Slurm purges after, else ValueError."""
+    low, high = MIN_JOB_AGE_RANGE_S
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not low <= seconds <= high:
+        raise ValueError(f"min_job_age_s {seconds!r}: must be a whole number of seconds "
+                         f"from {low} to {high}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,10 @@ class ConfSpec:
     cpus_per_node: int
     memory_mb_per_node: int
     db_password: str
+    min_job_age_s: int = DEFAULT_MIN_JOB_AGE_S
+
+    def __post_init__(self) -> None:
+        check_min_job_age(self.min_job_age_s)
 
 
 def render_slurm_conf(spec: ConfSpec) -> str:
@@ -59,7 +76,7 @@ def render_slurm_conf(spec: ConfSpec) -> str:
         "SlurmctldTimeout=30",
         "ReturnToService=1",
         "JobRequeue=1",
-        "MinJobAge=600",
+        f"MinJobAge={spec.min_job_age_s}",
         "KillWait=5",
         "InactiveLimit=0",
         "SchedulerType=sched/backfill",
