@@ -69,6 +69,17 @@ def test_devcluster_up_refuses_a_bad_min_job_age_before_starting_anything(tmp_pa
     assert not (tmp_path / "c").exists()
 
 
+def test_slurmd_timeout_is_10_s_unless_asked_for_more(spec: ConfSpec) -> None:
+    assert conf_lines(render_slurm_conf(spec))["SlurmdTimeout"] == "10"
+    assert "SlurmdTimeout=120" in render_slurm_conf(replace(spec, slurmd_timeout_s=120)).splitlines()
+
+
+@pytest.mark.parametrize("value", [0, 4, 3601, 10.0, "10", True])
+def test_a_slurmd_timeout_out_of_range_is_refused(spec: ConfSpec, value) -> None:
+    with pytest.raises(ValueError, match="slurmd_timeout_s"):
+        replace(spec, slurmd_timeout_s=value)
+
+
 def test_slurmdbd_conf_uses_the_private_mariadb(spec: ConfSpec, tmp_path: Path) -> None:
     kv = conf_lines(render_slurmdbd_conf(spec))
     assert kv["DbdPort"] == "25002" and kv["StoragePort"] == "25003"

@@ -29,7 +29,8 @@ from slurmft.slurm.devcluster.release import (
     Binaries, daemon_env_from_environ, mariadb_version, slurm_version,
 )
 from slurmft.slurm.devcluster.render import (
-    DEFAULT_MIN_JOB_AGE_S, ConfSpec, check_min_job_age, render_slurm_conf, render_slurmdbd_conf,
+    DEFAULT_MIN_JOB_AGE_S, DEFAULT_SLURMD_TIMEOUT_S, ConfSpec, check_min_job_age,
+    check_slurmd_timeout, render_slurm_conf, render_slurmdbd_conf,
 )
 
 DEFAULT_NODES = 3
@@ -155,14 +156,17 @@ class DevCluster:
     def up(cls, dir: str | os.PathLike[str], nodes: int = DEFAULT_NODES, *,
            port_base: int | None = None, daemon_env: Mapping[str, str] | None = None,
            timeout: float = UP_TIMEOUT_S,
-           min_job_age_s: int = DEFAULT_MIN_JOB_AGE_S) -> "DevCluster":
+           min_job_age_s: int = DEFAULT_MIN_JOB_AGE_S,
+           slurmd_timeout_s: int = DEFAULT_SLURMD_TIMEOUT_S) -> "DevCluster":
         """Start a cluster of ``nodes`` nodes (n1..nN) in ``dir``; return once all are IDLE.
         ``daemon_env`` is added to every daemon's environment (default: from
         ``$SLURMFT_DEVCLUSTER_DAEMON_ENV``). ``min_job_age_s`` is slurm.conf's MinJobAge: how
-        long the controller keeps an ended job before it forgets it."""
+        long the controller keeps an ended job before it forgets it; ``slurmd_timeout_s`` its
+        SlurmdTimeout: how long a silent node stays up before it is called DOWN."""
         check_node_count(nodes)
         try:
             check_min_job_age(min_job_age_s)
+            check_slurmd_timeout(slurmd_timeout_s)
         except ValueError as exc:
             raise DevClusterError(str(exc)) from None
         if daemon_env is None:
@@ -189,7 +193,7 @@ class DevCluster:
                                  daemon_env=dict(daemon_env or {}))
             cluster = cls(layout, state, bins)
             try:
-                cluster._start(versions[1], timeout, min_job_age_s)
+                cluster._start(versions[1], timeout, min_job_age_s, slurmd_timeout_s)
             except BaseException:
                 cluster._stop_all()
                 raise
@@ -235,7 +239,8 @@ class DevCluster:
         self._record(service.name, proc)
         return proc
 
-    def _start(self, mariadb_ver: tuple[int, int, int], timeout: float, min_job_age_s: int) -> None:
+    def _start(self, mariadb_ver: tuple[int, int, int], timeout: float, min_job_age_s: int,
+               slurmd_timeout_s: int) -> None:
         lay, st, bins = self._layout, self._state, self._bins
         deadline = time.monotonic() + timeout
 
@@ -251,7 +256,7 @@ class DevCluster:
         spec = ConfSpec(layout=lay, cluster_name=st.cluster_name, node_names=st.node_names,
                         ports=st.ports, cpus_per_node=CPUS_PER_NODE,
                         memory_mb_per_node=MEMORY_MB_PER_NODE, db_password=password,
-                        min_job_age_s=min_job_age_s)
+                        min_job_age_s=min_job_age_s, slurmd_timeout_s=slurmd_timeout_s)
         atomic_write_bytes(lay.slurm_conf, render_slurm_conf(spec).encode())
         atomic_write_bytes(lay.slurmdbd_conf, render_slurmdbd_conf(spec).encode(), mode=0o600)
         daemons.write_munge_key(lay)

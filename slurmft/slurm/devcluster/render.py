@@ -19,15 +19,28 @@ DB_USER = "slurm"
 # job asks for less; slurm.conf(5) recommends at least 2 (0 would mean never purge).
 DEFAULT_MIN_JOB_AGE_S = 600
 MIN_JOB_AGE_RANGE_S = (2, 86400)
+# How long slurmctld waits for a silent slurmd before it calls the node DOWN: short, so a killed
+# node is noticed in seconds, as the tests and demo need. A benchmark of what `slurmft watch
+# --operator` saves on a real cluster (300 s there by default) asks for more.
+DEFAULT_SLURMD_TIMEOUT_S = 10
+SLURMD_TIMEOUT_RANGE_S = (5, 3600)
+
+
+def _whole_seconds(name: str, seconds: int, low: int, high: int) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not low <= seconds <= high:
+        raise ValueError(f"{name} {seconds!r}: must be a whole number of seconds "
+                         f"from {low} to {high}")
+    return seconds
 
 
 def check_min_job_age(seconds: int) -> int:
     """``seconds`` when it is a whole number of seconds Slurm purges after, else ValueError."""
-    low, high = MIN_JOB_AGE_RANGE_S
-    if isinstance(seconds, bool) or not isinstance(seconds, int) or not low <= seconds <= high:
-        raise ValueError(f"min_job_age_s {seconds!r}: must be a whole number of seconds "
-                         f"from {low} to {high}")
-    return seconds
+    return _whole_seconds("min_job_age_s", seconds, *MIN_JOB_AGE_RANGE_S)
+
+
+def check_slurmd_timeout(seconds: int) -> int:
+    """``seconds`` when it is a usable SlurmdTimeout, else ValueError."""
+    return _whole_seconds("slurmd_timeout_s", seconds, *SLURMD_TIMEOUT_RANGE_S)
 
 
 @dataclass(frozen=True)
@@ -42,9 +55,11 @@ class ConfSpec:
     memory_mb_per_node: int
     db_password: str
     min_job_age_s: int = DEFAULT_MIN_JOB_AGE_S
+    slurmd_timeout_s: int = DEFAULT_SLURMD_TIMEOUT_S
 
     def __post_init__(self) -> None:
         check_min_job_age(self.min_job_age_s)
+        check_slurmd_timeout(self.slurmd_timeout_s)
 
 
 def render_slurm_conf(spec: ConfSpec) -> str:
@@ -71,8 +86,7 @@ def render_slurm_conf(spec: ConfSpec) -> str:
         "ProctrackType=proctrack/linuxproc",
         "TaskPlugin=task/none",
         "MpiDefault=none",
-        # Short timeouts so a killed node is noticed in seconds, as the tests and demo need.
-        "SlurmdTimeout=10",
+        f"SlurmdTimeout={spec.slurmd_timeout_s}",
         "SlurmctldTimeout=30",
         "ReturnToService=1",
         "JobRequeue=1",
