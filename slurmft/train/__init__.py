@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "ResumableSampler": "slurmft.train.sampler",
     "SamplerError": "slurmft.train.sampler",
     "PreemptionHandler": "slurmft.train.preemption",
+    "PreemptionConfig": "slurmft.train.preemption",
     "Heartbeat": "slurmft.train.heartbeat",
     "StepGuard": "slurmft.train.guards",
     "GuardConfig": "slurmft.train.guards",

@@ -39,7 +39,10 @@ def step_seed(seed: int, step: int, rank: int | None) -> int:
 
 
 def step_generator(seed: int, step: int, rank: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A fresh generator on ``device`` seeded by :func:`step_seed`; needs no checkpointed state."""
+    """A fresh generator on ``device`` seeded by :func:`step_seed` from ``seed``, the 1-based
+    ``step`` and ``rank`` (None: the same stream on every rank). Batches drawn from it depend only
+    on those numbers, so a resumed run draws what an uninterrupted one did with nothing to save;
+    ``Run.rng(step)`` is this with the run's seed and rank."""
     gen = torch.Generator(device=device)
     gen.manual_seed(step_seed(seed, step, rank))
     return gen

@@ -38,7 +38,12 @@ SECTION = "preemption"
 
 @dataclass(frozen=True)
 class PreemptionConfig:
-    """``[preemption]`` settings (slurmft.toml, ``SLURMFT_PREEMPTION_<FIELD>``, or overrides)."""
+    """``[preemption]`` settings (slurmft.toml, ``SLURMFT_PREEMPTION_<FIELD>``, or overrides).
+
+    check_every: steps between the ranks' agreements on "a signal arrived" in
+      ``PreemptionHandler.should_stop()`` (10; each is one all-reduce and a host sync; ``Run`` agrees
+      every step for free on ``report()``'s all-reduce).
+    """
 
     check_every: int = 10  # steps between agreements (each one all-reduce + host sync)
 

@@ -11,7 +11,7 @@ import slurmft.train as train
 
 PUBLIC = [
     "BoundaryCheck", "CheckpointConfig", "CheckpointError", "CheckpointManager", "GuardConfig",
-    "GuardResult", "Heartbeat", "JobEnv", "PreemptionHandler", "ResumableSampler",
+    "GuardResult", "Heartbeat", "JobEnv", "PreemptionConfig", "PreemptionHandler", "ResumableSampler",
     "ResumeDivergenceWarning", "Run", "RunConfig", "SamplerError", "SaveStats", "Segment",
     "StepGuard", "StepWatchdog", "TrainState", "Verdict", "step_generator",
 ]
