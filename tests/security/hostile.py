@@ -333,7 +333,10 @@ def build_case(case: Case, pristine: Path, run: Path, outside: Outside) -> None:
 
 
 COMMANDS = ("ls", "verify", "verify --all", "inspect 3", "inspect --tensors 3", "export 3",
-            "prune --dry-run", "outcome", "append", "load_latest", "prune")
+            "prune --dry-run", "status", "interval", "outcome", "append", "load_latest", "prune")
+# Read-only commands that read the journal and the watcher's state, not the checkpoints: each must
+# answer 0 or 2 (one line), never a traceback or a hang, whatever the case.
+JOURNAL_READERS = ("status", "interval")
 
 
 def commands_for(case: Case) -> list[str]:

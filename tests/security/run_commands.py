@@ -1,4 +1,4 @@
-"""Run every ``slurmft ckpt`` command, ``load_latest`` and the journal's ``append``/``outcome`` over
+"""Run every ``slurmft ckpt`` command, ``slurmft status`` and ``interval``, ``load_latest`` and the journal's ``append``/``outcome`` over
 hostile run dirs, in this process, as whoever runs this script; print one JSON result list.
 
     python run_commands.py SPEC.json   # SPEC: [{"case": name, "run": dir, "out": dir, "commands": [...]}]
@@ -33,11 +33,15 @@ def _alarm(_signum, _frame):
 
 
 def run_ckpt(args: list[str]) -> tuple[int, str]:
+    return run_cli(["ckpt", *args])
+
+
+def run_cli(args: list[str]) -> tuple[int, str]:
     from typer.testing import CliRunner
 
     from slurmft.cli import app
 
-    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["ckpt", *args])
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, args)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         text = "".join(traceback.format_exception(result.exception))
         return 99, result.output + text
@@ -86,6 +90,10 @@ def one(case: dict, command: str) -> dict:
             code, text = run_journal(["outcome", run, "7", "0"])
         elif command == "append":
             code, text = run_journal(["append", run, "template", "note=hostile"])
+        elif command == "status":
+            code, text = run_cli(["status", run, "--no-slurm", "--json"])
+        elif command == "interval":
+            code, text = run_cli(["interval", "--run-dir", run, "--mtbf", "3600"])
         else:
             words = shlex.split(command)
             if words[0] == "prune":
