@@ -245,7 +245,10 @@ class CliSlurmClient:
         argv = ["scontrol", "update", f"JobId={job_id}"]
         if extra or readmit:
             job = self.job(job_id)
-            if job.state is not JobState.PENDING:
+            # 22.05 prints a job requeued while its batch script still ends (the launcher's own
+            # requeue) as COMPLETING, read as RUNNING; Slurm takes its ExcNodeList (measured), and
+            # refuses one that is really ending: "Job is no longer pending execution".
+            if job.state is not JobState.PENDING and not job.completing:
                 raise SlurmError(f"job {job_id} is {job.state.value}, not PENDING: ExcNodeList not changed")
             argv.append(f"ExcNodeList={policy.merged_exclusions(job, extra, readmit)}")
         if start_now:

@@ -3,12 +3,13 @@
 Every squeue/scontrol/sacct/sbatch/scancel call goes through :meth:`Runner.run` with an argv list
 (never a shell), an environment overlay (``SLURM_CONF`` of a devcluster...) and a timeout.
 Transient failures (our timeout, controller unreachable, socket timed out, slurmdbd connection
-refused) are retried with exponential backoff (tenacity); when they persist the call raises
-:class:`SlurmUnavailable` -- "could not observe", never an empty result. Permanent failures raise
-the typed error at once, carrying Slurm's own message. A call that changes state
-(``idempotent=False``: requeue, drain, update...) is retried only when the controller could not
-be reached at all; a timeout, ours or Slurm's, raises :class:`OutcomeUnknown` at once, and the
-caller re-reads the state to learn whether it happened (``policy.change_confirmed``).
+refused, the command killed by a signal not ours) are retried with exponential backoff
+(tenacity); when they persist the call raises :class:`SlurmUnavailable` -- "could not observe",
+never an empty result. Permanent failures raise the typed error at once, carrying Slurm's own
+message. A call that changes state (``idempotent=False``: requeue, drain, update...) is retried
+only when the controller could not be reached at all; a timeout, ours or Slurm's, or a signal
+raises :class:`OutcomeUnknown` at once, and the caller re-reads the state to learn whether it
+happened (``policy.change_confirmed``).
 """
 
 from __future__ import annotations
@@ -141,6 +142,14 @@ class Runner:
                     "taken effect)"
                 )
             raise _Transient(f"no answer within {limit:g} s")
+        if proc.returncode < 0:
+            # Killed by a signal that was not ours (ours is the timeout above): Slurm gave no
+            # verdict. In a job this is the TERM that Slurm sends the batch step when the job is
+            # requeued or cancelled; it reaches the commands the launcher is running right then.
+            what = f"{' '.join(argv[:2])}: killed by signal {-proc.returncode}"
+            if not idempotent:
+                raise OutcomeUnknown(f"{what}; not retried (it may have taken effect)")
+            raise _Transient(what)
         result = Result(argv, proc.returncode, proc.stdout.decode(errors="replace"),
                         proc.stderr.decode(errors="replace"))
         if proc.returncode != 0:

@@ -1,10 +1,14 @@
 """The launcher on the devcluster, in the four situations that broke the bash template
 (issue 19): an array task preempted alone, two pre-flights on one node at once, a job without
-scontrol, and outside requeues followed at once by a restart. The real template runs the real
-example; the test plays only the watcher's part it needs (``StartTime=now``)."""
+scontrol, and outside requeues followed at once by a restart; and two of its functions on real
+Slurm: a pre-flight that fails a node, and a heterogeneous job refused. The real template runs
+the real example; the test plays only the watcher's part it needs (``StartTime=now``), and only
+where it says why; elsewhere the real ``slurmft watch`` does."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,10 +17,12 @@ import pytest
 from slurmft import exitcodes, journal
 from slurmft.journal import read_events
 from slurmft.rundir import RunDir
+from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
 from slurmft.sweep.lock import SweepLock
 
-from train_job_support import TINY_ARGS, TrainJob, submit
+from train_job_support import EXAMPLE, JOB_ENV, TEMPLATE, TINY_ARGS, TrainJob, submit
+from watch_support import events_until, of
 
 pytestmark = pytest.mark.integration
 
@@ -181,3 +187,96 @@ def test_a_later_run_trains_past_an_earlier_runs_done_and_survives_preemption(sl
     ends = [e.get("exit_code") for e in second.events([journal.SEGMENT_END])
             if e.get("job_id") == second.job_id]
     assert ends == [exitcodes.REQUEUE, exitcodes.OK]
+
+
+def _site_check_failing_on(tmp_path: Path, victim: str) -> Path:
+    """A sweep config (for ``SLURMFT_CONFIG``) whose one check, part of ``--quick`` (the
+    pre-flight's sweep), fails only on ``victim``: a site script judging ``$SLURMD_NODENAME``."""
+    script = tmp_path / "site-check"
+    script.write_text(f"""#!/bin/sh
+if [ "$SLURMD_NODENAME" = {victim} ]; then
+    echo "ERROR: site check: /scratch read-only on $SLURMD_NODENAME"; exit 1
+fi
+echo "site check: ok"
+""")
+    script.chmod(0o755)
+    config = tmp_path / "sweep.toml"
+    config.write_text(f"""
+[sweep]
+checks = ["external_site"]
+state_dir = "{tmp_path}/sweep-state"
+report_dir = "{tmp_path}/sweep-reports"
+textfile_dir = "{tmp_path}/sweep-textfile"
+
+[[health_external.commands]]
+name = "site"
+argv = ["{script}"]
+timeout_s = 15
+quick = true
+""")
+    return config
+
+
+@pytest.mark.timeout(120)
+def test_preflight_failing_one_node_excludes_it_requeues_and_trains_without_it(slurm_cluster, tmp_path):
+    """A 2-node job whose pre-flight sweep fails on n2 alone: the launcher journals n2's
+    exclusion with the failing check's line, requeues itself with n2 in its ExcNodeList (the
+    real watcher only starts it again), and the next run trains on two other nodes; nothing
+    exits 86."""
+    victim = "n2"   # the 4 nodes are idle: Slurm gives a 2-node job n1,n2
+    env = {"SLURMFT_CONFIG": str(_site_check_failing_on(tmp_path, victim))}
+    job = submit(slurm_cluster, tmp_path / "run", [*TINY_ARGS, "--steps", "2", "--ckpt-every", "2"],
+                 nodes=2, env=env, watch=True)
+    events = events_until(job.run_dir, lambda ev: of(ev, journal.TEMPLATE, action="launch"), 60,
+                          "the launcher's first run", context=job.context)
+    [launch] = of(events, journal.TEMPLATE, action="launch")
+    assert victim in launch.get("nodes"), f"Slurm did not give the job {victim}: {launch}"
+    final = job.wait_finished(timeout=90)
+    assert final.state is JobState.COMPLETED and final.exit_code == 0, job.context()
+    assert final.restart_count == 1 and victim in final.excluded_nodes, final
+    assert victim not in final.nodes and len(final.nodes) == 2, final
+
+    events = job.events()
+    [exclusion] = of(events, journal.TEMPLATE, action="exclude")
+    assert exclusion.get("restart_count") == 0 and exclusion.get("node") == victim
+    assert f"external_site: ERROR: site check: /scratch read-only on {victim}" in exclusion.get("evidence")
+    [requeued] = of(events, journal.TEMPLATE, action="requeue")
+    assert requeued.get("restart_count") == 0 and requeued.get("exclude") == victim
+    assert "pre-flight" in requeued.get("reason")
+    # The launcher itself requeued the job and set its ExcNodeList, with the batch step being
+    # TERMed by that requeue (no requeue_request left to the watcher); the watcher only started
+    # the job again.
+    assert f"requeued, excluding {victim}" in job.log_text(), job.context()
+    assert not of(events, journal.REQUEUE_REQUEST), job.context()
+    assert not of(events, journal.RECOVERY_ACTION, action="requeue"), job.context()
+    assert not of(events, journal.SEGMENT_START, restart_count=0)   # no training on n2's run
+    assert any(e.get("restart_count") == 1 for e in of(events, journal.LOSS))
+    assert not of(events, journal.TEMPLATE, action="give_up")
+    assert all(e.get("exit_code") != exitcodes.NO_REQUEUE for e in of(events, journal.SEGMENT_END))
+
+
+@pytest.mark.timeout(60)
+def test_heterogeneous_job_is_refused_with_one_line_and_exit_86(slurm_cluster, tmp_path):
+    """The template submitted as a hetjob (``sbatch -N1 : -N1``) ends at once with one line
+    naming the reason and exit 86 (bad input: do not requeue); Slurm does not requeue it and
+    nothing is created or journaled."""
+    client = CliSlurmClient(env=slurm_cluster.env)
+    run, log = tmp_path / "run", tmp_path / "het.out"
+    # sbatch itself: the client's submit() takes no ':' component separator.
+    sbatch = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=1", f"--output={log}", f"--chdir={tmp_path}", ":",
+         "--nodes=1", str(TEMPLATE), str(EXAMPLE), *TINY_ARGS],
+        env={**os.environ, **slurm_cluster.env, **JOB_ENV, "SLURMFT_RUN_DIR": str(run)},
+        capture_output=True, text=True, timeout=30)
+    assert sbatch.returncode == 0, sbatch.stderr
+    job_id = sbatch.stdout.strip().split(";")[0]
+    job = TrainJob(client, run, job_id, log)
+    # Slurm starts a hetjob only in a backfill pass: every 30 s (bf_interval) on the devcluster.
+    final = job.wait_for(lambda j: j.state.finished, 45, "end of the hetjob (backfill starts it)")
+    assert final.state is JobState.FAILED and final.exit_code == exitcodes.NO_REQUEUE, final
+    assert final.restart_count == 0 and not final.excluded_nodes, final
+    lines = log.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "ERROR: SLURM_HET_SIZE=2: heterogeneous jobs are not supported by slurmft launch "
+        "(submit one homogeneous allocation) -> exit 86 (do not requeue)"), lines
+    assert not run.exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from slurmft.slurm.cli import CliSlurmClient
-from slurmft.slurm.client import InvalidArgument, JobNotFound, JobState
+from slurmft.slurm.client import InvalidArgument, JobNotFound, JobState, SlurmError
 from slurmft.slurm.config import SlurmConfig
 from slurmft.slurm.runner import Result
 
@@ -106,6 +106,25 @@ def test_update_pending_merges_exclusions_and_starts_now():
     c, replay = client("24.11.5", lambda argv: pending if argv[0] == "squeue" else "")
     c.update_pending("6370", exclude_nodes=["cn2", "cn1"], start_now=True)
     assert replay.calls[-1] == ("scontrol", "update", "JobId=6370", "ExcNodeList=cn[1-2]", "StartTime=now")
+
+
+def test_update_pending_takes_a_job_requeued_while_its_batch_script_ends_on_2205():
+    """Right after the launcher's own ``scontrol requeue`` (the launcher is the batch script),
+    22.05 prints the job as COMPLETING: the exclusion is sent (Slurm takes it), where it used
+    to be refused here as 'RUNNING, not PENDING' and only the watcher could exclude the node.
+    A job that is just RUNNING is still refused without asking Slurm."""
+    completing = (FIX / "2205/squeue_requeued_completing.json").read_text()
+    c, replay = client("22.05.8", lambda argv: completing if argv[0] == "squeue" else "")
+    job = c.job("1")
+    assert job.state is JobState.RUNNING and job.completing and job.restart_count == 1
+    c.update_pending("1", exclude_nodes=["n2"])
+    assert replay.calls[-1] == ("scontrol", "update", "JobId=1", "ExcNodeList=n2")
+
+    running = (FIX / "2205/squeue_running_failed_completed.json").read_text()
+    c, replay = client("22.05.8", lambda argv: running if argv[0] == "squeue" else "")
+    with pytest.raises(SlurmError, match="job 1 is RUNNING, not PENDING"):
+        c.update_pending("1", exclude_nodes=["n2"])
+    assert not any(call[:2] == ("scontrol", "update") for call in replay.calls)
 
 
 def test_submit_options_validated_and_id_parsed(tmp_path):

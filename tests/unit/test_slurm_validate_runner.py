@@ -222,6 +222,26 @@ def test_a_change_that_never_reached_the_controller_is_retried(tmp_path):
     assert not isinstance(info.value, OutcomeUnknown) and counter.read_text() == "xxx"
 
 
+def test_a_command_killed_by_a_signal_not_ours_is_no_verdict(tmp_path):
+    """Slurm TERMs a batch step it requeues, and with it the squeue the launcher runs to confirm
+    its own requeue: that read is retried (it was once 'scontrol requeue failed: exit status
+    -15', and the exclusion was never sent); a change killed so may have happened."""
+    counter = tmp_path / "calls"
+    cmd = fake_command(tmp_path, "squeue", f"""
+import os, signal
+p = pathlib.Path({str(counter)!r}); n = int(p.read_text()) + 1 if p.exists() else 1; p.write_text(str(n))
+if n == 1:
+    os.kill(os.getpid(), signal.SIGTERM)
+print('{{"jobs": []}}')""")
+    run, sleeps = runner(retries=2)
+    assert json.loads(run.run([cmd, "--json"]).stdout) == {"jobs": []}
+    assert counter.read_text() == "2" and len(sleeps) == 1
+    counter.unlink()
+    with pytest.raises(OutcomeUnknown, match="killed by signal 15; not retried"):
+        run.run([cmd, "requeue", "7"], idempotent=False)
+    assert counter.read_text() == "1"
+
+
 def test_missing_binary_and_bad_argv(tmp_path):
     run, _ = runner()
     with pytest.raises(SlurmError, match="command not found"):
