@@ -418,6 +418,8 @@ class RunWatch:
         if job is None:  # forgotten mid-recovery: start over as a resubmission
             st.phase, st.recovery = WATCHING, None
             return
+        if self.config.operator and job.completing:
+            self._set_silent_nodes_down(rec, job, obs)
         if rec.requeue in (TODO, DOING):
             if job.state is JobState.CANCELLED or done_for(obs.done, job.ids):
                 how = detect.CANCELLED if job.state is JobState.CANCELLED else detect.FINISHED
@@ -460,6 +462,27 @@ class RunWatch:
         elif job.state.finished and job.restart_count > rec.restart_count:
             st.phase, st.recovery = WATCHING, None  # the new run ended already: detected next cycle
             st.last_restart_count = job.restart_count
+
+    def _set_silent_nodes_down(self, rec: Recovery, job: Job, obs: RunObservation) -> None:
+        """Operator mode, mid-recovery: Slurm keeps a job that is ending (a requeue, a crash)
+        COMPLETING until every node of it has answered or is DOWN, so a node that stopped
+        answering holds the recovery for SlurmdTimeout (300 s by default). A hang found before
+        Slurm flags the node NOT_RESPONDING would otherwise wait all of it: set such a node DOWN
+        once, and exclude it."""
+        silent = [n for n in job.nodes if (node := obs.nodes.get(n)) is not None
+                  and not node.responding and not node.down and n not in rec.set_down]
+        for name in silent:
+            rec.set_down.append(name)
+            if name not in rec.exclude:
+                rec.exclude.append(name)
+                if rec.exclude_step in (SKIP, DONE):
+                    rec.exclude_step = TODO
+            self._save()
+            try:
+                self.actor.set_down(name, rec.cause, f"{name} not responding while job "
+                                    f"{job.job_id} is ending ({rec.cause})")
+            except SlurmError as exc:  # no operator rights: Slurm's own timeout will do it
+                log.error("job %s: could not set %s DOWN: %s", self.job_id, name, exc)
 
     def _readmit(self, rec: Recovery, job: Job, obs: RunObservation, excluding: list[str]) -> None:
         """Every cycle the requeued job pends: readmit our repaired exclusions it needs to fit

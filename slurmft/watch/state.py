@@ -56,6 +56,7 @@ class Recovery:
     exclude_attempts: int = 0
     readmit_attempts: int = 0
     warned_pending: bool = False
+    set_down: list[str] = field(default_factory=list)  # operator mode: nodes set DOWN mid-recovery
 
 
 @dataclass
@@ -133,6 +134,8 @@ def _check_types(state: RunState, where: Path) -> None:
     rec = state.recovery
     if rec is not None and (not isinstance(rec.exclude, list)
                             or not all(isinstance(n, str) for n in rec.exclude)
+                            or not isinstance(rec.set_down, list)
+                            or not all(isinstance(n, str) for n in rec.set_down)
                             or not isinstance(rec.restart_count, int)):
         raise bad("recovery")
 

@@ -575,3 +575,42 @@ def test_a_job_released_after_the_watcher_gave_up_is_watched_afresh():
     assert (state.phase, state.restarts, state.restarts_by_cause, state.ckpt_at_recovery) == \
         ("watching", 0, {}, [])
     assert state.node_faults == {"n2": 2}   # the nodes it learned to distrust are kept
+
+
+def test_operator_mode_sets_a_node_down_that_holds_a_recovery_in_completing(run):
+    # A node death seen first as a hang (the heartbeats stop before Slurm flags the node): the
+    # requeue leaves the job COMPLETING until the dead node is DOWN, which Slurm alone does only
+    # after SlurmdTimeout (measured: the --operator benchmark recovered no sooner than plain watch).
+    from slurmft.rundir import atomic_write_json
+
+    client = OperatorClient()
+    w = watcher(run, client, operator=True, hang_timeout_s=10, start_now_delay_s=0)
+    for n in ("n1", "n2"):
+        atomic_write_json(run.heartbeat(n), {"node": n, "job_id": "7", "restart_count": 0,
+                                             "step": 9, "time": T0 + 5})
+    w.step(job(), NODES, T0 + 6)
+    w.step(job(), NODES, T0 + 20)  # every beat 15 s old: a hang, no node to blame yet
+    assert [c[0] for c in client.calls] == ["requeue"]
+    ending = job(flags=frozenset({"COMPLETING"}))
+    w.step(ending, NODES, T0 + 22)  # ending, every node still answering: nothing to do
+    assert [c[0] for c in client.calls] == ["requeue"]
+    silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
+    w.step(ending, silent, T0 + 50)
+    w.step(ending, silent, T0 + 51)  # once
+    assert [c[:2] for c in client.calls] == [("requeue", "7"), ("set_down", "n2")]
+    w.step(job(JobState.PENDING, restart=1, nodes=()), {**silent, "n2": Node("n2", NodeState.DOWN)},
+           T0 + 53)
+    assert client.calls[2:] == [("exclude", "7", ("n2",)), ("start_now", "7", ())]
+
+
+def test_a_recovery_without_operator_mode_never_sets_a_node_down(run):
+    client = OperatorClient()
+    w = watcher(run, client, hang_timeout_s=10)
+    w.step(job(), NODES, T0 + 6)
+    w.state.phase = "recovering"
+    from slurmft.watch.state import Recovery
+    w.state.recovery = Recovery(cause="hang", evidence="", fault_time=T0, detect_time=T0 + 20,
+                                restart_count=0, requeue="done", exclude_step="skip")
+    silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
+    w.step(job(flags=frozenset({"COMPLETING"})), silent, T0 + 50)
+    assert client.calls == []
