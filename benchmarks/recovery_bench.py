@@ -298,7 +298,7 @@ def print_tables(summary: dict) -> None:
     print()
     print("| target | measured | met |")
     print("| --- | --- | --- |")
-    if "slurm_alone_node_death_s" in summary:
+    if any(r["fault"] == "node_death" and r["mode"] == "slurm" for r in results):
         ratio = summary.get("node_death_ratio")
         print(f"| node death <= 0.20 x Slurm alone | {'-' if ratio is None else f'{ratio:.2f}'} "
               f"({fmt(summary.get('node_death_s'))} s "
