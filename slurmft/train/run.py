@@ -474,7 +474,8 @@ class Run:
         """One float64 vector on ``self.device``; on CPU built in one call (cheaper than a stack)."""
         values = tuple(v.full_tensor() if hasattr(v, "full_tensor") else v for v in values)  # DTensor
         if self.device.type == "cpu":
-            return torch.tensor([float(v) for v in values], dtype=torch.float64)
+            return torch.tensor([float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+                                 for v in values], dtype=torch.float64)
         return torch.stack([v.detach().reshape(()).to(device=self.device, dtype=torch.float64)
                             if isinstance(v, torch.Tensor) else
                             torch.tensor(float(v), dtype=torch.float64, device=self.device)

@@ -276,3 +276,21 @@ def test_runs_own_exit_is_journaled_once(tmp_path):
             train(model, optimizer, run, draw_batch())
     ends = read_events(RunDir(tmp_path / "run").events, ["segment_end"])
     assert [e.get("exit_code") for e in ends] == [exitcodes.OK]
+
+
+@pytest.mark.timeout(60)
+def test_reporting_the_loss_tensor_itself_raises_no_warning(tmp_path):
+    # report(loss=loss) with the graph still attached is what every loop does: no torch warning
+    # ("Converting a tensor with requires_grad=True to a scalar") on the user's console.
+    model, optimizer, run = make_run(tmp_path / "run")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with run:
+            for _step in run.steps(2):
+                x = torch.ones(8, 4)
+                loss = F.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+                loss.backward()
+                run.report(loss=loss, grad_norm=torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+                optimizer.step()
+                optimizer.zero_grad()
+    assert not [w for w in caught if "requires_grad" in str(w.message)]
