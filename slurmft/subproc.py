@@ -43,10 +43,10 @@ def run_bounded(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] |
         return Finished(proc.returncode, out, err)
     except subprocess.TimeoutExpired:
         pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: the group id is still ours
-    except ProcessLookupError:
-        pass
+    except BaseException:  # KeyboardInterrupt...: the group must not outlive us
+        _kill_group(proc.pid)
+        raise
+    _kill_group(proc.pid)
     try:
         out, err = proc.communicate(timeout=reap_s)
     except subprocess.TimeoutExpired:  # unkillable, or a pipe held outside the group
@@ -55,3 +55,10 @@ def run_bounded(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] |
                 pipe.close()
         out, err = b"", b""
     return Finished(None, out or b"", err or b"")
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # not reaped yet: the group id is still ours
+    except ProcessLookupError:
+        pass

@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 
 from slurmft.slurm import policy, validate
 from slurmft.slurm.client import (
-    InvalidArgument, Job, JobNotFound, JobState, Node, OutcomeUnknown, SlurmError, SlurmInfo,
+    InvalidArgument, Job, JobNotFound, Node, OutcomeUnknown, SlurmError, SlurmInfo,
 )
 from slurmft.slurm.config import SlurmConfig
 from slurmft.slurm.parse_jobs import SACCT_TEXT_FIELDS, parse_sacct, parse_sacct_text, parse_squeue
@@ -245,10 +245,7 @@ class CliSlurmClient:
         argv = ["scontrol", "update", f"JobId={job_id}"]
         if extra or readmit:
             job = self.job(job_id)
-            # 22.05 prints a job requeued while its batch script still ends (the launcher's own
-            # requeue) as COMPLETING, read as RUNNING; Slurm takes its ExcNodeList (measured), and
-            # refuses one that is really ending: "Job is no longer pending execution".
-            if job.state is not JobState.PENDING and not job.completing:
+            if not policy.excludable_now(job):
                 raise SlurmError(f"job {job_id} is {job.state.value}, not PENDING: ExcNodeList not changed")
             argv.append(f"ExcNodeList={policy.merged_exclusions(job, extra, readmit)}")
         if start_now:

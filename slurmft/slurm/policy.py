@@ -198,6 +198,13 @@ def pending_update_done(job: Job, exclude: Sequence[str], start_now: bool,
     return excluded and job.eligible_time is not None and job.eligible_time <= soon
 
 
+def excludable_now(job: Job) -> bool:
+    """Whether Slurm takes a new ExcNodeList for ``job`` now: PENDING, or requeued while its batch
+    script still ends (22.05 prints that job RUNNING+COMPLETING, and takes the update: measured).
+    A job that is really ending (FAILED, CANCELLED... + COMPLETING) is refused here, before Slurm."""
+    return job.state is JobState.PENDING or (job.state is JobState.RUNNING and job.completing)
+
+
 def merged_exclusions(job: Job, extra: Sequence[str], readmit: Sequence[str] = ()) -> str:
     """The job's current excluded nodes plus ``extra`` less ``readmit``, as one sorted hostlist
     expression ('' when none is left: the update then clears the list)."""

@@ -217,7 +217,7 @@ class PyslurmClient:
         changes: dict[str, str] = {}
         if extra or readmit:
             job = self.job(job_id)
-            if job.state is not JobState.PENDING and not job.completing:  # see cli.py
+            if not policy.excludable_now(job):
                 raise SlurmError(f"job {job_id} is {job.state.value}, not PENDING: ExcNodeList not changed")
             changes["excluded_nodes"] = policy.merged_exclusions(job, extra, readmit)
         if start_now:

@@ -230,18 +230,22 @@ class Run:
         return self.start()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if isinstance(exc, SystemExit) and not self._ended and getattr(self, "segment", None) is not None:
-            self._journal_script_exit(exc)
-        self.close()
+        try:
+            self.close()  # the save in flight commits before the segment's end is journaled
+        finally:
+            if isinstance(exc, SystemExit) and not self._ended and getattr(self, "segment", None) is not None:
+                self._journal_script_exit(exc)
 
     def _journal_script_exit(self, exc: SystemExit) -> None:
-        """The script's own ``sys.exit(code)`` inside ``with Run``: torchrun turns the worker's
-        code into 1, so rank 0 journals it as this segment's end for the launcher to read back.
-        No barrier: the other ranks may not be exiting."""
+        """Rank 0's own ``sys.exit(code)`` inside ``with Run``, with a code other than 0: torchrun
+        turns the worker's code into 1, so it is journaled as this segment's end for the launcher
+        to read back. No barrier: the other ranks may not be exiting. A ``sys.exit(0)`` before the
+        end of ``steps()`` is not journaled: it is no proof that training finished (no ``DONE``),
+        so the launcher goes by what torchrun reports."""
         code = exc.code
-        if code is None:
-            code = exitcodes.OK
-        elif not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+        if code is None or code == exitcodes.OK:
+            return
+        if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
             code = 1  # what Python exits with for sys.exit("message")
         self._ended = True
         self.segment.finish(code, f"the training script exited with code {code} after step {self.step}",
@@ -467,7 +471,8 @@ class Run:
             for param in self.state.model.parameters():
                 if param.device.type == "cuda":
                     return param.device
-            return torch.device("cuda", self.env.local_rank)
+            # srun --gpus-per-task / --gpu-bind shows each rank only its own GPU(s)
+            return torch.device("cuda", self.env.local_rank % max(torch.cuda.device_count(), 1))
         return torch.device("cpu")
 
     def _values(self, *values: Any) -> torch.Tensor:

@@ -233,6 +233,25 @@ def detect_silent_node(obs: RunObservation, config: WatchConfig) -> Finding | No
                    f"{obs.now - max(beats):.0f} s old", tuple(silent), max(beats))
 
 
+def silent_nodes_of_ending_job(obs: RunObservation, config: WatchConfig, restart: int,
+                               first_seen: Mapping[str, float]) -> list[str]:
+    """Operator mode, during a recovery: the nodes of a job that is ending (COMPLETING; never
+    one being cancelled or that completed) that Slurm has shown NOT_RESPONDING (not yet DOWN) since at least one poll ago
+    (``first_seen``: when each was first seen so), while every heartbeat of the segment that
+    was recovered from (``restart``) is older than ``silent_node_stale_s``. Slurm keeps such a job
+    COMPLETING until those nodes are DOWN, which it decides only after SlurmdTimeout."""
+    job = obs.job
+    if (not config.operator or job is None or not job.completing
+            or job.state in (JobState.CANCELLED, JobState.COMPLETED) or obs.beats is None):
+        return []
+    beats = [b.time for b in obs.beats.values() if b.job_id in job.ids and b.restart_count == restart]
+    if beats and obs.now - max(beats) <= config.silent_node_stale_s:
+        return []
+    return [n for n in job.nodes if (node := obs.nodes.get(n)) is not None
+            and not node.responding and not node.down and n in first_seen
+            and obs.now - first_seen[n] >= config.poll_s]
+
+
 def hang_timeout(memory: Memory, config: WatchConfig) -> float:
     """Explicit, else the longest gap between two beats seen plus hang_factor x the longest step
     (at least hang_min_s). A healthy run's newest beat is up to one beat gap old (the job beats

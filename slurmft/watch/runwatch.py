@@ -418,7 +418,7 @@ class RunWatch:
         if job is None:  # forgotten mid-recovery: start over as a resubmission
             st.phase, st.recovery = WATCHING, None
             return
-        if self.config.operator and job.completing:
+        if self.config.operator:
             self._set_silent_nodes_down(rec, job, obs)
         if rec.requeue in (TODO, DOING):
             if job.state is JobState.CANCELLED or done_for(obs.done, job.ids):
@@ -464,19 +464,25 @@ class RunWatch:
             st.last_restart_count = job.restart_count
 
     def _set_silent_nodes_down(self, rec: Recovery, job: Job, obs: RunObservation) -> None:
-        """Operator mode, mid-recovery: Slurm keeps a job that is ending (a requeue, a crash)
-        COMPLETING until every node of it has answered or is DOWN, so a node that stopped
-        answering holds the recovery for SlurmdTimeout (300 s by default). A hang found before
-        Slurm flags the node NOT_RESPONDING would otherwise wait all of it: set such a node DOWN
-        once, and exclude it."""
-        silent = [n for n in job.nodes if (node := obs.nodes.get(n)) is not None
-                  and not node.responding and not node.down and n not in rec.set_down]
-        for name in silent:
+        """Operator mode, mid-recovery (``detect.silent_nodes_of_ending_job``): a node death is
+        usually found first as a hang, before Slurm flags the node, and the requeue then leaves
+        the job COMPLETING until the node is DOWN, after SlurmdTimeout (300 s by default). Such a
+        node is set DOWN once, excluded, and counted against it."""
+        now_silent = {n for n in job.nodes if (node := obs.nodes.get(n)) is not None
+                      and not node.responding and not node.down}
+        rec.silent_since = {n: t for n, t in rec.silent_since.items() if n in now_silent}
+        for name in now_silent:
+            rec.silent_since.setdefault(name, obs.now)
+        due = [n for n in detect.silent_nodes_of_ending_job(obs, self.config, rec.restart_count,
+                                                            rec.silent_since)
+               if n not in rec.set_down]
+        for name in due:
             rec.set_down.append(name)
             if name not in rec.exclude:
                 rec.exclude.append(name)
                 if rec.exclude_step in (SKIP, DONE):
                     rec.exclude_step = TODO
+            self.state.node_faults[name] = self.state.node_faults.get(name, 0) + 1
             self._save()
             try:
                 self.actor.set_down(name, rec.cause, f"{name} not responding while job "

@@ -57,6 +57,7 @@ class Recovery:
     readmit_attempts: int = 0
     warned_pending: bool = False
     set_down: list[str] = field(default_factory=list)  # operator mode: nodes set DOWN mid-recovery
+    silent_since: dict[str, float] = field(default_factory=dict)  # NOT_RESPONDING first seen
 
 
 @dataclass
@@ -136,6 +137,9 @@ def _check_types(state: RunState, where: Path) -> None:
                             or not all(isinstance(n, str) for n in rec.exclude)
                             or not isinstance(rec.set_down, list)
                             or not all(isinstance(n, str) for n in rec.set_down)
+                            or not isinstance(rec.silent_since, dict)
+                            or not all(isinstance(n, str) and isinstance(t, (int, float))
+                                       and not isinstance(t, bool) for n, t in rec.silent_since.items())
                             or not isinstance(rec.restart_count, int)):
         raise bad("recovery")
 

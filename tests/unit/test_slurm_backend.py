@@ -379,3 +379,14 @@ def test_change_confirmed_a_refused_resend_after_no_answer_is_checked_against_th
     with pytest.raises(SlurmError, match="Invalid node name"):  # no earlier send: the error stands
         policy.change_confirmed(lambda: (_ for _ in ()).throw(SlurmError("Invalid node name")),
                                 lambda: True)
+
+
+@pytest.mark.parametrize("state, flags, ok", [
+    (JobState.PENDING, (), True),
+    (JobState.RUNNING, ("COMPLETING",), True),   # 22.05: requeued while its batch script ends
+    (JobState.RUNNING, (), False),
+    (JobState.FAILED, ("COMPLETING",), False),   # really ending: Slurm would refuse it
+    (JobState.CANCELLED, ("COMPLETING",), False),
+])
+def test_an_exclusion_is_sent_only_to_a_job_slurm_takes_it_for(state, flags, ok):
+    assert policy.excludable_now(replace(BASE, state=state, flags=frozenset(flags))) is ok

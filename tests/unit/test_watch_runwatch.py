@@ -596,11 +596,33 @@ def test_operator_mode_sets_a_node_down_that_holds_a_recovery_in_completing(run)
     assert [c[0] for c in client.calls] == ["requeue"]
     silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
     w.step(ending, silent, T0 + 50)
-    w.step(ending, silent, T0 + 51)  # once
+    w.step(ending, NODES, T0 + 53)   # it answered again: the first sighting is forgotten
+    w.step(ending, silent, T0 + 56)
+    w.step(ending, silent, T0 + 59)  # not responding for less than a poll (5 s): not yet
+    assert [c[0] for c in client.calls] == ["requeue"]
+    w.step(ending, silent, T0 + 61)
+    w.step(ending, silent, T0 + 62)  # once
     assert [c[:2] for c in client.calls] == [("requeue", "7"), ("set_down", "n2")]
+    assert w.state.node_faults.get("n2") == 1
     w.step(job(JobState.PENDING, restart=1, nodes=()), {**silent, "n2": Node("n2", NodeState.DOWN)},
-           T0 + 53)
+           T0 + 63)
     assert client.calls[2:] == [("exclude", "7", ("n2",)), ("start_now", "7", ())]
+
+
+def test_operator_mode_never_sets_down_a_node_of_a_job_being_cancelled(run):
+    from slurmft.watch.state import Recovery
+
+    client = OperatorClient()
+    w = watcher(run, client, operator=True, hang_timeout_s=10)
+    w.step(job(), NODES, T0 + 6)
+    w.state.phase = "recovering"
+    w.state.recovery = Recovery(cause="hang", evidence="", fault_time=T0, detect_time=T0 + 20,
+                                restart_count=0, requeue="done", exclude_step="skip")
+    silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
+    cancelling = job(JobState.CANCELLED, flags=frozenset({"COMPLETING"}))
+    for t in (50, 60, 70):
+        w.step(cancelling, silent, T0 + t)
+    assert client.calls == []
 
 
 def test_a_recovery_without_operator_mode_never_sets_a_node_down(run):
@@ -612,5 +634,6 @@ def test_a_recovery_without_operator_mode_never_sets_a_node_down(run):
     w.state.recovery = Recovery(cause="hang", evidence="", fault_time=T0, detect_time=T0 + 20,
                                 restart_count=0, requeue="done", exclude_step="skip")
     silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
-    w.step(job(flags=frozenset({"COMPLETING"})), silent, T0 + 50)
+    for t in (50, 60, 70):
+        w.step(job(flags=frozenset({"COMPLETING"})), silent, T0 + t)
     assert client.calls == []
