@@ -71,3 +71,24 @@ def test_daemon_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert env["LD_LIBRARY_PATH"] == "/opt/lib" and env["SLURM_CONF"] == str(tmp_path / "slurm.conf")
     assert "SLURM_JOB_ID" not in env and "SLURMFT_DEVCLUSTER_NODE" not in env
     assert cluster._daemon_env("n1")["SLURMFT_DEVCLUSTER_NODE"] == "sfta:n1"
+
+
+def test_each_clusters_mariadb_has_its_own_tmpdir(tmp_path: Path, monkeypatch) -> None:
+    # A mariadbd deletes the #sql* files it finds in its tmpdir when it starts: two clusters
+    # sharing /tmp broke each other's install-db ("Error on delete of '/tmp/#sql-temptable-...'").
+    from dataclasses import fields
+    from types import SimpleNamespace
+
+    from slurmft.slurm.devcluster import daemons
+    from slurmft.slurm.devcluster.release import Binaries
+
+    layout = Layout(tmp_path / "c")
+    layout.make_dirs(["n1"])
+    assert layout.mysql_tmpdir.is_dir() and layout.mysql_tmpdir.is_relative_to(layout.root)
+    bins = Binaries(**{f.name: f"/usr/bin/{f.name}" for f in fields(Binaries)})
+    assert f"--tmpdir={layout.mysql_tmpdir}" in daemons.mariadbd_argv(bins, layout, 3306, (10, 11, 6))
+    seen: list[list[str]] = []
+    monkeypatch.setattr(daemons.subprocess, "run",
+                        lambda argv, **kw: seen.append(argv) or SimpleNamespace(returncode=0))
+    daemons.install_mariadb(bins, layout, {})
+    assert f"--tmpdir={layout.mysql_tmpdir}" in seen[0]

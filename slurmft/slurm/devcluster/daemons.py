@@ -139,7 +139,8 @@ def munged_argv(bins: Binaries, layout: Layout) -> list[str]:
 def install_mariadb(bins: Binaries, layout: Layout, env: Mapping[str, str]) -> None:
     """Create MariaDB's system tables in our datadir (root authenticates by unix socket)."""
     argv = [bins.mariadb_install_db, "--no-defaults", f"--datadir={layout.mysql_datadir}",
-            "--user=root", "--auth-root-authentication-method=socket", "--skip-test-db"]
+            f"--tmpdir={layout.mysql_tmpdir}", "--user=root",
+            "--auth-root-authentication-method=socket", "--skip-test-db"]
     log = out_file(layout, "mariadb-install-db")
     with open(log, "ab") as out:
         try:
@@ -157,7 +158,7 @@ def install_mariadb(bins: Binaries, layout: Layout, env: Mapping[str, str]) -> N
 def mariadbd_argv(bins: Binaries, layout: Layout, port: int,
                   mariadb_version: tuple[int, int, int]) -> list[str]:
     return [bins.mariadbd, "--no-defaults", f"--datadir={layout.mysql_datadir}",
-            f"--socket={layout.mysql_socket}", f"--port={port}", "--bind-address=127.0.0.1",
+            f"--tmpdir={layout.mysql_tmpdir}", f"--socket={layout.mysql_socket}", f"--port={port}", "--bind-address=127.0.0.1",
             f"--pid-file={layout.pid_file('mariadbd')}", f"--log-error={layout.log('mariadbd')}",
             "--user=root", "--skip-name-resolve", "--innodb-buffer-pool-size=64M",
             *mariadbd_release_args(mariadb_version)]

@@ -81,6 +81,13 @@ class Layout:
     def mysql_socket(self) -> Path:
         return self.root / "mysql" / "mysqld.sock"
 
+    @property
+    def mysql_tmpdir(self) -> Path:
+        """MariaDB's own tmpdir: a mariadbd deletes the ``#sql*`` files it finds in its tmpdir
+        when it starts, so clusters that shared /tmp broke each other's start (measured: two
+        suites side by side, "Error on delete of '/tmp/#sql-temptable-...'" in install-db)."""
+        return self.root / "mysql" / "tmp"
+
     def log(self, daemon: str) -> Path:
         return self.log_dir / f"{daemon}.log"
 
@@ -94,7 +101,7 @@ class Layout:
         """Create the directory tree. munged wants its socket directory searchable by all and
         writable by its owner only (the key itself is 0400)."""
         for path in (self.root, self.log_dir, self.run_dir, self.state_dir, self.spool_root,
-                     self.mysql_datadir.parent):
+                     self.mysql_datadir.parent, self.mysql_tmpdir):
             path.mkdir(parents=True, exist_ok=True)
         self.munge_dir.mkdir(mode=0o755, exist_ok=True)
         self.munge_dir.chmod(0o755)
