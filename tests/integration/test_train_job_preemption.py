@@ -53,14 +53,16 @@ def test_usr2_twice_requeues_and_resumes_bit_for_bit(slurm_cluster, tmp_path, re
     assert len(beats) == 2 and all(name in slurm_cluster.node_names for name in beats)
 
 
-@pytest.mark.timeout(320)
+@pytest.mark.timeout(470)
 def test_time_limit_signal_saves_requeues_and_finishes(slurm_cluster, tmp_path, reference):
-    # USR2 50 s before a 1 min limit: Slurm sends it at its next periodic limit check, seen 7-16 s
-    # in when idle but later under load (a CI run at 0.6 s/step finished before the signal came).
-    # 40 steps x 1.2 s outlast the first signal, so at least one segment is cut short.
-    job = submit(slurm_cluster, tmp_path / "run", [*ARGS[:-1], "1.2"], nodes=2, watch=True,
-                 sbatch_options=["--time=1", "--signal=B:USR2@50"])
-    final = job.wait_finished(timeout=300)
+    # USR2 60 s before a 2 min limit: Slurm sends it at its next periodic limit check, 60-75 s
+    # after the start. 40 steps x 2 s outlast that window, so at least one segment is cut short,
+    # and each segment trains for ~60 s minus its start-up. (With a 1 min limit and USR2@50 the
+    # window was ~10 s: on a loaded box the start-up took longer, the signal came before training
+    # and every segment was requeued without a step: no progress until the test's timeout.)
+    job = submit(slurm_cluster, tmp_path / "run", [*ARGS[:-1], "2.0"], nodes=2, watch=True,
+                 sbatch_options=["--time=2", "--signal=B:USR2@60"])
+    final = job.wait_finished(timeout=440)
     assert final.state is JobState.COMPLETED, job.log_text()[-4000:]
     assert final.restart_count >= 1 and _preemptions(job)
     got = losses(job.events())
