@@ -1,11 +1,15 @@
 """CheckpointManager: async sharded saves with an atomic commit, and loading the newest valid one.
 
-A save blocks the training loop only while the state is staged into reused host buffers
-(:mod:`slurmft.train.staging`); a background thread then runs ``dcp.save`` on a dedicated gloo
-group (:mod:`slurmft.train.groups`) through :class:`slurmft.train.writer.CommitWriter`, which
-checksums, fsyncs, writes the manifest and renames ``step_N.tmp-<id>`` to ``step_N``. At most one
-save is in flight; the next one waits for it or, with ``on_busy = "skip"``, is skipped by every
-rank together. After each commit the coordinator applies retention and calls ``on_commit``.
+A save blocks the training loop only while the state that a forward pass changes (module buffers)
+and the small values are staged into reused host buffers (:mod:`slurmft.train.staging`); parameters
+and optimizer state are copied while the next step computes, and the optimizer's step pre-hook
+waits for that copy (:mod:`slurmft.train.overlap`; ``fence()`` for loops that change state another
+way; ``[checkpoint] overlap = false`` copies everything before ``save()`` returns). A background
+thread then runs ``dcp.save`` on a dedicated gloo group (:mod:`slurmft.train.groups`) through
+:class:`slurmft.train.writer.CommitWriter`, which checksums, fsyncs, writes the manifest and
+renames ``step_N.tmp-<id>`` to ``step_N``. At most one save is in flight; the next one waits for
+it or, with ``on_busy = "skip"``, is skipped by every rank together. After each commit the
+coordinator applies retention and calls ``on_commit``.
 
 ``load_latest`` tries committed checkpoints newest first: the manifest, presence and sizes are
 checked first (no reads), then DCP loads it (resharding to the current world size) through
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -35,6 +40,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.tensor import DTensor
 
 from slurmft.rundir import RunDir
 from slurmft.safeio import open_dir
@@ -42,11 +48,12 @@ from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.dcp_metadata import metadata_problem
 from slurmft.train.groups import CheckpointGroups
 from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
+from slurmft.train.overlap import InFlightCopy
 from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
 from slurmft.train.save_thread import SaveThread, SaveWaitTimeout
 from slurmft.train.staging import Stager
-from slurmft.train.state import RNG, TrainState
+from slurmft.train.state import MODEL, RNG, TrainState
 from slurmft.train.torch_compat import set_element
 from slurmft.train.verified_read import CorruptCheckpoint, VerifyingReader
 from slurmft.train.writer import CommitWriter, FaultPlan
@@ -65,6 +72,8 @@ class SaveStats:
 
     ``blocking_s``: how long ``save()`` held the training loop (agreement, ``waited_s`` spent
     waiting for the previous save, and staging). ``total_s``: until committed (or failed).
+    ``copied_s``: until the state copy was complete (overlapped staging; else None).
+    ``fenced_s``: how long the loop waited for that copy afterwards (optimizer step, ``fence()``).
     ``bytes_written``: this rank's shard files. ``error``: set when the save failed.
     """
 
@@ -75,6 +84,8 @@ class SaveStats:
     committed: bool
     error: str | None = None
     waited_s: float = 0.0
+    copied_s: float | None = None
+    fenced_s: float = 0.0
 
 
 OnCommit = Callable[[int, Path, SaveStats], None]
@@ -128,6 +139,33 @@ class _PlainDataLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+def _copy_now(state: TrainState) -> Callable[[str, torch.Tensor], bool]:
+    """Which tensors ``save()`` copies before returning: model state that is not a parameter
+    (buffers, which a forward pass changes, and anything get_state_dict made). Parameters and
+    optimizer state change only in ``optimizer.step()``, which waits for the overlapped copy."""
+    params = {_local(p).data_ptr() for p in state.model.parameters()}
+    model_prefix = f"/{MODEL}/"
+    return lambda path, tensor: path.startswith(model_prefix) and tensor.data_ptr() not in params
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _live_tensors(state: TrainState) -> dict[int, torch.Tensor]:
+    """Parameters, buffers and optimizer-state tensors (local shards) by data pointer."""
+    live = [_local(p) for p in state.model.parameters()] + [_local(b) for b in state.model.buffers()]
+    if state.optimizer is not None:
+        live += [_local(v) for per_param in state.optimizer.state.values() for v in per_param.values()
+                 if isinstance(v, torch.Tensor)]
+    return {t.data_ptr(): t for t in live if t.numel()}
+
+
+def _trust(copy: InFlightCopy) -> None:
+    if copy.problem is not None:
+        raise RuntimeError(copy.problem)
+
+
 class CheckpointManager:
     """Saves and restores a :class:`TrainState` under ``<run_dir>/checkpoints``.
 
@@ -164,6 +202,9 @@ class CheckpointManager:
         self._stager = Stager()
         self._faults = FaultPlan.from_env()
         self._save_thread = SaveThread()
+        self._copy: InFlightCopy | None = None  # the overlapped staging copy of the last save
+        self._guarded: "weakref.ref[torch.optim.Optimizer] | None" = None
+        self._guard_handle: Any = None
         self._stats: list[SaveStats] = []
         self._lock = threading.Lock()
         self._last_committed: int | None = None
@@ -225,17 +266,60 @@ class CheckpointManager:
         if step == self._last_committed:
             return False
         state.step = step
-        staged = {**self._stager.stage(state.heavy_state()), **state.light_state()}
+        what = f"checkpoint save of step {step}"
+        copy = None
+        if self.config.overlap:
+            heavy, copy = self._stager.stage_overlapped(state.heavy_state(), _copy_now(state), what,
+                                                        _live_tensors(state))
+        else:
+            heavy = self._stager.stage(state.heavy_state())
+        if copy is not None and state.optimizer is not None:
+            self._guard(state.optimizer)
+        self._copy = copy
+        staged = {**heavy, **state.light_state()}
         blocking_s = time.perf_counter() - entered
         timing = (entered, blocking_s, waited_s)
-        self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing),
-                                 what=f"checkpoint save of step {step}")
+        self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing, copy), what=what)
         if block:
             self.wait()
             last = self.stats[-1]
             if not last.committed:
                 raise CheckpointError(f"checkpoint step {step} failed: {last.error}")
         return True
+
+    def fence(self) -> None:
+        """Return once the last save no longer reads the live state (its overlapped copy is
+        complete), waiting at most ``save_timeout_s`` (then :class:`CheckpointError`).
+
+        ``optimizer.step()`` of a saved :class:`TrainState` calls this itself (a step pre-hook).
+        Call it before changing parameters, buffers or optimizer state any other way right after
+        a save (an EMA update, weights set by hand): a save whose copy saw such a change fails
+        (logged, not committed) rather than commit a state that no step had.
+        """
+        copy = self._copy
+        if copy is None:
+            return
+        try:
+            copy.fence(self.config.save_timeout_s)
+        except SaveWaitTimeout as exc:
+            raise CheckpointError(str(exc)) from None
+        self._copy = None
+
+    def _guard(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer.step()`` fence the copy in flight (once per optimizer)."""
+        if self._guarded is not None and self._guarded() is optimizer:
+            return
+        if self._guard_handle is not None:
+            self._guard_handle.remove()
+        manager = weakref.ref(self)
+
+        def fence_before_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+            alive = manager()
+            if alive is not None:
+                alive.fence()
+
+        self._guard_handle = optimizer.register_step_pre_hook(fence_before_step)
+        self._guarded = weakref.ref(optimizer)
 
     def emergency_save(self, step: int, state: TrainState) -> SaveStats | None:
         """Synchronous save (waits for any save in flight first); returns once committed."""
@@ -280,12 +364,16 @@ class CheckpointManager:
         return self._save_thread.busy
 
     def _persist(self, step: int, staged: dict[str, Any], tmp_id: str,
-                 timing: tuple[float, float, float]) -> None:
+                 timing: tuple[float, float, float], copy: InFlightCopy | None) -> None:
         entered, blocking_s, waited_s = timing
         final = self.run.checkpoint(step)
+        before_write = None
+        if copy is not None:
+            copy.finish(self.config.save_timeout_s)
+            before_write = functools.partial(_trust, copy)
         writer = CommitWriter(final, tmp_id, step, self._groups.world_size, job_id=self.job_id,
                               restart_count=self.restart_count, thread_count=self.config.thread_count,
-                              faults=self._faults)
+                              faults=self._faults, before_write=before_write)
         error = None
         try:
             dcp.save(staged, storage_writer=writer, process_group=self._groups.io,
@@ -294,7 +382,9 @@ class CheckpointManager:
             error = describe_failure(exc)
             log.error("checkpoint step %d failed: %s", step, error)
         stats = SaveStats(step, blocking_s, time.perf_counter() - entered, writer.bytes_written,
-                          error is None, error, waited_s)
+                          error is None, error, waited_s,
+                          copied_s=None if copy is None or copy.copied_s is None else copy.started - entered + copy.copied_s,
+                          fenced_s=0.0 if copy is None else copy.fenced_s)
         with self._lock:
             self._stats.append(stats)
         if error is not None:

@@ -28,7 +28,9 @@ class CheckpointConfig:
     thread_count: writer threads (files) per rank (1). timeout_s: the checkpoint groups'
     collective timeout (1800). save_timeout_s: longest the training loop waits for a save in
     flight, then CheckpointError names it (3600). exit_timeout_s: longest close() (the exit)
-    waits for a save still in flight before abandoning it (60).
+    waits for a save still in flight before abandoning it (60). overlap: ``save()`` returns before
+    parameters and optimizer state are copied; the copy runs beside the next forward and backward,
+    and ``optimizer.step()`` waits for it (True; False: the copy is done when ``save()`` returns).
     """
 
     interval: int = 500  # steps between periodic saves (see CheckpointManager.due)
@@ -45,6 +47,8 @@ class CheckpointConfig:
     # Longest close() (and so the process exit) waits for a save still in flight, e.g. one stuck
     # on a dead peer's collective; past it the save is abandoned (its tmp dir is swept later).
     exit_timeout_s: float = 60.0
+    # Stage parameters and optimizer state while the next step computes (CheckpointManager.fence).
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.interval < 1:

@@ -11,17 +11,24 @@ buffers of CPU-mesh DTensors are wrapped with ``DTensor.from_local`` and copied 
 ``BlockingAsyncStager`` instead. They are re-allocated only when the
 state's structure changes (e.g. optimizer state appears after the first step), so memory does not
 grow from save to save; ``allocations`` counts how often that happened.
+
+``stage_overlapped`` copies only what must not wait (the ``copy_now`` tensors, e.g. module buffers
+that a forward pass changes) before it returns, and hands the rest back as an
+:class:`slurmft.train.overlap.InFlightCopy`: queued on a CUDA side stream (after everything already
+queued on the current one) into pinned buffers, or left for the save thread to copy on CPU. That
+path uses plain ``copy_`` only; a state that needs DCP's public stager is staged before returning.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from slurmft.train import torch_compat
+from slurmft.train.overlap import CopyPair, InFlightCopy
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,23 @@ def _allocate_like(obj: Any, pin: bool) -> Any:
     return obj
 
 
+def _pair_up(src: Any, dst: Any, path: str, pairs: list[CopyPair]) -> Any:
+    """``dst``'s structure with ``src``'s non-tensor values; every (source, buffer) into ``pairs``."""
+    from torch.distributed.tensor import DTensor as _DTensor
+
+    if isinstance(src, _DTensor):
+        pairs.append(CopyPair(path, src.to_local(), dst.to_local()))
+        return dst
+    if isinstance(src, torch.Tensor):
+        pairs.append(CopyPair(path, src, dst))
+        return dst
+    if isinstance(src, dict):
+        return {key: _pair_up(value, dst[key], f"{path}/{key}", pairs) for key, value in src.items()}
+    if isinstance(src, (list, tuple)):
+        return type(src)(_pair_up(value, dst[i], f"{path}/{i}", pairs) for i, value in enumerate(src))
+    return src
+
+
 def _uses_cuda(signature: Signature) -> bool:
     return any(entry[-1] == "cuda" for entry in signature if entry[1] in ("tensor", "dtensor"))
 
@@ -86,10 +110,60 @@ class Stager:
         self._signature: Signature | None = None
         self._pinned = False
         self._public: Any = None  # DCP's BlockingAsyncStager, when staging needs it
+        self._stream: Any = None  # the CUDA side stream of overlapped copies
         self.allocations = 0
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         """A host copy of ``state_dict`` in the reused buffers; returns when the copy is complete."""
+        self._ensure_buffers(state_dict)
+        if self._public is not None:
+            self._buffers = self._public.stage(state_dict)
+            return self._buffers
+        assert self._buffers is not None  # set by _ensure_buffers; not user-triggerable
+        staged = torch_compat.copy_state_dict(state_dict, self._buffers, non_blocking=self._pinned)
+        if self._pinned:
+            torch.cuda.synchronize()
+        return staged
+
+    def stage_overlapped(self, state_dict: dict[str, Any], copy_now: Callable[[str, torch.Tensor], bool],
+                         what: str, live: Mapping[int, torch.Tensor]) -> tuple[dict[str, Any], InFlightCopy | None]:
+        """The staged dict (buffers, filled once the returned copy is complete) and that copy.
+
+        ``copy_now(path, tensor)`` picks the tensors copied before this returns. ``live`` maps a
+        data pointer to the live tensor a state-dict tensor aliases (see ``CopyPair.live``).
+        Without a version counter, or with DCP's public stager, everything is copied now and the
+        copy is None.
+        """
+        self._ensure_buffers(state_dict)
+        if self._public is not None or not torch_compat.VERSION_COUNTER:
+            return self.stage(state_dict), None
+        pairs: list[CopyPair] = []
+        staged = _pair_up(state_dict, self._buffers, "", pairs)
+        for pair in pairs:
+            pair.live = live.get(pair.src.data_ptr()) if pair.src.numel() else None
+        now = [copy_now(pair.path, pair.src) for pair in pairs]
+        later = [pair for pair, first in zip(pairs, now) if not first]
+        with torch.no_grad():
+            for pair, first in zip(pairs, now):
+                if first:
+                    pair.dst.copy_(pair.src, non_blocking=self._pinned)  # queued before the next forward
+            if not self._pinned:
+                return staged, InFlightCopy(what, later)
+            side = self._side_stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for pair in later:
+                    pair.dst.copy_(pair.src, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(side)
+        return staged, InFlightCopy(what, later, done)
+
+    def _side_stream(self) -> Any:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
+    def _ensure_buffers(self, state_dict: dict[str, Any]) -> None:
         signature = _signature(state_dict)
         if signature != self._signature:
             if self._signature is not None:
@@ -102,14 +176,6 @@ class Stager:
                 self._public = torch_compat.public_stager()
             self._signature = signature
             self.allocations += 1
-        if self._public is not None:
-            self._buffers = self._public.stage(state_dict)
-            return self._buffers
-        assert self._buffers is not None  # set just above; not user-triggerable
-        staged = torch_compat.copy_state_dict(state_dict, self._buffers, non_blocking=self._pinned)
-        if self._pinned:
-            torch.cuda.synchronize()
-        return staged
 
     def buffer_pointers(self) -> list[int]:
         """Data pointers of every staging buffer (tests check they do not change across saves)."""

@@ -18,6 +18,8 @@ private API (where)                                        public path used with
 ``DTensor._local_tensor`` (staging)                        ``DTensor.to_local()`` (always now)
 ``dcp._traverse.set_element`` (checkpoint)                 :func:`set_element` below (always now)
 ``distributed_c10d._world.pg_map`` (groups)                destroy, ignoring "not registered"
+``Tensor._version`` (overlap: was a tensor changed          none: saves stage before returning
+while its copy was in flight?)                             (``[checkpoint] overlap`` is ignored)
 =========================================================  =====================================
 
 A path is chosen when this module is imported: the private one when every name it needs exists
@@ -223,7 +225,29 @@ def destroy_group(group: Any) -> None:
         pass
 
 
+# ----------------------------------------------------------------------------- overlap
+
+def _private_version() -> Callable[[torch.Tensor], int]:
+    probe = torch.zeros(1)
+    before = probe._version
+    probe.add_(1)
+    if not isinstance(before, int) or probe._version == before:
+        raise AttributeError("Tensor._version does not count in-place changes")
+    return lambda tensor: tensor._version
+
+
+_VERSION = _probe("Tensor._version", _private_version)
+# Overlapped staging is safe only when a change racing the copy can be seen.
+VERSION_COUNTER = _VERSION is not None
+
+
+def version_of(tensor: torch.Tensor) -> int:
+    """The in-place change counter of ``tensor`` (shared with its views); 0 without it."""
+    return _VERSION(tensor) if _VERSION is not None else 0
+
+
 def private_paths() -> dict[str, bool]:
     """Which private paths are in use (False: the public fallback), for logs and tests."""
     return {"shard_write": FAST_SHARD_WRITE, "copy_state_dict": _COPY is not None,
-            "dtensor_ctor": _DTENSOR_CTOR is not None, "group_registry": _REGISTRY is not None}
+            "dtensor_ctor": _DTENSOR_CTOR is not None, "group_registry": _REGISTRY is not None,
+            "version_counter": VERSION_COUNTER}

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Generator
+from typing import Any, Callable, Generator
 
 import torch
 from torch.futures import Future
@@ -124,7 +124,8 @@ class CommitWriter(FileSystemWriter):
 
     def __init__(self, final_dir: Path, tmp_id: str, step: int, world_size: int, *,
                  job_id: str | None = None, restart_count: int | None = None,
-                 thread_count: int = 1, faults: FaultPlan | None = None) -> None:
+                 thread_count: int = 1, faults: FaultPlan | None = None,
+                 before_write: Callable[[], None] | None = None) -> None:
         self.final_dir = Path(final_dir)
         tmp_dir = self.final_dir.parent / tmp_dirname(step, tmp_id)
         super().__init__(tmp_dir, single_file_per_rank=True, sync_files=True,
@@ -134,6 +135,9 @@ class CommitWriter(FileSystemWriter):
         self.job_id = job_id
         self.restart_count = restart_count
         self.faults = faults or FaultPlan()
+        # Raises when this rank's staged bytes cannot be trusted: inside write_data, so DCP fails
+        # the save on every rank instead of committing it or leaving the others in a collective.
+        self.before_write = before_write
         self.hashing = _HashingFileSystem(Path(self.path))
         self.fs = self.hashing
         self.bytes_written = 0
@@ -146,6 +150,8 @@ class CommitWriter(FileSystemWriter):
         # DCP's own write_data would do the same split into files (one per writer thread), but
         # through torch.save with its CRC-32 and a buffered stream; see slurmft.train.shard_writer.
         # Without the private APIs that needs, DCP's own (public) path writes them instead.
+        if self.before_write is not None:
+            self.before_write()
         if not torch_compat.FAST_SHARD_WRITE:
             self.faults.at("write", self.step)
             results = super().write_data(plan, planner).wait()

@@ -10,12 +10,17 @@ Scenarios (argv[1]):
                parameters, then save every step until the test kills it.
   skip         on_busy = "skip" with a save requested every step while saves are slow: every rank
                must skip the same steps (or the ranks would deadlock in mismatched collectives).
+  overlap      FSDP2 model + Adam with the background staging copy slowed down: the step after a
+               save starts at once, and the checkpoint must still hold the state after its own
+               step; then rank 1 changes a parameter right after a save without fence(), and that
+               save must fail on every rank.
 Rank 0 writes results as JSON lines to --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -31,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.fsdp import fully_shard
 
 from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurmft.train.overlap import InFlightCopy
 from slurmft.train.state import TrainState
 
 
@@ -151,6 +157,7 @@ def crash(args) -> None:
     step = loaded or 0
     while True:
         step += 1
+        manager.fence()  # the parameters change outside optimizer.step()
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(step)
@@ -182,9 +189,64 @@ def skip(args) -> None:
     emit(args.out, views=views)
 
 
+def _slow_background_copies(delay_s: float) -> None:
+    finish = InFlightCopy.finish
+
+    def slow_finish(self, timeout_s):
+        time.sleep(delay_s)
+        finish(self, timeout_s)
+
+    InFlightCopy.finish = slow_finish
+
+
+def overlap(args) -> None:
+    _slow_background_copies(0.5)
+    model = fsdp_model(96)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    state = TrainState(model, opt, sampler=CountingSampler())
+    manager = CheckpointManager(args.run_dir, CheckpointConfig(keep_last=10))
+
+    def train_step(step):
+        torch.manual_seed(step * 10 + dist.get_rank())
+        model(torch.randn(6, 96)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        state.sampler.offset += 6
+
+    for step in (1, 2):
+        train_step(step)
+    reference = copy.deepcopy(full_state(state))  # a CPU tensor (Adam's step) comes back un-copied
+    manager.save(2, state)
+    train_step(3)  # at once: Adam's step waits in its pre-hook until the copy is complete
+    manager.wait()
+    saved = manager.stats[-1]
+    after_3 = full_state(state)
+    fresh = TrainState(fsdp_model(96), None, sampler=CountingSampler())
+    fresh.optimizer = torch.optim.Adam(fresh.model.parameters(), lr=1e-2)
+    loaded = CheckpointManager(args.run_dir).load_latest(fresh)
+    mismatches = same(reference, full_state(fresh))
+    moved = bool(same(reference, after_3))  # step 3 really changed the state the copy read
+
+    manager.save(4, state)
+    if dist.get_rank() == 1:
+        with torch.no_grad():
+            next(iter(model.parameters())).to_local().add_(1.0)  # no fence: a racing change
+    manager.wait()
+    unfenced = manager.stats[-1]
+    failed = [False]
+    failed_all = torch.tensor([0 if unfenced.committed else 1])
+    dist.all_reduce(failed_all)
+    failed[0] = int(failed_all) == dist.get_world_size()
+    manager.close()
+    emit(args.out, loaded=loaded, mismatches=mismatches, moved=moved, blocking_s=saved.blocking_s,
+         copied_s=saved.copied_s, fenced_s=saved.fenced_s, committed=saved.committed,
+         unfenced_failed_everywhere=failed[0], unfenced_error=unfenced.error,
+         step4=os.path.exists(os.path.join(args.run_dir, "checkpoints", "step_000000004")))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["reshard", "determinism", "crash", "skip"])
+    parser.add_argument("scenario", choices=["reshard", "determinism", "crash", "skip", "overlap"])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=8)
@@ -194,7 +256,8 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=90))
     try:
-        {"reshard": reshard, "determinism": determinism, "crash": crash, "skip": skip}[args.scenario](args)
+        {"reshard": reshard, "determinism": determinism, "crash": crash, "skip": skip,
+         "overlap": overlap}[args.scenario](args)
     finally:
         dist.destroy_process_group()
 

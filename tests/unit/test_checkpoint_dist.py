@@ -216,3 +216,19 @@ def test_public_torch_paths_round_trip_fsdp2_across_world_sizes(tmp_path):
     assert all(r["mismatches"] == [] for r in results), results
     for step in RunDir(tmp_path).committed_steps():
         assert verify_checkpoint(RunDir(tmp_path).checkpoint(step)).ok
+
+
+@pytest.mark.timeout(180)
+def test_overlapped_copy_holds_its_steps_state_while_the_next_step_runs_at_once(tmp_path):
+    out = tmp_path / "out.jsonl"
+    run(2, ["overlap", "--run-dir", str(tmp_path), "--out", str(out)], timeout=150)
+    result = records(out)[0]
+    assert result["committed"] and result["loaded"] == 2
+    assert result["moved"]  # the next step changed parameters and Adam state...
+    assert result["mismatches"] == []  # ...yet step 2 holds the state after step 2, bit for bit
+    # save() returned before the (slowed, 0.5 s) copy; Adam's pre-hook then waited for it.
+    assert result["blocking_s"] < 0.4 < result["copied_s"]
+    assert result["fenced_s"] > 0.1
+    # A parameter changed on rank 1 without fence(): the save fails on both ranks, nothing committed.
+    assert result["unfenced_failed_everywhere"] and not result["step4"]
+    assert "changed while checkpoint save of step 4 was still copying it" in result["unfenced_error"]
