@@ -85,6 +85,8 @@ class DcpAsyncSave(SaveMethod):
     ``options=None`` means DCP's defaults (a fresh stager per call, buffers not reused). With
     options, one ``DefaultStager`` is kept across saves, so its cached staging buffers are reused.
     With asynchronous staging the loop may proceed once staging completes, not when the call returns.
+    Its collectives run on a gloo group of their own (as torchtitan's async checkpointing does), so
+    a save planned in the background cannot interleave with the training loop's collectives.
     """
 
     def __init__(self, model, optimizer, *, label: str, options: StagingOptions | None,
@@ -94,11 +96,13 @@ class DcpAsyncSave(SaveMethod):
         self._checkpointer = checkpointer
         self._stager = DefaultStager(options) if options is not None else None
         self._upload: Future | None = None
+        self._group = dist.new_group(backend="gloo")
 
     def start(self, step: int, path: Path) -> None:
         response = dcp.async_save(
             self.sharded_state(), checkpoint_id=str(path),
             async_checkpointer_type=self._checkpointer, async_stager=self._stager,
+            process_group=self._group,
         )
         if isinstance(response, AsyncSaveResponse):
             response.staging_completion.result(timeout=FINISH_TIMEOUT_S)
@@ -116,6 +120,9 @@ class DcpAsyncSave(SaveMethod):
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        if self._group is not None:
+            dist.destroy_process_group(self._group)
+            self._group = None
 
 
 def _staging(*, shared: bool, async_staging: bool) -> StagingOptions:
@@ -140,8 +147,11 @@ DCP_ASYNC_CANDIDATES = [
 ]
 
 
+def method_label(spec: tuple) -> str:
+    label = spec[0]
+    return label if label.startswith("dcp.") else f"dcp.async_save [{label}]"
+
+
 def dcp_async_method(model, optimizer, spec: tuple) -> DcpAsyncSave:
-    label, options, checkpointer = spec
-    if not label.startswith("dcp."):
-        label = f"dcp.async_save [{label}]"
-    return DcpAsyncSave(model, optimizer, label=label, options=options, checkpointer=checkpointer)
+    _label, options, checkpointer = spec
+    return DcpAsyncSave(model, optimizer, label=method_label(spec), options=options, checkpointer=checkpointer)

@@ -19,11 +19,45 @@ TARGETS = [
     ("total_vs_disk", "<=", 1.25, "total <= 1.25 x state bytes / disk write bandwidth"),
     ("verify_vs_disk_read", ">=", 1.0, "verify throughput >= cold disk read bandwidth"),
     ("rss_growth", "<=", 0.05, "RSS growth after N slurmft saves <= 5 % of after the first"),
+    ("overhead_vs_dcp_best", "<=", 0.5, "in-loop overhead per save <= 0.5 x best dcp.async_save's"),
 ]
 
 
 def _median(values) -> float:
     return statistics.median(list(values))
+
+
+def best_dcp_mode(raw_methods: dict[str, Any]) -> str:
+    """The dcp.async_save configuration with the lowest median blocking / copy (then total / write)."""
+    def key(name: str) -> tuple[float, float]:
+        saves = raw_methods[name]["saves"]
+        return (_median(x["blocking_s"] / x["copy_s"] for x in saves),
+                _median(x["total_s"] / x["write_s"] for x in saves))
+
+    candidates = [n for n, m in raw_methods.items() if m["kind"] == "dcp_async"]
+    if not candidates:
+        raise ValueError("no dcp.async_save configuration was measured")
+    return min(candidates, key=key)
+
+
+def summarize_in_loop(loop: dict[str, Any]) -> dict[str, Any]:
+    """Medians per method of the in-loop windows, and slurmft's overhead against DCP's and a copy.
+
+    ``overhead_vs_dcp_best`` is None when DCP's best showed no overhead at all (a ratio to noise).
+    """
+    methods = {}
+    for name, m in loop["methods"].items():
+        saves = m["saves"]
+        methods[name] = {"kind": m["kind"], "measured_saves": len(saves), "window_steps": m["window_steps"],
+                         "plain_s": _median(x["plain_s"] for x in saves),
+                         "with_save_s": _median(x["with_save_s"] for x in saves),
+                         "overhead_s": _median(x["overhead_s"] for x in saves),
+                         "overhead_vs_copy": _median(x["overhead_s"] / x["copy_s"] for x in saves)}
+    slurmft = next(v for v in methods.values() if v["kind"] == "slurmft")
+    best = methods[loop["dcp_best_mode"]]
+    return {"methods": methods, "dcp_best_mode": loop["dcp_best_mode"],
+            "overhead_vs_dcp_best": slurmft["overhead_s"] / best["overhead_s"] if best["overhead_s"] > 0 else None,
+            "overhead_vs_memcpy": slurmft["overhead_vs_copy"]}
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
@@ -45,9 +79,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "total_vs_write": _median(x["total_s"] / x["write_s"] for x in saves),
         }
     candidates = {n: v for n, v in methods.items() if v["kind"] == "dcp_async"}
-    if not candidates:
-        raise ValueError("no dcp.async_save configuration was measured")
-    best = min(candidates, key=lambda n: (candidates[n]["blocking_vs_copy"], candidates[n]["total_vs_write"]))
+    best = best_dcp_mode(raw["methods"])
+    loop = summarize_in_loop(raw["in_loop"])
     slurmft = next(v for v in methods.values() if v["kind"] == "slurmft")
     probes = [x for m in raw["methods"].values() for x in m["saves"]]
     ver = raw["verify"]
@@ -78,6 +111,9 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         "verify_vs_disk_read": _median((verify_bytes / p["verify_s"]) / (state_bytes / p["read_s"])
                                        for p in ver["pairs"]),
         "rss_growth": (raw["slurmft"]["rss_last"] - raw["slurmft"]["rss_first"]) / raw["slurmft"]["rss_first"],
+        "in_loop": loop,
+        "overhead_vs_dcp_best": loop["overhead_vs_dcp_best"],
+        "overhead_vs_memcpy": loop["overhead_vs_memcpy"],
     }
 
 
@@ -86,6 +122,9 @@ def verdicts(summary: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
     out = []
     for key, op, bound, what in TARGETS:
         value = summary[key]
+        if value is None:  # nothing to compare against (see summarize_in_loop)
+            out.append((what, float("nan"), f"{op} {bound:g}", False))
+            continue
         met = value <= bound if op == "<=" else value >= bound
         out.append((what, value, f"{op} {bound:g}", met))
     return out
@@ -126,6 +165,13 @@ def render(summary: dict[str, Any]) -> str:
          f"{ver['bytes'] / ver['warm_s'] / GB:.2f}"],
     ]
     limits = _md_table(["physical limit (both ranks at once)", "seconds", "GB/s"], limit_rows)
+    loop = summary["in_loop"]
+    loop_rows = [[f"{name} (best dcp.async_save)" if name == loop["dcp_best_mode"] else name,
+                  f"{m['plain_s']:.3f}", f"{m['with_save_s']:.3f}", f"{m['overhead_s']:+.3f}",
+                  f"{m['overhead_vs_copy']:+.2f}"] for name, m in loop["methods"].items()]
+    window = next(iter(loop["methods"].values()))["window_steps"]
+    in_loop = _md_table([f"in the training loop: {window} steps", "without a save s", "with a save s",
+                         "overhead per save s", "overhead / copy"], loop_rows)
     target_rows = [[what, f"{value:.3f}", bound, "yes" if met else "NO"]
                    for what, value, bound, met in verdicts(summary)]
     targets = _md_table(["slurmft target (per-save ratios against the probe just before)", "measured",
@@ -133,4 +179,4 @@ def render(summary: dict[str, Any]) -> str:
     head = (f"state: {state_bytes / GIB:.2f} GiB of FSDP2 model + Adam state on {summary['world_size']} "
             f"ranks (gloo, CPU); medians over saves of the slowest rank; every save preceded by a copy "
             f"and a write probe; RSS checked over {summary['rss_saves']} slurmft saves")
-    return "\n\n".join([head, methods, limits, targets])
+    return "\n\n".join([head, methods, limits, in_loop, targets])

@@ -1,7 +1,10 @@
 """slurmft's own save in the benchmark: ``CheckpointManager.save`` (blocking) then ``wait`` (committed).
 
 Same state as the other methods (model + optimizer, through ``TrainState``), same disk; retention
-keeps the last two checkpoints so a long series does not fill the disk.
+keeps the last two checkpoints so a long series does not fill the disk. With overlapped staging
+``save()`` returns before the copy is complete; the parameters may change only once it is, so
+outside a training loop ``start`` also waits for that (``fence``). Inside the loop
+(``in_loop=True``) the optimizer's step pre-hook does that wait, wherever it falls.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from slurmft.train.state import TrainState
 class SlurmftSave(SaveMethod):
     name = "slurmft CheckpointManager.save"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_dir: Path) -> None:
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_dir: Path, *,
+                 in_loop: bool = False) -> None:
         super().__init__(model, optimizer)
+        self._in_loop = in_loop
         self._run_dir = RunDir(run_dir)
         config = CheckpointConfig(keep_last=2)
         self._manager = CheckpointManager(run_dir, config)
@@ -29,6 +34,8 @@ class SlurmftSave(SaveMethod):
 
     def start(self, step: int, path: Path | None) -> None:
         self._manager.save(step, self._state)
+        if not self._in_loop:
+            self._manager.fence()
         self._last_step = step
 
     def finish(self) -> None:

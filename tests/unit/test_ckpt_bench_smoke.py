@@ -15,7 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "ckpt_bench.py"
-RATIOS = ("blocking_vs_dcp_best", "blocking_vs_memcpy", "total_vs_disk", "verify_vs_disk_read", "rss_growth")
+RATIOS = ("blocking_vs_dcp_best", "blocking_vs_memcpy", "total_vs_disk", "verify_vs_disk_read", "rss_growth",
+          "overhead_vs_memcpy")
 
 
 @pytest.mark.timeout(150)
@@ -38,6 +39,13 @@ def test_tiny_benchmark_prints_one_json_object(tmp_path):
     assert kinds.count("slurmft") == 1 and kinds.count("sync") == 2 and kinds.count("dcp_async") == 6
     for name, m in methods.items():
         assert 0 < m["blocking_s"] <= m["total_s"], name
+    loop = summary["in_loop"]
+    assert loop["dcp_best_mode"] == summary["dcp_best_mode"] and loop["dcp_best_mode"] in loop["methods"]
+    assert sorted(m["kind"] for m in loop["methods"].values()) in (
+        ["dcp_best", "dcp_defaults", "slurmft"], ["dcp_defaults", "slurmft"])  # best may be the defaults
+    for name, m in loop["methods"].items():
+        assert m["measured_saves"] == 1 and m["plain_s"] > 0 and m["with_save_s"] > 0, name
+    assert summary["overhead_vs_dcp_best"] is None or isinstance(summary["overhead_vs_dcp_best"], float)
     assert summary["limits"]["page_cache_eviction"] == "fadvise"  # asked for: don't drop others' caches
     assert list(tmp_path.iterdir()) == []  # the benchmark cleaned up after itself
 
