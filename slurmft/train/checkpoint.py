@@ -354,6 +354,9 @@ class CheckpointManager:
         of having the save thread and gloo workers killed inside torch (SIGABRT, see
         :mod:`slurmft.train.groups`).
         """
+        if self._guard_handle is not None:
+            self._guard_handle.remove()  # the optimizer may outlive this manager
+            self._guard_handle = self._guarded = None
         if not self._save_thread.stop(self.config.exit_timeout_s):
             # The abandoned save still sits in a collective of these groups: destroying them
             # could block as long as it does. The process is on its way out; let it go.

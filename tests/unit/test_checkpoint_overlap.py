@@ -153,3 +153,4 @@ def test_the_optimizer_waits_for_a_stuck_copy_only_as_long_as_its_bound(tmp_path
     assert time.monotonic() - started < 2.0
     slow_copy["s"] = 0.0
     manager.close()
+    assert not state.optimizer._optimizer_step_pre_hooks  # close() took its hook off the optimizer
