@@ -40,7 +40,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.tensor import DTensor
 
 from slurmft.rundir import RunDir
 from slurmft.safeio import open_dir
@@ -48,12 +47,12 @@ from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.dcp_metadata import metadata_problem
 from slurmft.train.groups import CheckpointGroups
 from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
-from slurmft.train.overlap import InFlightCopy
+from slurmft.train.overlap import RACED, InFlightCopy, LiveState, optimizers_of
 from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
 from slurmft.train.save_thread import SaveThread, SaveWaitTimeout
 from slurmft.train.staging import Stager
-from slurmft.train.state import MODEL, RNG, TrainState
+from slurmft.train.state import RNG, TrainState
 from slurmft.train.torch_compat import set_element
 from slurmft.train.verified_read import CorruptCheckpoint, VerifyingReader
 from slurmft.train.writer import CommitWriter, FaultPlan
@@ -74,6 +73,7 @@ class SaveStats:
     waiting for the previous save, and staging). ``total_s``: until committed (or failed).
     ``copied_s``: until the state copy was complete (overlapped staging; else None).
     ``fenced_s``: how long the loop waited for that copy afterwards (optimizer step, ``fence()``).
+    ``stall_s``: all the loop lost to this save (``blocking_s`` + ``fenced_s``).
     ``bytes_written``: this rank's shard files. ``error``: set when the save failed.
     """
 
@@ -86,6 +86,10 @@ class SaveStats:
     waited_s: float = 0.0
     copied_s: float | None = None
     fenced_s: float = 0.0
+
+    @property
+    def stall_s(self) -> float:
+        return self.blocking_s + self.fenced_s
 
 
 OnCommit = Callable[[int, Path, SaveStats], None]
@@ -139,28 +143,6 @@ class _PlainDataLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
-def _copy_now(state: TrainState) -> Callable[[str, torch.Tensor], bool]:
-    """Which tensors ``save()`` copies before returning: model state that is not a parameter
-    (buffers, which a forward pass changes, and anything get_state_dict made). Parameters and
-    optimizer state change only in ``optimizer.step()``, which waits for the overlapped copy."""
-    params = {_local(p).data_ptr() for p in state.model.parameters()}
-    model_prefix = f"/{MODEL}/"
-    return lambda path, tensor: path.startswith(model_prefix) and tensor.data_ptr() not in params
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def _live_tensors(state: TrainState) -> dict[int, torch.Tensor]:
-    """Parameters, buffers and optimizer-state tensors (local shards) by data pointer."""
-    live = [_local(p) for p in state.model.parameters()] + [_local(b) for b in state.model.buffers()]
-    if state.optimizer is not None:
-        live += [_local(v) for per_param in state.optimizer.state.values() for v in per_param.values()
-                 if isinstance(v, torch.Tensor)]
-    return {t.data_ptr(): t for t in live if t.numel()}
-
-
 def _trust(copy: InFlightCopy) -> None:
     if copy.problem is not None:
         raise RuntimeError(copy.problem)
@@ -203,8 +185,9 @@ class CheckpointManager:
         self._faults = FaultPlan.from_env()
         self._save_thread = SaveThread()
         self._copy: InFlightCopy | None = None  # the overlapped staging copy of the last save
-        self._guarded: "weakref.ref[torch.optim.Optimizer] | None" = None
-        self._guard_handle: Any = None
+        self._guarded: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._guard_handles: list[Any] = []
+        self._overlap_refused = False  # set once a change raced a copy: copy before returning
         self._stats: list[SaveStats] = []
         self._lock = threading.Lock()
         self._last_committed: int | None = None
@@ -267,19 +250,27 @@ class CheckpointManager:
             return False
         state.step = step
         what = f"checkpoint save of step {step}"
+        light = state.light_state()  # before staging: a failure here leaves no copy in flight
+        optimizers = optimizers_of(state.optimizer)
         copy = None
-        if self.config.overlap:
-            heavy, copy = self._stager.stage_overlapped(state.heavy_state(), _copy_now(state), what,
-                                                        _live_tensors(state))
+        # No optimizer: nothing would fence the copy before the loop changes the parameters.
+        if self.config.overlap and optimizers and not self._overlap_refused:
+            heavy, copy = self._stager.stage_overlapped(state.heavy_state(),
+                                                        LiveState(state.model, optimizers), what)
         else:
             heavy = self._stager.stage(state.heavy_state())
-        if copy is not None and state.optimizer is not None:
-            self._guard(state.optimizer)
-        self._copy = copy
-        staged = {**heavy, **state.light_state()}
+        staged = {**heavy, **light}
         blocking_s = time.perf_counter() - entered
         timing = (entered, blocking_s, waited_s)
-        self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing, copy), what=what)
+        try:
+            self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing, copy), what=what)
+        except BaseException:
+            if copy is not None:
+                copy.finish(self.config.save_timeout_s)  # nobody else will; the live state is free again
+            raise
+        if copy is not None:
+            self._guard(optimizers)
+        self._copy = copy
         if block:
             self.wait()
             last = self.stats[-1]
@@ -299,18 +290,19 @@ class CheckpointManager:
         copy = self._copy
         if copy is None:
             return
-        try:
-            copy.fence(self.config.save_timeout_s)
-        except SaveWaitTimeout as exc:
-            raise CheckpointError(str(exc)) from None
+        if not copy.done:
+            with self._watched(f"waiting for the state copy of {copy.what}"):
+                try:
+                    copy.fence(self.config.save_timeout_s)
+                except SaveWaitTimeout as exc:
+                    raise CheckpointError(str(exc)) from None
         self._copy = None
 
-    def _guard(self, optimizer: torch.optim.Optimizer) -> None:
-        """Make ``optimizer.step()`` fence the copy in flight (once per optimizer)."""
-        if self._guarded is not None and self._guarded() is optimizer:
+    def _guard(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Make each optimizer's ``step()`` fence the copy in flight (hooked once per optimizer)."""
+        if [o() for o in self._guarded] == optimizers:
             return
-        if self._guard_handle is not None:
-            self._guard_handle.remove()
+        self._unguard()
         manager = weakref.ref(self)
 
         def fence_before_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
@@ -318,8 +310,13 @@ class CheckpointManager:
             if alive is not None:
                 alive.fence()
 
-        self._guard_handle = optimizer.register_step_pre_hook(fence_before_step)
-        self._guarded = weakref.ref(optimizer)
+        self._guard_handles = [o.register_step_pre_hook(fence_before_step) for o in optimizers]
+        self._guarded = [weakref.ref(o) for o in optimizers]
+
+    def _unguard(self) -> None:
+        for handle in self._guard_handles:
+            handle.remove()
+        self._guard_handles, self._guarded = [], []
 
     def emergency_save(self, step: int, state: TrainState) -> SaveStats | None:
         """Synchronous save (waits for any save in flight first); returns once committed."""
@@ -354,9 +351,7 @@ class CheckpointManager:
         of having the save thread and gloo workers killed inside torch (SIGABRT, see
         :mod:`slurmft.train.groups`).
         """
-        if self._guard_handle is not None:
-            self._guard_handle.remove()  # the optimizer may outlive this manager
-            self._guard_handle = self._guarded = None
+        self._unguard()  # the optimizer may outlive this manager
         if not self._save_thread.stop(self.config.exit_timeout_s):
             # The abandoned save still sits in a collective of these groups: destroying them
             # could block as long as it does. The process is on its way out; let it go.
@@ -391,6 +386,11 @@ class CheckpointManager:
         with self._lock:
             self._stats.append(stats)
         if error is not None:
+            if RACED in error and not self._overlap_refused:
+                self._overlap_refused = True
+                log.warning("checkpoint step %d: the state changed while it was being copied; from now "
+                            "on every save copies the state before save() returns (call fence() "
+                            "before changing state outside optimizer.step() to keep the overlap)", step)
             return
         self._last_committed = step
         if self._groups.is_coordinator:

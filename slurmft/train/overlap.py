@@ -15,9 +15,16 @@ counter (bumped by each in-place change, through the tensor or any view or ``.de
 compared with its value when ``save()`` returned. A tensor changed in between (a loop that changed
 state without ``fence()``) may have been copied half old, half new: the save then fails on every
 rank (see ``CommitWriter``'s ``before_write``) instead of committing a checkpoint that does not hold
-one step's state. After settling, changes are the next step's and harmless. A change made through
-``tensor.data`` is not counted by torch and so not seen: ``fence()`` is the contract, this check
-only catches the common ways of breaking it.
+one step's state. After settling, changes are the next step's and harmless. Torch does not count
+every change: not one made through ``tensor.data``, and on a DTensor (FSDP2) not the ``_foreach``
+ops (the fused/foreach optimizers use them; the step pre-hook fences those). ``fence()`` is the
+contract; this check catches the common ways of breaking it, and the manager copies before
+``save()`` returns from then on once it caught one.
+
+Only what a step changes in ``optimizer.step()`` is deferred (:class:`LiveState`: the parameters
+and the optimizer's state tensors); every other tensor of the state dict (module buffers, which a
+forward pass changes, a tensor learning rate a scheduler fills, copies ``get_state_dict`` made) is
+copied before ``save()`` returns.
 """
 
 from __future__ import annotations
@@ -25,15 +32,57 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from slurmft.train import torch_compat
 from slurmft.train.save_thread import SaveWaitTimeout
 
-# How often a bounded wait for a CUDA event looks at it (an event has no timed wait).
-_EVENT_POLL_S = 0.0005
+# A bounded wait for a CUDA event polls it (an event has no timed wait), backing off to the max.
+_EVENT_POLL_S = (0.0005, 0.01)
+# In the message of a save that failed because a change raced its copy (CheckpointManager reads it).
+RACED = "was still copying it"
+
+
+def optimizers_of(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The optimizers a TrainState holds: none, one, or a list of them (as DCP's helpers take)."""
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, (list, tuple)):
+        return list(optimizer)
+    return [optimizer]
+
+
+class LiveState:
+    """The live tensors a save may copy after it returned, by data pointer: parameters and
+    optimizer state (local shards), each with every tensor whose version counter may move when
+    it changes (a DTensor's own and its local tensor's: in-place ops on either count on one only).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        self._tensors: dict[int, tuple[torch.Tensor, ...]] = {}
+        with torch.no_grad():  # to_local() under autograd costs ~10x more, per tensor
+            for param in model.parameters():
+                self._add(param)
+            for optimizer in optimizers:
+                for per_param in optimizer.state.values():
+                    for value in per_param.values():
+                        if isinstance(value, torch.Tensor):
+                            self._add(value)
+
+    def _add(self, tensor: torch.Tensor) -> None:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        if local.numel():
+            found = (tensor, local) if local is not tensor else (tensor,)
+            self._tensors[local.data_ptr()] = self._tensors.get(local.data_ptr(), ()) + found
+
+    def deferrable(self, tensor: torch.Tensor) -> bool:
+        return bool(tensor.numel()) and tensor.data_ptr() in self._tensors
+
+    def watched(self, tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self._tensors.get(tensor.data_ptr(), ()) + (tensor,)
 
 
 @dataclass
@@ -43,14 +92,14 @@ class CopyPair:
     path: str
     src: torch.Tensor
     dst: torch.Tensor
-    # The live tensor whose version counter is watched: the parameter or optimizer-state tensor
-    # ``src`` aliases. State-dict helpers may hand out aliases made with ``.data`` (FSDP2 does),
-    # which share the bytes but not the counter; None means ``src`` itself.
-    live: torch.Tensor | None = None
-    version: int = 0
+    # The tensors whose version counters are watched: ``src`` and the live parameter or
+    # optimizer-state tensor it aliases (state-dict helpers may hand out ``.data``-style aliases,
+    # FSDP2's do, which share the bytes but not the counter).
+    watched: tuple[torch.Tensor, ...] = ()
+    versions: tuple[int, ...] = ()
 
-    def watched(self) -> torch.Tensor:
-        return self.src if self.live is None else self.live
+    def current_versions(self) -> tuple[int, ...]:
+        return tuple(torch_compat.version_of(t) for t in self.watched)
 
 
 class InFlightCopy:
@@ -65,7 +114,7 @@ class InFlightCopy:
         self.what = what
         self._pairs = pairs
         for pair in pairs:
-            pair.version = torch_compat.version_of(pair.watched())
+            pair.versions = pair.current_versions()
         self.nbytes = sum(p.src.numel() * p.src.element_size() for p in pairs)
         self._event = event
         self._lock = threading.Lock()
@@ -75,6 +124,10 @@ class InFlightCopy:
         self.started = time.perf_counter()
         self.copied_s: float | None = None  # from the save() call's copy start until complete
         self.fenced_s = 0.0  # how long the training thread waited in fence()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
 
     @property
     def problem(self) -> str | None:
@@ -97,6 +150,7 @@ class InFlightCopy:
             with self._lock:
                 self._settled = True
                 self._problem = f"the staging copy failed: {type(exc).__name__}: {exc}"
+                self._pairs = []
         finally:
             self._done.set()
 
@@ -118,11 +172,13 @@ class InFlightCopy:
 
     def _wait_event(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
+        pause, longest = _EVENT_POLL_S
         while not self._event.query():
             if time.monotonic() > deadline:
                 raise SaveWaitTimeout(f"the device-to-host copy of {self.what} not complete after "
                                       f"{timeout_s:g} s")
-            time.sleep(_EVENT_POLL_S)
+            time.sleep(pause)
+            pause = min(2 * pause, longest)
 
     def _settle(self) -> None:
         with self._lock:
@@ -130,10 +186,10 @@ class InFlightCopy:
                 return
             self._settled = True
             self.copied_s = time.perf_counter() - self.started
-            changed = [p.path for p in self._pairs if torch_compat.version_of(p.watched()) != p.version]
+            changed = [p.path for p in self._pairs if p.current_versions() != p.versions]
             if changed:
                 shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-                self._problem = (f"{shown} changed while {self.what} was still copying it: change "
-                                 f"model or optimizer state outside optimizer.step() only after "
+                self._problem = (f"{shown} changed while {self.what} {RACED}: change model or "
+                                 f"optimizer state outside optimizer.step() only after "
                                  f"CheckpointManager.fence()")
             self._pairs = []  # the copy is over: do not keep the live tensors referenced

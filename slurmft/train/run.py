@@ -446,8 +446,9 @@ class Run:
         return lambda: dist.barrier(group=self.process_group)
 
     def _on_commit(self, step: int, path: Path, stats: Any) -> None:
+        # blocking_s is the stall the loop saw: save() itself plus the optimizer's wait for the copy.
         self.segment.record(journal.CHECKPOINT_COMMITTED, step=step, path=str(path),
-                            blocking_s=stats.blocking_s, total_s=stats.total_s,
+                            blocking_s=stats.stall_s, total_s=stats.total_s,
                             bytes_written=stats.bytes_written)
 
     def _on_hang(self, message: str) -> None:

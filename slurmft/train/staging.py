@@ -12,23 +12,23 @@ buffers of CPU-mesh DTensors are wrapped with ``DTensor.from_local`` and copied 
 state's structure changes (e.g. optimizer state appears after the first step), so memory does not
 grow from save to save; ``allocations`` counts how often that happened.
 
-``stage_overlapped`` copies only what must not wait (the ``copy_now`` tensors, e.g. module buffers
-that a forward pass changes) before it returns, and hands the rest back as an
+``stage_overlapped`` copies only what must not wait (all but parameters and optimizer state, e.g.
+module buffers that a forward pass changes) before it returns, and hands the rest back as an
 :class:`slurmft.train.overlap.InFlightCopy`: queued on a CUDA side stream (after everything already
-queued on the current one) into pinned buffers, or left for the save thread to copy on CPU. That
+queued on the tensors' device's current stream) into pinned buffers, or left for the save thread to copy on CPU. That
 path uses plain ``copy_`` only; a state that needs DCP's public stager is staged before returning.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from slurmft.train import torch_compat
-from slurmft.train.overlap import CopyPair, InFlightCopy
+from slurmft.train.overlap import CopyPair, InFlightCopy, LiveState
 
 log = logging.getLogger(__name__)
 
@@ -125,32 +125,36 @@ class Stager:
             torch.cuda.synchronize()
         return staged
 
-    def stage_overlapped(self, state_dict: dict[str, Any], copy_now: Callable[[str, torch.Tensor], bool],
-                         what: str, live: Mapping[int, torch.Tensor]) -> tuple[dict[str, Any], InFlightCopy | None]:
+    def stage_overlapped(self, state_dict: dict[str, Any], live: LiveState,
+                         what: str) -> tuple[dict[str, Any], InFlightCopy | None]:
         """The staged dict (buffers, filled once the returned copy is complete) and that copy.
 
-        ``copy_now(path, tensor)`` picks the tensors copied before this returns. ``live`` maps a
-        data pointer to the live tensor a state-dict tensor aliases (see ``CopyPair.live``).
-        Without a version counter, or with DCP's public stager, everything is copied now and the
+        Tensors ``live`` calls deferrable (parameters, optimizer state) are left to the copy; every
+        other one is copied before this returns. Without a version counter, with DCP's public
+        stager, or with CUDA tensors on more than one device, everything is copied now and the
         copy is None.
         """
         self._ensure_buffers(state_dict)
         if self._public is not None or not torch_compat.VERSION_COUNTER:
             return self.stage(state_dict), None
         pairs: list[CopyPair] = []
-        staged = _pair_up(state_dict, self._buffers, "", pairs)
-        for pair in pairs:
-            pair.live = live.get(pair.src.data_ptr()) if pair.src.numel() else None
-        now = [copy_now(pair.path, pair.src) for pair in pairs]
-        later = [pair for pair, first in zip(pairs, now) if not first]
         with torch.no_grad():
-            for pair, first in zip(pairs, now):
-                if first:
-                    pair.dst.copy_(pair.src, non_blocking=self._pinned)  # queued before the next forward
-            if not self._pinned:
+            staged = _pair_up(state_dict, self._buffers, "", pairs)
+            devices = {pair.src.device for pair in pairs if pair.src.is_cuda}
+            if len(devices) > 1:
+                return self.stage(state_dict), None
+            later = []
+            for pair in pairs:
+                if live.deferrable(pair.src):
+                    pair.watched = live.watched(pair.src)
+                    later.append(pair)
+                else:  # queued (CUDA) or done (CPU) before the next forward can change it
+                    pair.dst.copy_(pair.src, non_blocking=self._pinned)
+            if not self._pinned or not devices:
                 return staged, InFlightCopy(what, later)
-            side = self._side_stream()
-            side.wait_stream(torch.cuda.current_stream())
+            device = devices.pop()
+            side = self._side_stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for pair in later:
                     pair.dst.copy_(pair.src, non_blocking=True)
@@ -158,9 +162,9 @@ class Stager:
                 done.record(side)
         return staged, InFlightCopy(what, later, done)
 
-    def _side_stream(self) -> Any:
-        if self._stream is None:
-            self._stream = torch.cuda.Stream()
+    def _side_stream(self, device: torch.device) -> Any:
+        if self._stream is None or self._stream.device != device:
+            self._stream = torch.cuda.Stream(device=device)
         return self._stream
 
     def _ensure_buffers(self, state_dict: dict[str, Any]) -> None:

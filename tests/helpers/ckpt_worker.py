@@ -200,7 +200,7 @@ def _slow_background_copies(delay_s: float) -> None:
 
 
 def overlap(args) -> None:
-    _slow_background_copies(0.5)
+    _slow_background_copies(1.0)
     model = fsdp_model(96)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     state = TrainState(model, opt, sampler=CountingSampler())
@@ -230,7 +230,7 @@ def overlap(args) -> None:
     manager.save(4, state)
     if dist.get_rank() == 1:
         with torch.no_grad():
-            next(iter(model.parameters())).to_local().add_(1.0)  # no fence: a racing change
+            next(iter(model.parameters())).mul_(2.0)  # on the DTensor itself, no fence: a racing change
     manager.wait()
     unfenced = manager.stats[-1]
     failed = [False]
