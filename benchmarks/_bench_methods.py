@@ -84,15 +84,18 @@ class DcpAsyncSave(SaveMethod):
 
     ``options=None`` means DCP's defaults (a fresh stager per call, buffers not reused). With
     options, one ``DefaultStager`` is kept across saves, so its cached staging buffers are reused.
-    With asynchronous staging the loop may proceed once staging completes, not when the call returns.
-    Its collectives run on a gloo group of their own (as torchtitan's async checkpointing does), so
+    With asynchronous staging the loop may proceed once staging completes, not when the call returns:
+    outside a loop ``start`` waits for it; in a loop (``in_loop=True``) the optimizer's step
+    pre-hook does, as torchtitan waits for staging right before ``optimizer.step()``. Its collectives run on a gloo group of their own (as torchtitan's async checkpointing does), so
     a save planned in the background cannot interleave with the training loop's collectives.
     """
 
     def __init__(self, model, optimizer, *, label: str, options: StagingOptions | None,
-                 checkpointer: AsyncCheckpointerType) -> None:
+                 checkpointer: AsyncCheckpointerType, in_loop: bool = False) -> None:
         super().__init__(model, optimizer)
         self.name = label
+        self._staging: Future | None = None
+        self._hook = optimizer.register_step_pre_hook(lambda *_: self._wait_for_staging()) if in_loop else None
         self._checkpointer = checkpointer
         self._stager = DefaultStager(options) if options is not None else None
         self._upload: Future | None = None
@@ -105,18 +108,29 @@ class DcpAsyncSave(SaveMethod):
             process_group=self._group,
         )
         if isinstance(response, AsyncSaveResponse):
-            response.staging_completion.result(timeout=FINISH_TIMEOUT_S)
+            self._staging = response.staging_completion
+            if self._hook is None:
+                self._wait_for_staging()
             self._upload = response.upload_completion
         else:
             self._upload = response
 
+    def _wait_for_staging(self) -> None:
+        if self._staging is not None:
+            self._staging.result(timeout=FINISH_TIMEOUT_S)
+            self._staging = None
+
     def finish(self) -> None:
+        self._wait_for_staging()
         if self._upload is not None:
             self._upload.result(timeout=FINISH_TIMEOUT_S)
             self._upload = None
 
     def close(self) -> None:
         self.finish()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         if self._stager is not None:
             self._stager.close()
             self._stager = None
@@ -152,6 +166,7 @@ def method_label(spec: tuple) -> str:
     return label if label.startswith("dcp.") else f"dcp.async_save [{label}]"
 
 
-def dcp_async_method(model, optimizer, spec: tuple) -> DcpAsyncSave:
+def dcp_async_method(model, optimizer, spec: tuple, *, in_loop: bool = False) -> DcpAsyncSave:
     _label, options, checkpointer = spec
-    return DcpAsyncSave(model, optimizer, label=method_label(spec), options=options, checkpointer=checkpointer)
+    return DcpAsyncSave(model, optimizer, label=method_label(spec), options=options, checkpointer=checkpointer,
+                        in_loop=in_loop)

@@ -8,8 +8,8 @@ them, and saves that same state to the same disk with every method, a warm-up sa
 methods are judged against: a copy into preallocated buffers and a write + fsync of the same
 bytes (both taken again just before every save, since a shared machine's disk speed changes from
 minute to minute), a cold read back, and the manifest's hash. Last, the cost inside a real training
-loop (``_bench_loop``): steps around a save minus the same steps without one, for slurmft, DCP's
-defaults and the best ``dcp.async_save`` mode of the runs before. Prints markdown tables; ``--json``
+loop (``_bench_loop``): steps around a save minus the same steps without one, for slurmft and
+every ``dcp.async_save`` configuration (DCP's best there: the least in-loop overhead). Prints markdown tables; ``--json``
 prints one JSON object instead. This is a benchmark, not a test: it takes minutes at the default size.
 """
 
@@ -154,7 +154,7 @@ def _worker(args: argparse.Namespace) -> None:
         method = dcp_async_method(model, optimizer, spec)
         raw["methods"][method.name] = {**_run_method(method, model, probe, base / "m", args.saves),
                                        "kind": "dcp_async"}
-    raw["in_loop"] = _in_loop(model, optimizer, probe, base, raw, args.saves)
+    raw["in_loop"] = _in_loop(model, optimizer, probe, base, args.saves)
     probe.remove()
     if args.rank == 0:
         Path(args.result).write_text(json.dumps(raw))
@@ -162,30 +162,26 @@ def _worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _in_loop(model, optimizer, probe, base: Path, raw: dict[str, Any], saves: int) -> dict[str, Any]:
-    """The in-loop phase for slurmft, DCP's defaults and the best dcp.async_save mode measured above."""
+def _in_loop(model, optimizer, probe, base: Path, saves: int) -> dict[str, Any]:
+    """The in-loop phase for slurmft and every dcp.async_save configuration (the summary picks the
+    one with the least in-loop overhead as DCP's best)."""
     import torch.distributed as dist
 
     from _bench_loop import measure_in_loop
-    from _bench_methods import DCP_ASYNC_CANDIDATES, DCP_ASYNC_DEFAULT, dcp_async_method, method_label
-    from _bench_report import best_dcp_mode
+    from _bench_methods import DCP_ASYNC_CANDIDATES, DCP_ASYNC_DEFAULT, dcp_async_method
     from _bench_slurmft import SlurmftSave
 
-    best = best_dcp_mode(raw["methods"])
-    best_spec = next(s for s in (DCP_ASYNC_DEFAULT, *DCP_ASYNC_CANDIDATES) if method_label(s) == best)
-    out: dict[str, Any] = {"dcp_best_mode": best, "methods": {}}
+    out: dict[str, Any] = {"methods": {}}
     slurmft = SlurmftSave(model, optimizer, base / "slurmft-loop", in_loop=True)
     out["methods"][slurmft.name] = {**measure_in_loop(slurmft, model, optimizer, probe, None, saves),
                                     "kind": "slurmft"}
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(base / "slurmft-loop", ignore_errors=True)
-    for kind, spec in (("dcp_defaults", DCP_ASYNC_DEFAULT), ("dcp_best", best_spec)):
-        if kind == "dcp_best" and spec is DCP_ASYNC_DEFAULT:
-            break  # DCP's defaults were its best mode: measured once
-        method = dcp_async_method(model, optimizer, spec)
+    for spec in (DCP_ASYNC_DEFAULT, *DCP_ASYNC_CANDIDATES):
+        method = dcp_async_method(model, optimizer, spec, in_loop=True)
         out["methods"][method.name] = {**measure_in_loop(method, model, optimizer, probe, base / "m", saves),
-                                       "kind": kind}
+                                       "kind": "dcp_defaults" if spec is DCP_ASYNC_DEFAULT else "dcp_async"}
     return out
 
 
