@@ -86,8 +86,9 @@ class DcpAsyncSave(SaveMethod):
     options, one ``DefaultStager`` is kept across saves, so its cached staging buffers are reused.
     With asynchronous staging the loop may proceed once staging completes, not when the call returns:
     outside a loop ``start`` waits for it; in a loop (``in_loop=True``) the optimizer's step
-    pre-hook does, as torchtitan waits for staging right before ``optimizer.step()``. Its collectives run on a gloo group of their own (as torchtitan's async checkpointing does), so
-    a save planned in the background cannot interleave with the training loop's collectives.
+    pre-hook does, as torchtitan waits for staging right before ``optimizer.step()``. Its
+    collectives run on a gloo group of their own (as torchtitan's async checkpointing does), so a
+    save planned in the background cannot interleave with the training loop's collectives.
     """
 
     def __init__(self, model, optimizer, *, label: str, options: StagingOptions | None,
