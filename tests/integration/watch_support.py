@@ -21,6 +21,13 @@ from slurmft.slurm.client import Job
 CAPTURE_ENV = "SLURMFT_WATCH_CAPTURE_DIR"
 
 
+def _ctrl_c_interrupts() -> None:
+    """In the child: SIGINT interrupts, as in a user's terminal. A suite started in the background
+    by a shell without job control (``bash .ci/run &``) inherits SIGINT ignored, and Python then
+    never raises KeyboardInterrupt: the watcher would not stop when a test "presses Ctrl-C"."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class WatcherProc:
     def __init__(self, cluster, job_ids: list[str], log: Path, *args: str,
                  env: dict[str, str] | None = None, run_dir: Path | None = None) -> None:
@@ -35,7 +42,8 @@ class WatcherProc:
         self._fh = open(log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "slurmft.cli", "watch", *job_ids, "--poll", "1", "-v", *args],
-            env=full_env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True)
+            env=full_env, stdout=self._fh, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_ctrl_c_interrupts)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
