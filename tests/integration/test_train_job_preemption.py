@@ -29,7 +29,7 @@ def _preemptions(job):
     return [e.get("step") for e in job.events(["preemption"])]
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)  # with the module's reference run (its first user pays for it): 3 segments' start-ups
 def test_usr2_twice_requeues_and_resumes_bit_for_bit(slurm_cluster, tmp_path, reference):
     job = submit(slurm_cluster, tmp_path / "run", ARGS, nodes=2, watch=True)
     for at_step in (8, 22):
