@@ -83,8 +83,12 @@ def test_two_preflights_on_one_busy_node_exclude_nothing(slurm_cluster, tmp_path
         jobs = [submit(slurm_cluster, tmp_path / f"run{i}", args, nodes=1,
                        sbatch_options=["--nodelist=n1"], env=env) for i in (0, 1)]
         for job in jobs:  # both are in their pre-flight, held by the busy sweep
-            job.wait_for(lambda j: j.state is JobState.RUNNING, 60, "start")
-        time.sleep(8)
+            job.wait_for(lambda j: j.state is JobState.RUNNING and "pre-flight on" in job.log_text(),
+                         90, "its pre-flight")
+        # Held on until each pre-flight's sweep (a Python process it starts after that line) has
+        # found the lock taken; the pre-flight waits up to 60 s for it. Held for 8 s from RUNNING,
+        # on a loaded box the launcher reached its pre-flight after the lock was gone.
+        time.sleep(15)
     for job in jobs:
         final = job.wait_finished(timeout=180)
         assert final.state is JobState.COMPLETED and final.restart_count == 0, job.log_text()[-4000:]
