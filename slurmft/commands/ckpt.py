@@ -49,7 +49,8 @@ from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.ckpt_listing import CheckpointInfo, list_checkpoints, stray_entries
 from slurmft.train.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError, VerifyReport,
                                     parse_tmp_dirname, read_manifest, unopened_report, verify_checkpoint)
-from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
+from slurmft.train.retention import (RetentionPolicy, apply_prune, plan_prune, read_references,
+                                     scan_checkpoint_dirs)
 
 EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2
 PROGRESS_MIN_BYTES = 256 << 20  # show a progress bar when verifying more than this
@@ -242,6 +243,7 @@ def _info_json(info: CheckpointInfo, now: float) -> dict:
         "size_bytes": info.size_bytes, "age_s": round(now - info.mtime, 3),
         "files": len(m.files) if m else None, "world_size": m.world_size if m else None,
         "created_at": m.created_at if m else None, "manifest_ok": m is not None and info.error is None,
+        "references": sorted(m.referenced_steps) if m else None,
         "error": info.error, "newer_format": info.newer_format,
     }
 
@@ -278,8 +280,9 @@ def _print_ls_table(run: OpenRun, infos: list[CheckpointInfo], now: float) -> No
     from rich.table import Table
 
     table = Table(title=f"checkpoints in {run.checkpoints}",
-                  caption="tmp: in flight or abandoned. Manifests read, checksums not: see 'verify'.")
-    for column in ("step", "directory", "state", "size", "files", "age", "manifest"):
+                  caption="tmp: in flight or abandoned. refs: steps whose files an incremental save "
+                          "references. Manifests read, checksums not: see 'verify'.")
+    for column in ("step", "directory", "state", "size", "files", "refs", "age", "manifest"):
         table.add_column(column, justify="right" if column in ("step", "size", "files", "age") else "left",
                          no_wrap=column != "manifest")
     for info in infos:
@@ -291,7 +294,8 @@ def _print_ls_table(run: OpenRun, infos: list[CheckpointInfo], now: float) -> No
         else:
             manifest = "ok" if info.manifest else "-"
         files = str(len(info.manifest.files)) if info.manifest else "-"
-        table.add_row(str(info.step), info.name, state, _human_bytes(info.size_bytes), files,
+        refs = ",".join(map(str, sorted(info.manifest.referenced_steps))) if info.manifest else ""
+        table.add_row(str(info.step), info.name, state, _human_bytes(info.size_bytes), files, refs or "-",
                       _human_age(now - info.mtime), manifest)
     console = Console()
     if infos:
@@ -320,7 +324,7 @@ def verify_with_progress(ckpt_dir: Path, dir_fd: int, *, quiet: bool = False) ->
     """Full checksum verification of the checkpoint dir ``dir_fd`` (``ckpt_dir`` names it); a
     progress bar on stderr for checkpoints above PROGRESS_MIN_BYTES."""
     try:
-        total = read_manifest(ckpt_dir, dir_fd=dir_fd).total_bytes
+        total = sum(f.size for f in read_manifest(ckpt_dir, dir_fd=dir_fd).every_file)
     except ManifestError:
         total = 0  # verify_checkpoint reports the manifest problem itself
     if quiet or total < PROGRESS_MIN_BYTES:
@@ -359,7 +363,9 @@ def verify(
         for report, seconds in results:
             if report.ok and report.manifest is not None:  # ok: the manifest was read
                 rate = report.bytes_checked / seconds / 1e9 if seconds > 0 else 0.0
-                print(f"{report.ckpt_dir.name}: ok, {len(report.manifest.files)} files, "
+                refs = len(report.manifest.refs)
+                also = f" + {refs} referenced in step(s) {', '.join(map(str, sorted(report.manifest.referenced_steps)))}" if refs else ""
+                print(f"{report.ckpt_dir.name}: ok, {len(report.manifest.files)} files{also}, "
                       f"{_human_bytes(report.bytes_checked)} checked in {seconds:.2f} s ({rate:.2f} GB/s)")
             else:
                 print(f"{report.ckpt_dir.name}: CORRUPT, {len(report.problems)} problem(s):")
@@ -459,7 +465,7 @@ def _prune_run(run: OpenRun, policy: RetentionPolicy, source: Optional[Path], dr
         _fail(f"{exc}; nothing pruned")
     if committed and valid is None:
         print("no committed checkpoint verifies: keeping every committed checkpoint")
-    plan = plan_prune(committed, valid, tmp_dirs, policy)
+    plan = plan_prune(committed, valid, tmp_dirs, policy, read_references(run.ckpt_fd, committed))
     for step in plan.keep_steps:
         note = " (newest valid)" if step == valid else ""
         print(f"keep   {step_dirname(step)}{note}")
@@ -517,10 +523,10 @@ def inspect(
         console.print(f"{key:>14}: {value}", highlight=False)
     if manifest.extra:
         console.print(f"{'extra':>14}: {json.dumps(manifest.extra, sort_keys=True)}", highlight=False)
-    files = Table(title="files")
+    files = Table(title="files (../step_N/...: referenced, held by an older checkpoint)" if manifest.refs else "files")
     for column in ("path", "size", manifest.hash_algo):
         files.add_column(column, justify="right" if column == "size" else "left")
-    for f in manifest.files:
+    for f in manifest.every_file:
         files.add_row(f.path, _human_bytes(f.size), f.hash)
     console.print(files)
     if described is not None:

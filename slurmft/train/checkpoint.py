@@ -7,7 +7,8 @@ waits for that copy (:mod:`slurmft.train.overlap`; ``fence()`` for loops that ch
 way; ``[checkpoint] overlap = false`` copies everything before ``save()`` returns). A background
 thread then runs ``dcp.save`` on a dedicated gloo group (:mod:`slurmft.train.groups`) through
 :class:`slurmft.train.writer.CommitWriter`, which checksums, fsyncs, writes the manifest and
-renames ``step_N.tmp-<id>`` to ``step_N``. At most one save is in flight; the next one waits for
+renames ``step_N.tmp-<id>`` to ``step_N``; with ``[checkpoint] incremental`` it writes only the tensors
+that changed since the last save (:mod:`slurmft.train.incremental`). At most one save is in flight; the next one waits for
 it or, with ``on_busy = "skip"``, is skipped by every rank together. After each commit the
 coordinator applies retention and calls ``on_commit``.
 
@@ -45,10 +46,12 @@ from slurmft.rundir import RunDir
 from slurmft.safeio import open_dir
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.dcp_metadata import metadata_problem
+from slurmft.train import torch_compat
 from slurmft.train.groups import CheckpointGroups
+from slurmft.train.incremental import TensorIndex
 from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
 from slurmft.train.overlap import RACED, InFlightCopy, LiveState, optimizers_of
-from slurmft.train.retention import apply_prune, plan_prune, scan_checkpoint_dirs
+from slurmft.train.retention import apply_prune, plan_prune, read_references, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
 from slurmft.train.save_thread import SaveThread, SaveWaitTimeout
 from slurmft.train.staging import Stager
@@ -74,7 +77,9 @@ class SaveStats:
     ``copied_s``: until the state copy was complete (overlapped staging; else None).
     ``fenced_s``: how long the loop waited for that copy afterwards (optimizer step, ``fence()``).
     ``stall_s``: all the loop lost to this save (``blocking_s`` + ``fenced_s``).
-    ``bytes_written``: this rank's shard files. ``error``: set when the save failed.
+    ``bytes_written``: this rank's shard files. ``bytes_reused``: this rank's tensor records not
+    written again but referenced in an older checkpoint (incremental saves). ``error``: set when
+    the save failed.
     """
 
     step: int
@@ -86,6 +91,7 @@ class SaveStats:
     waited_s: float = 0.0
     copied_s: float | None = None
     fenced_s: float = 0.0
+    bytes_reused: int = 0
 
     @property
     def stall_s(self) -> float:
@@ -188,6 +194,7 @@ class CheckpointManager:
         self._guarded: list[weakref.ref[torch.optim.Optimizer]] = []
         self._guard_handles: list[Any] = []
         self._overlap_refused = False  # set once a change raced a copy: copy before returning
+        self._tensors = self._tensor_index()  # incremental saves: where the last save's tensors lie
         self._stats: list[SaveStats] = []
         self._lock = threading.Lock()
         self._last_committed: int | None = None
@@ -197,6 +204,15 @@ class CheckpointManager:
         if self._groups.is_coordinator:
             self.run.checkpoints.mkdir(parents=True, exist_ok=True)
         atexit.register(_close_at_exit, weakref.ref(self))
+
+    def _tensor_index(self) -> TensorIndex | None:
+        if not self.config.incremental:
+            return None
+        if not torch_compat.FAST_SHARD_WRITE:  # references need DCP's private _StorageInfo
+            log.warning("[checkpoint] incremental needs torch's private DCP writer API, which this torch "
+                        "lacks: every save is written whole")
+            return None
+        return TensorIndex(self.config.full_every)
 
     # ------------------------------------------------------------------ saving
 
@@ -369,9 +385,10 @@ class CheckpointManager:
         if copy is not None:
             copy.finish(self.config.save_timeout_s)
             before_write = functools.partial(_trust, copy)
+        delta = self._tensors.begin(self.run.checkpoints, step) if self._tensors is not None else None
         writer = CommitWriter(final, tmp_id, step, self._groups.world_size, job_id=self.job_id,
                               restart_count=self.restart_count, thread_count=self.config.thread_count,
-                              faults=self._faults, before_write=before_write)
+                              faults=self._faults, before_write=before_write, delta=delta)
         error = None
         try:
             dcp.save(staged, storage_writer=writer, process_group=self._groups.io,
@@ -382,7 +399,8 @@ class CheckpointManager:
         stats = SaveStats(step, blocking_s, time.perf_counter() - entered, writer.bytes_written,
                           error is None, error, waited_s,
                           copied_s=None if copy is None or copy.copied_s is None else copy.started - entered + copy.copied_s,
-                          fenced_s=0.0 if copy is None else copy.fenced_s)
+                          fenced_s=0.0 if copy is None else copy.fenced_s,
+                          bytes_reused=0 if delta is None else delta.bytes_reused)
         with self._lock:
             self._stats.append(stats)
         if error is not None:
@@ -393,6 +411,8 @@ class CheckpointManager:
                             "before changing state outside optimizer.step() to keep the overlap)", step)
             return
         self._last_committed = step
+        if self._tensors is not None and delta is not None:
+            self._tensors.committed(delta)
         if self._groups.is_coordinator:
             log.info("checkpoint step %d committed: blocked %.3fs, total %.3fs", step, blocking_s, stats.total_s)
             self._after_commit(step, final, stats)
@@ -402,7 +422,8 @@ class CheckpointManager:
             ckpt_fd = open_dir(self.run.checkpoints)  # once: the scan and the deletion see one directory
             try:
                 committed, tmp_dirs = scan_checkpoint_dirs(self.run.root, ckpt_fd=ckpt_fd)
-                plan = plan_prune(committed, step, tmp_dirs, self.config.retention())
+                plan = plan_prune(committed, step, tmp_dirs, self.config.retention(),
+                                  read_references(ckpt_fd, committed))
                 refused = lambda line: log.warning("retention: %s", line)  # noqa: E731
                 for path in apply_prune(self.run.root, plan, refused, ckpt_fd=ckpt_fd):
                     log.info("retention removed %s", path)
@@ -456,6 +477,8 @@ class CheckpointManager:
                         log.warning("checkpoint step %d skipped: %s", step, problem)
                 continue
             self._last_committed = step
+            if self._tensors is not None:
+                self._tensors.forget()  # what the last save wrote no longer describes the state
             if groups.is_coordinator:
                 log.info("resumed from %s (verified while loading, one read, in %.2fs)", path,
                          time.perf_counter() - started)
@@ -471,7 +494,7 @@ class CheckpointManager:
         manifest = groups.broadcast(read_manifest(path) if groups.is_coordinator else None)
         same_world = manifest.world_size == groups.world_size
         template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
-        reader = VerifyingReader(path, manifest.files, rank=groups.rank, world_size=groups.world_size,
+        reader = VerifyingReader(path, manifest.every_file, rank=groups.rank, world_size=groups.world_size,
                                  union=groups.union)
         try:
             dcp.load(template, storage_reader=reader, planner=_PlainDataLoadPlanner(),

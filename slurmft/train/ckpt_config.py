@@ -31,6 +31,9 @@ class CheckpointConfig:
     waits for a save still in flight before abandoning it (60). overlap: ``save()`` returns before
     parameters and optimizer state are copied; the copy runs beside the next forward and backward,
     and ``optimizer.step()`` waits for it (True; False: the copy is done when ``save()`` returns).
+    incremental: tensors whose bytes did not change since the last save are not written again;
+    the checkpoint references the older one's records (False). full_every: with ``incremental``,
+    every N-th save (and a process's first) is written whole, so old checkpoints can be pruned (8).
     """
 
     interval: int = 500  # steps between periodic saves (see CheckpointManager.due)
@@ -49,10 +52,15 @@ class CheckpointConfig:
     exit_timeout_s: float = 60.0
     # Stage parameters and optimizer state while the next step computes (CheckpointManager.fence).
     overlap: bool = True
+    # Write only the tensors that changed since the last save (frozen layers are referenced).
+    incremental: bool = False
+    full_every: int = 8
 
     def __post_init__(self) -> None:
         if self.interval < 1:
             raise ValueError(f"interval must be >= 1, got {self.interval}")
+        if self.full_every < 1:
+            raise ValueError(f"full_every must be >= 1, got {self.full_every}")
         if self.thread_count < 1:
             raise ValueError(f"thread_count must be >= 1, got {self.thread_count}")
         for name in ("timeout_s", "save_timeout_s", "exit_timeout_s"):

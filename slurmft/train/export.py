@@ -119,7 +119,7 @@ def load_model_weights(ckpt_dir: Path, manifest: Manifest, *, dir_fd: int | None
             warnings.simplefilter("ignore", UserWarning)
             # The verifying reader: every file read is checksummed against the manifest in the same
             # read and opened without following a link (a file swapped since `verify` is caught).
-            reader = VerifyingReader(ckpt_dir, manifest.files, rank=0, world_size=1, union=lambda xs: xs,
+            reader = VerifyingReader(ckpt_dir, manifest.every_file, rank=0, world_size=1, union=lambda xs: xs,
                                      dir_fd=dir_fd)
             dcp.load({MODEL: template}, storage_reader=reader, no_dist=True)
     except (Exception, CheckpointException) as exc:  # DCP's wrapper is a BaseException

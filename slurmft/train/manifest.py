@@ -1,6 +1,7 @@
 """Checkpoint manifests: what a committed checkpoint holds, with per-file checksums.
 
-This module owns the ``manifest.json`` format (every file's size and checksum), the
+This module owns the ``manifest.json`` format (every file's size and checksum, and, for an
+incremental save, the files of older checkpoints it references: ``refs``), the
 names of checkpoint directories (committed ``step_N`` and in-flight ``step_N.tmp-<id>``), and
 the torch-free check built on them: :func:`verify_checkpoint` (listing a run's checkpoint
 directories is :mod:`slurmft.train.ckpt_listing`).
@@ -33,7 +34,9 @@ from slurmft.train.checksum import HASH_ALGO, VERIFY_THREADS, hash_files
 from slurmft.train.checksum import StreamHasher as StreamHasher  # re-exported for writers
 from slurmft.train.checksum import hash_file as hash_file  # re-exported for export
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ``refs``; a manifest without refs is still written as format 1
+REFS_FORMAT = 2
+REF_PREFIX = "../"  # a ref names a file of a sibling checkpoint: ../step_N/<file>
 MANIFEST_NAME = "manifest.json"
 DCP_METADATA_NAME = ".metadata"
 MAX_MANIFEST_BYTES = 64 << 20  # ~400k file entries; anything larger is refused, not parsed
@@ -101,12 +104,26 @@ class Manifest:
     files: tuple[FileEntry, ...]
     hash_algo: str = HASH_ALGO
     extra: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Files of older checkpoints holding tensors this one did not write again (incremental save).
+    refs: tuple[FileEntry, ...] = ()
 
     @property
     def total_bytes(self) -> int:
+        """Bytes of this checkpoint's own files (what its directory holds)."""
         return sum(f.size for f in self.files)
 
+    @property
+    def every_file(self) -> tuple[FileEntry, ...]:
+        """Own files and referenced ones: everything a load of this checkpoint may read."""
+        return self.files + self.refs
+
+    @property
+    def referenced_steps(self) -> frozenset[int]:
+        """Steps of the checkpoints whose files this one references (they must be kept)."""
+        return frozenset(ref_step(f.path) for f in self.refs)
+
     def to_json(self) -> dict[str, Any]:
+        refs = {"refs": [{"path": f.path, "size": f.size, "hash": f.hash} for f in self.refs]} if self.refs else {}
         return {
             "format_version": self.format_version,
             "step": self.step,
@@ -118,6 +135,7 @@ class Manifest:
             "hash_algo": self.hash_algo,
             "files": [{"path": f.path, "size": f.size, "hash": f.hash} for f in self.files],
             "extra": self.extra,
+            **refs,
         }
 
     @classmethod
@@ -130,36 +148,68 @@ class Manifest:
             raise ManifestVersionError(where, version, FORMAT_VERSION)
         if version < 1:
             raise ManifestError(f"{where}: format_version must be >= 1, got {version}")
-        raw_files = _field(data, "files", list, where)
-        files = []
-        for i, raw in enumerate(raw_files):
-            at = f"{where}: files[{i}]"
-            if not isinstance(raw, dict):
-                raise ManifestError(f"{at}: expected an object")
-            entry = FileEntry(_field(raw, "path", str, at), _field(raw, "size", int, at),
-                              _field(raw, "hash", str, at))
-            if not _is_plain_relative(entry.path):
-                raise ManifestError(f"{at}: path {entry.path!r} must be relative, inside the checkpoint")
-            if entry.size < 0:
-                raise ManifestError(f"{at}: size must be >= 0, got {entry.size}")
-            files.append(entry)
+        step = _field(data, "step", int, where)
+        files = _entries(_field(data, "files", list, where), f"{where}: files", None)
+        refs: tuple[FileEntry, ...] = ()
+        if "refs" in data:
+            if version < REFS_FORMAT:
+                raise ManifestError(f"{where}: field 'refs' needs format_version {REFS_FORMAT}, got {version}")
+            refs = _entries(_field(data, "refs", list, where), f"{where}: refs", step)
         manifest = cls(
             format_version=version,
-            step=_field(data, "step", int, where),
+            step=step,
             world_size=_field(data, "world_size", int, where),
             torch_version=_field(data, "torch_version", str, where),
             job_id=_field(data, "job_id", (str, type(None)), where),
             restart_count=_field(data, "restart_count", (int, type(None)), where),
             created_at=float(_field(data, "created_at", (int, float), where)),
-            files=tuple(files),
+            files=files,
             hash_algo=_field(data, "hash_algo", str, where),
             extra=_field(data, "extra", dict, where),
+            refs=refs,
         )
         if manifest.step < 0 or manifest.world_size < 1:
             raise ManifestError(f"{where}: step must be >= 0 and world_size >= 1")
         if manifest.hash_algo != HASH_ALGO:
             raise ManifestError(f"{where}: unknown hash_algo {manifest.hash_algo!r} (know {HASH_ALGO})")
         return manifest
+
+
+def _entries(raw_entries: list[Any], where: str, referenced_by: int | None) -> tuple[FileEntry, ...]:
+    """File entries; with ``referenced_by`` (the manifest's step) each must name a file of an
+    older checkpoint as ``../step_N/<file>``, else a plain path inside the checkpoint."""
+    entries = []
+    for i, raw in enumerate(raw_entries):
+        at = f"{where}[{i}]"
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{at}: expected an object")
+        entry = FileEntry(_field(raw, "path", str, at), _field(raw, "size", int, at),
+                          _field(raw, "hash", str, at))
+        if referenced_by is None and not _is_plain_relative(entry.path):
+            raise ManifestError(f"{at}: path {entry.path!r} must be relative, inside the checkpoint")
+        if referenced_by is not None:
+            step = ref_step(entry.path)
+            if step < 0 or step >= referenced_by:
+                raise ManifestError(f"{at}: path {entry.path!r} must be {REF_PREFIX}<older step_N "
+                                    f"directory>/<file>")
+        if entry.size < 0:
+            raise ManifestError(f"{at}: size must be >= 0, got {entry.size}")
+        entries.append(entry)
+    return tuple(entries)
+
+
+def ref_step(path: str) -> int:
+    """The step of the checkpoint a ref path ``../step_N/<file>`` names; -1 if it is no such path."""
+    if not path.startswith(REF_PREFIX):
+        return -1
+    head, _, rest = path[len(REF_PREFIX):].partition("/")
+    step = parse_step_dirname(head)
+    return -1 if step is None or not _is_plain_relative(rest) else step
+
+
+def ref_target(path: str) -> str:
+    """A ref's path below the checkpoints directory (``step_N/<file>``)."""
+    return path[len(REF_PREFIX):]
 
 
 def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -229,11 +279,13 @@ def write_manifest(ckpt_dir: str | os.PathLike[str], manifest: Manifest) -> None
 
 def build_manifest(step: int, world_size: int, torch_version: str, files: Iterable[FileEntry], *,
                    job_id: str | None = None, restart_count: int | None = None,
-                   extra: dict[str, Any] | None = None) -> Manifest:
-    """A manifest for the current format, files sorted by path, stamped with the wall time now."""
-    return Manifest(FORMAT_VERSION, step, world_size, torch_version, job_id, restart_count,
+                   extra: dict[str, Any] | None = None, refs: Iterable[FileEntry] = ()) -> Manifest:
+    """A manifest, files sorted by path, stamped with the wall time now; format 1 (readable by
+    every slurmft) unless it has refs."""
+    refs = tuple(sorted(set(refs), key=lambda f: f.path))
+    return Manifest(REFS_FORMAT if refs else 1, step, world_size, torch_version, job_id, restart_count,
                     time.time(), tuple(sorted(files, key=lambda f: f.path)), HASH_ALGO,
-                    dict(extra or {}))
+                    dict(extra or {}), refs)
 
 
 # ----------------------------------------------------------------------------- verify
@@ -357,10 +409,11 @@ def _verify_open_dir(ckpt_dir: Path, dir_fd: int, progress: ProgressFn | None,
     problems.extend(p for p in strays if p.split(": ", 1)[0] not in {str(ckpt_dir / x) for x in listed})
     for extra in sorted(on_disk - listed):
         problems.append(f"{ckpt_dir / extra}: extra file, not listed in the manifest")
-    to_hash = {f.path for f in (split_files(manifest.files, part[1])[part[0]] if part else manifest.files)}
+    every = manifest.every_file
+    to_hash = {f.path for f in (split_files(every, part[1])[part[0]] if part else every)}
     if not checksums:
         to_hash = set()
-    total = sum(f.size for f in manifest.files if f.path in to_hash)
+    total = sum(f.size for f in every if f.path in to_hash)
     done = 0
 
     def advance(n: int) -> None:
@@ -369,13 +422,46 @@ def _verify_open_dir(ckpt_dir: Path, dir_fd: int, progress: ProgressFn | None,
         if progress is not None:
             progress(done, total)
 
-    # Presence, kind and size first (cheap, every file); a file of ours that fails counts as checked.
     found: dict[str, str] = {}  # entry path -> its problem
-    hashable: list[FileEntry] = []
-    for entry in manifest.files:
-        path = ckpt_dir / entry.path
+    _check_files(dir_fd, ckpt_dir, manifest.files, to_hash, found, advance, threads)
+    if manifest.refs:
+        # Referenced files lie in sibling checkpoints: reached through this directory's parent
+        # (never a link: '..' of an open directory) and below it without following any link.
         try:
-            fd, st = open_inside(dir_fd, entry.path, path)
+            parent_fd = open_dir("..", dir_fd=dir_fd, shown=ckpt_dir.parent)
+        except OSError as exc:
+            parent_fd = None
+            for entry in manifest.refs:
+                found[entry.path] = f"{ckpt_dir.parent}: unreadable ({exc.strerror}), referenced file not checked"
+        if parent_fd is not None:
+            try:
+                _check_files(parent_fd, ckpt_dir.parent, manifest.refs, to_hash, found, advance, threads,
+                             strip=len(REF_PREFIX))
+            finally:
+                os.close(parent_fd)
+            for entry in manifest.refs:
+                if entry.path in found:
+                    found[entry.path] += " (referenced)"
+    if DCP_METADATA_NAME in to_hash and DCP_METADATA_NAME not in found:
+        refused = _metadata_pickle_problem(dir_fd, ckpt_dir / DCP_METADATA_NAME)
+        if refused:
+            found[DCP_METADATA_NAME] = refused
+    problems.extend(found[e.path] for e in every if e.path in found)
+    return VerifyReport(ckpt_dir, manifest, tuple(problems), done)
+
+
+def _check_files(root_fd: int, root: Path, entries: Iterable[FileEntry], to_hash: set[str],
+                 found: dict[str, str], advance: Callable[[int], None], threads: int,
+                 strip: int = 0) -> None:
+    """Presence, kind and size of each entry below ``root_fd`` (its path minus ``strip``
+    characters), then the checksums of those in ``to_hash``; problems go into ``found`` by entry
+    path. A file that fails before hashing counts as checked (``advance``)."""
+    hashable: list[FileEntry] = []
+    for entry in entries:
+        rel = entry.path[strip:]
+        path = root / rel
+        try:
+            fd, st = open_inside(root_fd, rel, path)
             os.close(fd)
         except UnsafeFileError as exc:
             found[entry.path] = f"{path}: {_what(entry)} is {exc.what}"
@@ -390,21 +476,16 @@ def _verify_open_dir(ckpt_dir: Path, dir_fd: int, progress: ProgressFn | None,
             found[entry.path] = f"{path}: wrong size {st.st_size}, manifest says {entry.size}"
         if entry.path in to_hash:
             advance(entry.size)
-    digests = hash_files([Path(e.path) for e in hashable], threads, on_bytes=advance, dir_fd=dir_fd,
-                         shown_root=ckpt_dir)
+    digests = hash_files([Path(e.path[strip:]) for e in hashable], threads, on_bytes=advance, dir_fd=root_fd,
+                         shown_root=root)
     for entry, digest in zip(hashable, digests):
+        path = root / entry.path[strip:]
         if isinstance(digest, UnsafeFileError):
-            found[entry.path] = f"{ckpt_dir / entry.path}: {_what(entry)} is {digest.what}"
+            found[entry.path] = f"{path}: {_what(entry)} is {digest.what}"
         elif isinstance(digest, OSError):
-            found[entry.path] = f"{ckpt_dir / entry.path}: {_what(entry)} unreadable ({digest.strerror})"
+            found[entry.path] = f"{path}: {_what(entry)} unreadable ({digest.strerror})"
         elif digest != entry.hash:
-            found[entry.path] = f"{ckpt_dir / entry.path}: wrong checksum {digest}, manifest says {entry.hash}"
-    if DCP_METADATA_NAME in to_hash and DCP_METADATA_NAME not in found:
-        refused = _metadata_pickle_problem(dir_fd, ckpt_dir / DCP_METADATA_NAME)
-        if refused:
-            found[DCP_METADATA_NAME] = refused
-    problems.extend(found[e.path] for e in manifest.files if e.path in found)
-    return VerifyReport(ckpt_dir, manifest, tuple(problems), done)
+            found[entry.path] = f"{path}: wrong checksum {digest}, manifest says {entry.hash}"
 
 
 def _metadata_pickle_problem(dir_fd: int, shown: Path) -> str | None:
@@ -417,4 +498,6 @@ def _metadata_pickle_problem(dir_fd: int, shown: Path) -> str | None:
 
 
 def _what(entry: FileEntry) -> str:
-    return "DCP metadata" if entry.path == DCP_METADATA_NAME else "file"
+    if entry.path == DCP_METADATA_NAME:
+        return "DCP metadata"
+    return "referenced file" if entry.path.startswith(REF_PREFIX) else "file"

@@ -8,6 +8,8 @@ commit) and ``slurmft ckpt prune``. The rules:
   step in ``milestones``;
 * never delete the newest *valid* checkpoint (the one a restart would load), even when the rules
   above would; with no valid checkpoint known, delete no committed checkpoint at all;
+* never delete a checkpoint whose files a kept one references (an incremental save's ``refs``);
+  a kept checkpoint whose references are unknown (its manifest unreadable) keeps every older one;
 * delete every ``step_N.tmp-<id>`` dir with ``N`` <= the newest committed step: a save of that
   step either committed already or can never become the newest. The manager runs retention
   between saves (at most one in flight), so no live save is ever a candidate.
@@ -34,11 +36,11 @@ import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from slurmft.rundir import RunDir, parse_step_dirname, step_dirname
 from slurmft.safeio import kind_of, open_dir
-from slurmft.train.manifest import parse_tmp_dirname, tmp_dirname
+from slurmft.train.manifest import ManifestError, parse_tmp_dirname, read_manifest, tmp_dirname
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,11 @@ def plan_prune(
     newest_valid_step: int | None,
     tmp_dirs: Iterable[str],
     policy: RetentionPolicy,
+    references: Mapping[int, frozenset[int] | None] | None = None,
 ) -> PrunePlan:
-    """Decide what to delete; see the module docstring for the rules."""
+    """Decide what to delete; see the module docstring for the rules. ``references``: for each
+    committed step, the steps whose files it references, or None where that is unknown
+    (:func:`read_references`); a step missing from it references nothing."""
     steps = sorted(set(committed_steps))
     if newest_valid_step is not None and newest_valid_step not in steps:
         raise ValueError(f"newest valid step {newest_valid_step} is not among the committed steps")
@@ -96,6 +101,10 @@ def plan_prune(
     else:
         keep = set(steps[-policy.keep_last:]) | {s for s in steps if policy.protects(s)}
         keep.add(newest_valid_step)
+        refs = references or {}
+        for step in sorted(keep):
+            known = refs.get(step, frozenset())
+            keep |= {s for s in steps if s < step} if known is None else (known & set(steps))
     newest_committed = steps[-1] if steps else None
     stale_tmp = sorted(n for n, s in tmp_steps.items() if newest_committed is not None and s <= newest_committed)
     return PrunePlan(
@@ -103,6 +112,28 @@ def plan_prune(
         delete_steps=tuple(s for s in steps if s not in keep),
         delete_tmp_dirs=tuple(stale_tmp),
     )
+
+
+def read_references(ckpt_fd: int, steps: Iterable[int]) -> dict[int, frozenset[int] | None]:
+    """What each committed checkpoint below the directory ``ckpt_fd`` references (its manifest's
+    ``refs``); None for one whose manifest cannot be read (then nothing older may go)."""
+    out: dict[int, frozenset[int] | None] = {}
+    for step in steps:
+        name = step_dirname(step)
+        try:
+            fd = open_dir(name, dir_fd=ckpt_fd)
+        except FileNotFoundError:
+            continue  # gone since the scan: references nothing any more
+        except OSError:
+            out[step] = None
+            continue
+        try:
+            out[step] = read_manifest(name, dir_fd=fd).referenced_steps
+        except ManifestError:  # a newer format too: unknown references
+            out[step] = None
+        finally:
+            os.close(fd)
+    return out
 
 
 def scan_checkpoint_dirs(run_dir: str | os.PathLike[str], *,

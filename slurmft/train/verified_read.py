@@ -30,7 +30,7 @@ from torch.futures import Future
 from slurmft import safeio
 from slurmft.train.checksum import HASH_CHUNK, StreamHasher
 from slurmft.train.dcp_metadata import SafeMetadataReader
-from slurmft.train.manifest import FileEntry, split_files
+from slurmft.train.manifest import REF_PREFIX, FileEntry, ref_target, split_files
 
 # Every rank's strings merged on every rank (CheckpointGroups.union): the reader's only collective.
 Union = Callable[[list[str]], list[str]]
@@ -97,7 +97,7 @@ class VerifyingReader(SafeMetadataReader):
 
     def _read_one(self, relative: str, parts: list[_Wanted]) -> list[str]:
         """Hash ``relative`` front to back, filling ``parts``; the problems found (none = good)."""
-        path = self.root / relative
+        path = self.root.parent / ref_target(relative) if relative.startswith(REF_PREFIX) else self.root / relative
         entry = self.files.get(relative)
         if entry is None:
             return [f"{path}: read by the load but not listed in the manifest"]
@@ -106,14 +106,7 @@ class VerifyingReader(SafeMetadataReader):
         buf = bytearray(HASH_CHUNK)
         view = memoryview(buf)
         try:  # no link followed, regular files only: the files may be swapped after the manifest check
-            if self.dir_fd is not None:
-                fd, _ = safeio.open_inside(self.dir_fd, relative, path)
-            else:
-                root_fd = safeio.open_dir(self.root)
-                try:
-                    fd, _ = safeio.open_inside(root_fd, relative, path)
-                finally:
-                    os.close(root_fd)
+            fd = self._open(relative, path)
             with os.fdopen(fd, "rb", buffering=0) as fh:
                 if hasattr(os, "posix_fadvise"):
                     try:
@@ -146,6 +139,21 @@ class VerifyingReader(SafeMetadataReader):
         if short:
             return [f"{path}: {short[0].req.storage_index.fqn} lies past the end of the file"]
         return []
+
+
+    def _open(self, relative: str, path: Path) -> int:
+        """Open a file of the checkpoint, or (``../step_N/<file>``, an incremental save's reference)
+        of a sibling checkpoint through this directory's parent, never following a link."""
+        root_fd = os.dup(self.dir_fd) if self.dir_fd is not None else safeio.open_dir(self.root)
+        try:
+            if relative.startswith(REF_PREFIX):
+                parent_fd = safeio.open_dir("..", dir_fd=root_fd, shown=self.root.parent)
+                os.close(root_fd)
+                root_fd, relative = parent_fd, ref_target(relative)
+            fd, _ = safeio.open_inside(root_fd, relative, path)
+            return fd
+        finally:
+            os.close(root_fd)
 
 
 def _deliver(part: _Wanted, planner: LoadPlanner) -> None:

@@ -6,6 +6,9 @@
   which checksums every byte on its way to the file (nothing is read back) and fsyncs it; the
   rank then fsyncs the directory, and its write results carry its ``FileEntry`` list to the
   coordinator;
+* for an incremental save (:mod:`slurmft.train.incremental`) the tensors whose bytes did not change
+  are left out of the rank's files; their results point at the records of an older checkpoint,
+  and the referenced files travel to the coordinator with the file entries;
 * the coordinator's ``finish`` strips the file entries (so ``.metadata`` stays plain DCP metadata
   that ``dcp.load`` and ``format_utils`` read without slurmft), lets DCP write ``.metadata``,
   writes ``manifest.json``, renames the tmp dir to ``step_N`` and fsyncs the parent. DCP runs
@@ -39,6 +42,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from slurmft.rundir import fsync_dir
 from slurmft.train import torch_compat
+from slurmft.train.incremental import SaveDelta
 from slurmft.train.manifest import FileEntry, build_manifest, tmp_dirname, write_manifest
 from slurmft.train.shard_writer import ShardStream, write_shard_file
 
@@ -125,7 +129,7 @@ class CommitWriter(FileSystemWriter):
     def __init__(self, final_dir: Path, tmp_id: str, step: int, world_size: int, *,
                  job_id: str | None = None, restart_count: int | None = None,
                  thread_count: int = 1, faults: FaultPlan | None = None,
-                 before_write: Callable[[], None] | None = None) -> None:
+                 before_write: Callable[[], None] | None = None, delta: SaveDelta | None = None) -> None:
         self.final_dir = Path(final_dir)
         tmp_dir = self.final_dir.parent / tmp_dirname(step, tmp_id)
         super().__init__(tmp_dir, single_file_per_rank=True, sync_files=True,
@@ -138,6 +142,7 @@ class CommitWriter(FileSystemWriter):
         # Raises when this rank's staged bytes cannot be trusted: inside write_data, so DCP fails
         # the save on every rank instead of committing it or leaving the others in a collective.
         self.before_write = before_write
+        self.delta = delta  # incremental: what this rank need not write again
         self.hashing = _HashingFileSystem(Path(self.path))
         self.fs = self.hashing
         self.bytes_written = 0
@@ -152,10 +157,13 @@ class CommitWriter(FileSystemWriter):
         # Without the private APIs that needs, DCP's own (public) path writes them instead.
         if self.before_write is not None:
             self.before_write()
+        reused: list[WriteResult] = []
+        if self.delta is not None:
+            plan, reused = self.delta.split(plan, planner)
         if not torch_compat.FAST_SHARD_WRITE:
             self.faults.at("write", self.step)
             results = super().write_data(plan, planner).wait()
-            return self._shards_done(results)
+            return self._shards_done(results, reused)
         prefix = plan.storage_data.prefix
         jobs = [(f"{prefix}{i}{DEFAULT_SUFFIX}", items)
                 for i, items in enumerate(torch_compat.split_by_size_and_type(self.thread_count, plan.items))]
@@ -172,38 +180,44 @@ class CommitWriter(FileSystemWriter):
         else:
             with ThreadPoolExecutor(len(jobs), thread_name_prefix="slurmft-shard") as pool:
                 per_file = list(pool.map(write, jobs))
-        return self._shards_done([r for file_results in per_file for r in file_results])
+        return self._shards_done([r for file_results in per_file for r in file_results], reused)
 
-    def _shards_done(self, results: list[WriteResult]) -> Future[list[WriteResult]]:
+    def _shards_done(self, results: list[WriteResult], reused: list[WriteResult]) -> Future[list[WriteResult]]:
         """Every shard file is written and fsynced: sync the dir, hand the file list on."""
         self.faults.at("shards_written", self.step)
         fsync_dir(Path(self.path))
         self.faults.at("shards_synced", self.step)
         entries = tuple(self.hashing.entries.values())
         self.bytes_written = sum(e.size for e in entries)
+        refs: tuple[FileEntry, ...] = ()
+        if self.delta is not None:
+            self.delta.wrote(results, self.hashing.entries, self.final_dir.name)
+            refs = tuple(self.delta.refs.values())
         carrier = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0,
-                              storage_data=(str(self.path), entries))
+                              storage_data=(str(self.path), entries, refs))
         done: Future[list[WriteResult]] = Future()
-        done.set_result([*results, carrier])
+        done.set_result([*results, *reused, carrier])
         return done
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         files: list[FileEntry] = []
+        refs: set[FileEntry] = set()
         plain: list[list[WriteResult]] = []
         for rank, rank_results in enumerate(results):
             plain.append([r for r in rank_results if r.index.fqn != _FILES_FQN])
             for r in rank_results:
                 if r.index.fqn == _FILES_FQN:
-                    rank_dir, entries = r.storage_data
+                    rank_dir, entries, rank_refs = r.storage_data
                     if rank_dir != str(self.path):
                         # DCP would happily pair up saves of different steps; never commit that.
                         raise RuntimeError(f"rank {rank} wrote {rank_dir}, coordinator wrote {self.path}")
                     files.extend(entries)
+                    refs.update(rank_refs)
         super().finish(metadata, plain)
         self.faults.at("metadata_written", self.step)
         files.extend(e for e in self.hashing.entries.values() if e.path == ".metadata")
         manifest = build_manifest(self.step, self.world_size, torch.__version__, files,
-                                  job_id=self.job_id, restart_count=self.restart_count)
+                                  job_id=self.job_id, restart_count=self.restart_count, refs=refs)
         write_manifest(self.path, manifest)  # fsyncs the file and the tmp dir (covers .metadata)
         self.faults.at("manifest_written", self.step)
         self._rename_into_place()

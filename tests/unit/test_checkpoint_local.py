@@ -305,8 +305,8 @@ def test_commit_refuses_ranks_that_wrote_another_checkpoint(tmp_path):
 
     writer = CommitWriter(RunDir(tmp_path).checkpoint(7), "abc", 7, 2)
     other = RunDir(tmp_path).checkpoints / "step_000000006.tmp-xyz"
-    carrier = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0, storage_data=(str(other), ()))
-    ours = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0, storage_data=(str(writer.path), ()))
+    carrier = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0, storage_data=(str(other), (), ()))
+    ours = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0, storage_data=(str(writer.path), (), ()))
     with pytest.raises(RuntimeError, match="rank 1 wrote .*step_000000006.tmp-xyz, coordinator wrote"):
         writer.finish(Metadata(state_dict_metadata={}), [[ours], [carrier]])
     assert RunDir(tmp_path).committed_steps() == []

@@ -49,7 +49,7 @@ def test_manifest_round_trip(tmp_path):
     written = make_checkpoint(tmp_path / step_dirname(7), 7)
     read = read_manifest(tmp_path / step_dirname(7))
     assert read == written
-    assert read.format_version == FORMAT_VERSION
+    assert read.format_version == 1  # no refs: readable by every slurmft
     assert [f.path for f in read.files] == sorted(f.path for f in read.files)
     assert read.total_bytes == sum(f.size for f in read.files)
 
