@@ -14,6 +14,9 @@ Scenarios (argv[1]):
                save starts at once, and the checkpoint must still hold the state after its own
                step; then rank 1 changes a parameter right after a save without fence(), and that
                save must fail on every rank.
+  incremental  FSDP2 model with a frozen base and a trained head, incremental saves: load the
+               latest checkpoint (whatever world size wrote it), compare with the reference the
+               previous run wrote, then train and save two steps (whole, then incremental).
 Rank 0 writes results as JSON lines to --out.
 """
 
@@ -244,9 +247,41 @@ def overlap(args) -> None:
          step4=os.path.exists(os.path.join(args.run_dir, "checkpoints", "step_000000004")))
 
 
+def incremental(args) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 384), torch.nn.Tanh(), torch.nn.Linear(384, 5))
+    model[0].requires_grad_(False)
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.Adam(model[2].parameters(), lr=1e-2)
+    state = TrainState(model, opt, sampler=CountingSampler())
+    manager = CheckpointManager(args.run_dir, CheckpointConfig(keep_last=10, incremental=True))
+    loaded = manager.load_latest(state)
+    mismatches: list[str] = []
+    if loaded is not None:
+        reference = torch.load(os.path.join(args.run_dir, f"ref_{loaded}.pt"), weights_only=True)
+        mismatches = same(reference, full_state(state))
+    first = (loaded or 0) + 1
+    for step in (first, first + 1):
+        torch.manual_seed(step * 10 + dist.get_rank())
+        model(torch.randn(6, 96)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        state.sampler.offset += 6
+        manager.save(step, state, block=True)
+    reference = full_state(state)
+    if dist.get_rank() == 0:
+        torch.save(reference, os.path.join(args.run_dir, f"ref_{first + 1}.pt"))
+    stats = manager.stats
+    manager.close()
+    emit(args.out, loaded=loaded, mismatches=mismatches, world=dist.get_world_size(),
+         written=[s.bytes_written for s in stats], reused=[s.bytes_reused for s in stats])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["reshard", "determinism", "crash", "skip", "overlap"])
+    parser.add_argument("scenario", choices=["reshard", "determinism", "crash", "skip", "overlap", "incremental"])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=8)
@@ -257,7 +292,7 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=90))
     try:
         {"reshard": reshard, "determinism": determinism, "crash": crash, "skip": skip,
-         "overlap": overlap}[args.scenario](args)
+         "overlap": overlap, "incremental": incremental}[args.scenario](args)
     finally:
         dist.destroy_process_group()
 

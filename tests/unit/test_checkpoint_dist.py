@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from slurmft.rundir import RunDir
-from slurmft.train.manifest import verify_checkpoint
+from slurmft.train.manifest import read_manifest, verify_checkpoint
 from slurmft.train.writer import FAULT_DELAY_ENV, FAULT_ENV, FAULT_MARK_ENV, PHASES
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "ckpt_worker.py"
@@ -232,3 +232,21 @@ def test_overlapped_copy_holds_its_steps_state_while_the_next_step_runs_at_once(
     # A parameter (the DTensor) changed on rank 1 without fence(): the save fails on both ranks.
     assert result["unfenced_failed_everywhere"] and not result["step4"]
     assert "changed while checkpoint save of step 4 was still copying it" in result["unfenced_error"]
+
+
+@pytest.mark.timeout(240)
+def test_incremental_fsdp2_saves_reference_the_frozen_base_and_reshard_2_to_3(tmp_path):
+    out = tmp_path / "out.jsonl"
+    run(2, ["incremental", "--run-dir", str(tmp_path), "--out", str(out)])
+    run(3, ["incremental", "--run-dir", str(tmp_path), "--out", str(out)])
+    first, second = records(out)
+    assert (first["world"], first["loaded"], second["world"], second["loaded"]) == (2, None, 3, 2)
+    assert first["mismatches"] == [] and second["mismatches"] == []
+    for result in (first, second):  # per rank 0: a whole save, then one without the frozen base
+        (whole, again), (none, reused) = result["written"], result["reused"]
+        assert none == 0 and reused > 0 and again < 0.3 * whole, result  # the rest: RNG, sampler, zip headers
+    run_dir = RunDir(tmp_path)
+    assert [read_manifest(run_dir.checkpoint(s)).referenced_steps for s in (1, 2, 3, 4)] == [
+        frozenset(), {1}, frozenset(), {3}]
+    for step in run_dir.committed_steps():
+        assert verify_checkpoint(run_dir.checkpoint(step)).ok
