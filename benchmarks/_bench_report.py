@@ -20,6 +20,7 @@ TARGETS = [
     ("verify_vs_disk_read", ">=", 1.0, "verify throughput >= cold disk read bandwidth"),
     ("rss_growth", "<=", 0.05, "RSS growth after N slurmft saves <= 5 % of after the first"),
     ("overhead_vs_dcp_best", "<=", 0.5, "in-loop overhead per save <= 0.5 x best dcp.async_save's"),
+    ("incremental_bytes_ratio", "<=", 0.15, "incremental save of a 90 %-frozen state: bytes <= 0.15 x a whole save's"),
 ]
 
 
@@ -64,6 +65,19 @@ def summarize_in_loop(loop: dict[str, Any]) -> dict[str, Any]:
     return {"methods": methods, "dcp_best_mode": best,
             "overhead_vs_dcp_best": slurmft["overhead_s"] / best_overhead if best_overhead > 0 else None,
             "overhead_vs_memcpy": slurmft["overhead_vs_copy"]}
+
+
+def summarize_incremental(inc: dict[str, Any]) -> dict[str, Any]:
+    """Per state: the incremental series' bytes and time as fractions of the whole series'."""
+    out: dict[str, Any] = {"frozen_share": inc["frozen_share"], "states": {}}
+    for name, series in inc.items():
+        if name == "frozen_share":
+            continue
+        whole, incremental = series["whole"], series["incremental"]
+        out["states"][name] = {**series,
+                               "bytes_ratio": incremental["bytes_written"] / whole["bytes_written"],
+                               "time_ratio": incremental["total_s"] / whole["total_s"]}
+    return out
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +134,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         "in_loop": loop,
         "overhead_vs_dcp_best": loop["overhead_vs_dcp_best"],
         "overhead_vs_memcpy": loop["overhead_vs_memcpy"],
+        "incremental": (incremental := summarize_incremental(raw["incremental"])),
+        "incremental_bytes_ratio": incremental["states"]["fine-tuning"]["bytes_ratio"],
     }
 
 
@@ -179,6 +195,15 @@ def render(summary: dict[str, Any]) -> str:
     window = next(iter(loop["methods"].values()))["window_steps"]
     in_loop = _md_table([f"in the training loop: {window} steps", "without a save s", "with a save s",
                          "overhead per save s", "overhead / copy", "still to durable after s"], loop_rows)
+    inc = summary["incremental"]
+    what = {"fine-tuning": f"about {inc['frozen_share']:.0%} frozen", "pre-training": "every tensor changes"}
+    inc_rows = [[f"{name} ({what.get(name, '')})",
+                 f"{s['whole']['bytes_written'] / 1e6:.1f}", f"{s['incremental']['bytes_written'] / 1e6:.1f}",
+                 f"{s['bytes_ratio']:.3f}", f"{s['whole']['total_s']:.3f}", f"{s['incremental']['total_s']:.3f}",
+                 f"{s['time_ratio']:.2f}"]
+                for name, s in inc["states"].items()]
+    incremental = _md_table(["state, a training step before each save", "whole save MB", "incremental MB",
+                             "bytes ratio", "whole save s", "incremental s", "time ratio"], inc_rows)
     target_rows = [[what, f"{value:.3f}", bound, "yes" if met else "NO"]
                    for what, value, bound, met in verdicts(summary)]
     targets = _md_table(["slurmft target (per-save ratios against the probe just before)", "measured",
@@ -186,4 +211,4 @@ def render(summary: dict[str, Any]) -> str:
     head = (f"state: {state_bytes / GIB:.2f} GiB of FSDP2 model + Adam state on {summary['world_size']} "
             f"ranks (gloo, CPU); medians over saves of the slowest rank; every save preceded by a copy "
             f"and a write probe; RSS checked over {summary['rss_saves']} slurmft saves")
-    return "\n\n".join([head, methods, limits, in_loop, targets])
+    return "\n\n".join([head, methods, limits, in_loop, incremental, targets])

@@ -9,7 +9,9 @@ methods are judged against: a copy into preallocated buffers and a write + fsync
 bytes (both taken again just before every save, since a shared machine's disk speed changes from
 minute to minute), a cold read back, and the manifest's hash. Last, the cost inside a real training
 loop (``_bench_loop``): steps around a save minus the same steps without one, for slurmft and
-every ``dcp.async_save`` configuration (DCP's best there: the least in-loop overhead). Prints markdown tables; ``--json``
+every ``dcp.async_save`` configuration (DCP's best there: the least in-loop overhead); then the
+bytes and time of slurmft's incremental saves against whole ones, for this pre-training state and
+a fine-tuning one that is 90 % frozen (``_bench_incremental``). Prints markdown tables; ``--json``
 prints one JSON object instead. This is a benchmark, not a test: it takes minutes at the default size.
 """
 
@@ -113,6 +115,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
+    from _bench_incremental import measure_incremental
     from _bench_limits import DiskAndCopyProbe, measure_hash, sum_across_ranks
     from _bench_methods import (DCP_ASYNC_CANDIDATES, DCP_ASYNC_DEFAULT, DcpSave, TorchSaveRank0,
                                 dcp_async_method)
@@ -156,6 +159,7 @@ def _worker(args: argparse.Namespace) -> None:
                                        "kind": "dcp_async"}
     raw["in_loop"] = _in_loop(model, optimizer, probe, base, args.saves)
     probe.remove()
+    raw["incremental"] = measure_incremental((model, optimizer), int(args.size_gb * (1 << 30)), base, args.saves)
     if args.rank == 0:
         Path(args.result).write_text(json.dumps(raw))
     dist.barrier()

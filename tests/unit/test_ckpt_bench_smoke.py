@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "ckpt_bench.py"
 RATIOS = ("blocking_vs_dcp_best", "blocking_vs_memcpy", "total_vs_disk", "verify_vs_disk_read", "rss_growth",
-          "overhead_vs_memcpy")
+          "overhead_vs_memcpy", "incremental_bytes_ratio")
 
 
 @pytest.mark.timeout(150)
@@ -46,6 +46,12 @@ def test_tiny_benchmark_prints_one_json_object(tmp_path):
     for name, m in loop["methods"].items():
         assert m["measured_saves"] == 1 and m["plain_s"] > 0 and m["with_save_s"] > 0, name
     assert summary["overhead_vs_dcp_best"] is None or isinstance(summary["overhead_vs_dcp_best"], float)
+    states = summary["incremental"]["states"]
+    assert sorted(states) == ["fine-tuning", "pre-training"]
+    for name, state in states.items():
+        assert state["whole"]["bytes_written"] > 0 and state["incremental"]["total_s"] > 0, name
+    # Bytes, unlike times, do not depend on the machine: the frozen base is not written again.
+    assert states["fine-tuning"]["bytes_ratio"] < 0.5 < states["pre-training"]["bytes_ratio"]
     assert summary["limits"]["page_cache_eviction"] == "fadvise"  # asked for: don't drop others' caches
     assert list(tmp_path.iterdir()) == []  # the benchmark cleaned up after itself
 
