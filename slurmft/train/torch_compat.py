@@ -9,7 +9,8 @@ private API (where)                                        public path used with
 ``torch._C.PyTorchFileWriter`` (shard_writer)              ``torch.save`` (with its zip CRC-32):
 ``torch.serialization._get_storage_alignment`` (same)      DCP's own ``FileSystemWriter.write_data``
 ``torch.serialization._save`` (same)                       writes the shard files, still hashed
-``dcp.filesystem._StorageInfo`` (shard_writer)             through ``_HashingFileSystem`` streams
+``dcp.filesystem._StorageInfo`` (shard_writer,            through ``_HashingFileSystem`` streams;
+incremental saves' references)                             every save is written whole
 ``dcp.filesystem._split_by_size_and_type`` (writer)
 ``torch.distributed._state_dict_utils._copy_state_dict``   a plain recursive ``copy_`` (below)
 (staging)

@@ -205,3 +205,18 @@ def test_references_need_format_2():
     assert Manifest.from_json(_manifest_json()).referenced_steps == {3}
     with pytest.raises(ManifestError, match="'refs' needs format_version 2"):
         Manifest.from_json(_manifest_json(format_version=1))
+
+
+def test_without_the_private_writer_api_every_save_is_whole(tmp_path, monkeypatch, caplog):
+    from slurmft.train import torch_compat
+
+    monkeypatch.setattr(torch_compat, "FAST_SHARD_WRITE", False)  # as with SLURMFT_TORCH_PUBLIC_ONLY=1
+    state = make_state()
+    manager = CheckpointManager(tmp_path, incremental())
+    for step in (1, 2):
+        train_step(state, step)
+        manager.save(step, state, block=True)
+    manager.close()
+    assert [s.bytes_reused for s in manager.stats] == [0, 0]
+    assert read_manifest(RunDir(tmp_path).checkpoint(2)).refs == ()
+    assert "every save is written whole" in caplog.text
