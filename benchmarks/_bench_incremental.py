@@ -5,7 +5,8 @@ Two states: the benchmark's pre-training state (every parameter and Adam tensor 
 step: nothing to reuse, so this measures what hashing costs), and a fine-tuning state of the same
 size whose bytes are about ``FROZEN_SHARE`` frozen base (FSDP2 layers with ``requires_grad`` off,
 so no optimizer state) and the rest a trained head with Adam. Bytes are summed over the ranks,
-times are the slowest rank's, medians over the measured saves.
+times are the slowest rank's, medians over the measured saves. The measured series make no
+periodic whole save; the report also gives the average over a ``full_every`` cycle (the default).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _series(model: nn.Module, optimizer: torch.optim.Optimizer, run_dir: Path, s
 def measure_incremental(pretraining: tuple[nn.Module, torch.optim.Optimizer], state_bytes: int,
                         base: Path, saves: int) -> dict[str, Any]:
     """Whole and incremental series for the pre-training state and a fine-tuning one."""
-    out: dict[str, Any] = {"frozen_share": FROZEN_SHARE}
+    out: dict[str, Any] = {"frozen_share": FROZEN_SHARE, "full_every": CheckpointConfig().full_every}
     fine_tuning = build_fine_tuning_state(state_bytes)
     for name, (model, optimizer) in (("pre-training", pretraining), ("fine-tuning", fine_tuning)):
         out[name] = {kind: _series(model, optimizer, base / f"incremental-{name}-{kind}", saves,

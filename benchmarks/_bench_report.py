@@ -69,13 +69,16 @@ def summarize_in_loop(loop: dict[str, Any]) -> dict[str, Any]:
 
 def summarize_incremental(inc: dict[str, Any]) -> dict[str, Any]:
     """Per state: the incremental series' bytes and time as fractions of the whole series'."""
-    out: dict[str, Any] = {"frozen_share": inc["frozen_share"], "states": {}}
+    full_every = inc["full_every"]
+    out: dict[str, Any] = {"frozen_share": inc["frozen_share"], "full_every": full_every, "states": {}}
     for name, series in inc.items():
-        if name == "frozen_share":
+        if name in ("frozen_share", "full_every"):
             continue
         whole, incremental = series["whole"], series["incremental"]
-        out["states"][name] = {**series,
-                               "bytes_ratio": incremental["bytes_written"] / whole["bytes_written"],
+        ratio = incremental["bytes_written"] / whole["bytes_written"]
+        out["states"][name] = {**series, "bytes_ratio": ratio,
+                               # one whole save and full_every - 1 incremental ones
+                               "bytes_ratio_per_cycle": (1 + (full_every - 1) * ratio) / full_every,
                                "time_ratio": incremental["total_s"] / whole["total_s"]}
     return out
 
@@ -136,6 +139,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         "overhead_vs_memcpy": loop["overhead_vs_memcpy"],
         "incremental": (incremental := summarize_incremental(raw["incremental"])),
         "incremental_bytes_ratio": incremental["states"]["fine-tuning"]["bytes_ratio"],
+        "incremental_bytes_ratio_per_cycle": incremental["states"]["fine-tuning"]["bytes_ratio_per_cycle"],
     }
 
 
@@ -199,11 +203,12 @@ def render(summary: dict[str, Any]) -> str:
     what = {"fine-tuning": f"about {inc['frozen_share']:.0%} frozen", "pre-training": "every tensor changes"}
     inc_rows = [[f"{name} ({what.get(name, '')})",
                  f"{s['whole']['bytes_written'] / 1e6:.1f}", f"{s['incremental']['bytes_written'] / 1e6:.1f}",
-                 f"{s['bytes_ratio']:.3f}", f"{s['whole']['total_s']:.3f}", f"{s['incremental']['total_s']:.3f}",
-                 f"{s['time_ratio']:.2f}"]
+                 f"{s['bytes_ratio']:.3f}", f"{s['bytes_ratio_per_cycle']:.3f}", f"{s['whole']['total_s']:.3f}",
+                 f"{s['incremental']['total_s']:.3f}", f"{s['time_ratio']:.2f}"]
                 for name, s in inc["states"].items()]
     incremental = _md_table(["state, a training step before each save", "whole save MB", "incremental MB",
-                             "bytes ratio", "whole save s", "incremental s", "time ratio"], inc_rows)
+                             "bytes ratio", f"bytes ratio, 1 whole in {inc['full_every']}", "whole save s",
+                             "incremental s", "time ratio"], inc_rows)
     target_rows = [[what, f"{value:.3f}", bound, "yes" if met else "NO"]
                    for what, value, bound, met in verdicts(summary)]
     targets = _md_table(["slurmft target (per-save ratios against the probe just before)", "measured",

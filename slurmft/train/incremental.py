@@ -9,12 +9,15 @@ whose digest matches is not written: its ``WriteResult`` names the old record as
 ``dcp.load`` reads it where it lies; the manifest lists each referenced file with its size and
 checksum (``refs``), so verification and the verifying loader check those bytes too. References
 are flat: they always name the checkpoint that holds the bytes, never one that references them.
+A checkpoint that holds referenced bytes may itself reference older ones; retention keeps the
+whole chain, and a step that a newer checkpoint references is never replaced by a new save of it.
 
 What is remembered lives in memory only: the first save of a process is whole, and so is every
 ``full_every``-th save, so old checkpoints stop being referenced and retention (which keeps every
 checkpoint a kept one references, :mod:`slurmft.train.retention`) can delete them. Before a record
-is referenced, its file is checked to be there with the size it was written with; a file changed
-in place since is caught by the checksum when the new checkpoint is verified or loaded.
+is referenced, its file is checked to be the one written (size, inode, mtime); damage a stat cannot
+see is caught by the checksums when the new checkpoint is verified or loaded, and retention keeps a
+whole checkpoint older than every referenced one as the fallback.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class StoredTensor:
     file: FileEntry
     offset: int
     length: int
+    identity: tuple[int, int, int]  # the file's size, inode and mtime (ns) when written
 
 
 def _key(index: MetadataIndex) -> Key:
@@ -125,8 +129,11 @@ class SaveDelta:
                                       storage_data=torch_compat.storage_info(ref, old.offset, old.length)))
         return dataclasses.replace(plan, items=written), reused
 
-    def wrote(self, results: list[WriteResult], files: dict[str, FileEntry], final_name: str) -> None:
-        """Record the written tensors' records (``files``: this save's entries by relative path)."""
+    def wrote(self, results: list[WriteResult], files: dict[str, FileEntry], final_name: str,
+              written_in: Path) -> None:
+        """Record the written tensors' records (``files``: this save's entries by relative path,
+        written in the directory ``written_in`` that will be renamed to ``final_name``)."""
+        identities: dict[str, tuple[int, int, int]] = {}
         for result in results:
             key = _key(result.index)
             digest = self._digests.get(key)
@@ -134,21 +141,28 @@ class SaveDelta:
             if digest is None or not hasattr(info, "relative_path") or info.relative_path.startswith(REF_PREFIX):
                 continue
             entry = files[info.relative_path]
+            if entry.path not in identities:
+                identities[entry.path] = _identity(os.stat(written_in / entry.path, follow_symlinks=False))
             self.stored[key] = StoredTensor(digest, FileEntry(f"{final_name}/{entry.path}", entry.size, entry.hash),
-                                            info.offset, info.length)
+                                            info.offset, info.length, identities[entry.path])
 
     def _files_still_there(self) -> set[str]:
-        """The previous save's files that are still there with their size (stat only), in
-        checkpoints older than this one (a step saved again replaces its directory)."""
+        """The previous save's files that are still there, the same file unchanged as far as a
+        stat tells (size, inode, mtime), in checkpoints older than this one (a step saved again
+        replaces its directory). Damage that a stat cannot see is found by the checksums."""
         present = set()
-        for path, size in {s.file.path: s.file.size for s in self._previous.values()}.items():
+        for path, identity in {s.file.path: s.identity for s in self._previous.values()}.items():
             if not 0 <= ref_step(f"{REF_PREFIX}{path}") < self._step:
                 continue
             try:
                 st = os.stat(self._checkpoints / path, follow_symlinks=False)
             except OSError:
                 continue
-            if st.st_size == size:
+            if _identity(st) == identity:
                 present.add(path)
         return present
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_size, st.st_ino, st.st_mtime_ns
 

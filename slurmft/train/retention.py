@@ -8,8 +8,10 @@ commit) and ``slurmft ckpt prune``. The rules:
   step in ``milestones``;
 * never delete the newest *valid* checkpoint (the one a restart would load), even when the rules
   above would; with no valid checkpoint known, delete no committed checkpoint at all;
-* never delete a checkpoint whose files a kept one references (an incremental save's ``refs``);
-  a kept checkpoint whose references are unknown (its manifest unreadable) keeps every older one;
+* never delete a checkpoint whose files a kept one references (an incremental save's ``refs``),
+  transitively; a kept checkpoint whose references are unknown (its manifest unreadable) keeps
+  every older one; and while kept checkpoints reference older ones, keep the newest whole
+  checkpoint older than all of those too (a fallback that shares no file with them);
 * delete every ``step_N.tmp-<id>`` dir with ``N`` <= the newest committed step: a save of that
   step either committed already or can never become the newest. The manager runs retention
   between saves (at most one in flight), so no live save is ever a candidate.
@@ -101,10 +103,7 @@ def plan_prune(
     else:
         keep = set(steps[-policy.keep_last:]) | {s for s in steps if policy.protects(s)}
         keep.add(newest_valid_step)
-        refs = references or {}
-        for step in sorted(keep):
-            known = refs.get(step, frozenset())
-            keep |= {s for s in steps if s < step} if known is None else (known & set(steps))
+        keep = _with_references(keep, steps, references or {})
     newest_committed = steps[-1] if steps else None
     stale_tmp = sorted(n for n, s in tmp_steps.items() if newest_committed is not None and s <= newest_committed)
     return PrunePlan(
@@ -112,6 +111,31 @@ def plan_prune(
         delete_steps=tuple(s for s in steps if s not in keep),
         delete_tmp_dirs=tuple(stale_tmp),
     )
+
+
+def _with_references(keep: set[int], steps: list[int],
+                     refs: Mapping[int, frozenset[int] | None]) -> set[int]:
+    """``keep`` plus everything its checkpoints reference, transitively (a kept checkpoint stays
+    loadable), plus the newest whole checkpoint older than every referenced one: when a file that
+    several incremental saves share is damaged, they all fail together, and that one does not."""
+
+    def closure(start: set[int]) -> set[int]:
+        done, todo = set(start), sorted(start)
+        while todo:
+            step = todo.pop()
+            known = refs.get(step, frozenset())
+            more = {s for s in steps if s < step} if known is None else set(known) & set(steps)
+            todo += sorted(more - done)
+            done |= more
+        return done
+
+    kept = closure(keep)
+    referenced = {s for k in kept for s in (refs.get(k) or frozenset())} & set(steps)
+    if referenced:
+        whole = [s for s in steps if s < min(referenced) and refs.get(s, frozenset()) == frozenset()]
+        if whole:
+            kept = closure(kept | {whole[-1]})
+    return kept
 
 
 def read_references(ckpt_fd: int, steps: Iterable[int]) -> dict[int, frozenset[int] | None]:

@@ -41,9 +41,11 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
 from slurmft.rundir import fsync_dir
+from slurmft.safeio import open_dir
 from slurmft.train import torch_compat
 from slurmft.train.incremental import SaveDelta
 from slurmft.train.manifest import FileEntry, build_manifest, tmp_dirname, write_manifest
+from slurmft.train.retention import read_references, scan_checkpoint_dirs
 from slurmft.train.shard_writer import ShardStream, write_shard_file
 
 # Rank-local phases run on every rank; the others on the coordinator only, in this order.
@@ -191,7 +193,7 @@ class CommitWriter(FileSystemWriter):
         self.bytes_written = sum(e.size for e in entries)
         refs: tuple[FileEntry, ...] = ()
         if self.delta is not None:
-            self.delta.wrote(results, self.hashing.entries, self.final_dir.name)
+            self.delta.wrote(results, self.hashing.entries, self.final_dir.name, Path(self.path))
             refs = tuple(self.delta.refs.values())
         carrier = WriteResult(index=MetadataIndex(_FILES_FQN), size_in_bytes=0,
                               storage_data=(str(self.path), entries, refs))
@@ -228,7 +230,23 @@ class CommitWriter(FileSystemWriter):
     def _rename_into_place(self) -> None:
         if self.final_dir.exists():
             # Re-saving a step already committed (e.g. after a rollback): the newer save wins;
-            # the old one becomes an abandoned tmp dir that retention removes.
+            # the old one becomes an abandoned tmp dir that retention removes, unless a newer
+            # checkpoint's incremental save references its files: then this save fails instead.
+            self._refuse_replacing_referenced()
             aside = self.final_dir.parent / tmp_dirname(self.step, f"replaced-{self.save_id[:12]}")
             os.rename(self.final_dir, aside)
         os.rename(self.path, self.final_dir)
+
+    def _refuse_replacing_referenced(self) -> None:
+        parent = self.final_dir.parent
+        fd = open_dir(parent)
+        try:
+            newer = [s for s in scan_checkpoint_dirs(parent.parent, ckpt_fd=fd)[0] if s > self.step]
+            users = sorted(s for s, refs in read_references(fd, newer).items()
+                           if refs is None or self.step in refs)
+        finally:
+            os.close(fd)
+        if users:
+            raise RuntimeError(f"{self.final_dir} is already committed and step(s) "
+                               f"{', '.join(map(str, users))} reference its files (incremental saves); "
+                               f"not replacing it")

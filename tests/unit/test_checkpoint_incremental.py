@@ -7,7 +7,10 @@ export); retention keeps what a kept checkpoint references.
 from __future__ import annotations
 
 import json
+import os
+import random
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -16,7 +19,7 @@ from typer.testing import CliRunner
 
 from slurmft.cli import app
 from slurmft.rundir import RunDir
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from slurmft.train.manifest import (Manifest, ManifestError, read_manifest,
                                     verify_checkpoint)
 from slurmft.train.retention import RetentionPolicy, plan_prune
@@ -173,10 +176,75 @@ def test_ckpt_prune_keeps_referenced_checkpoints(three_saves):
 
 def test_plan_prune_keeps_references_and_everything_older_when_they_are_unknown():
     policy = RetentionPolicy(keep_last=1)
-    assert plan_prune([1, 2, 3], 3, [], policy, {3: frozenset({1}), 2: frozenset({1})}).keep_steps == (1, 3)
+    f = frozenset
+    assert plan_prune([1, 2, 3], 3, [], policy, {3: f({1}), 2: f({1})}).keep_steps == (1, 3)
     assert plan_prune([1, 2, 3, 4], 4, [], policy, {4: None}).keep_steps == (1, 2, 3, 4)
     assert plan_prune([1, 2, 3, 4], 4, [], policy, {3: None}).keep_steps == (4,)  # 3 goes anyway
-    assert plan_prune([1, 2], 2, [], policy, {2: frozenset({0})}).keep_steps == (2,)  # long gone
+    assert plan_prune([1, 2], 2, [], policy, {2: f({0})}).keep_steps == (2,)  # long gone
+    # Transitively: a kept checkpoint's references stay loadable too.
+    assert plan_prune([1, 2, 3], 3, [], policy, {2: f({1}), 3: f({2})}).keep_steps == (1, 2, 3)
+    assert plan_prune([1, 2, 3], 3, [], policy, {2: None, 3: f({2})}).keep_steps == (1, 2, 3)
+    # The newest whole checkpoint older than every referenced one is the shared files' fallback.
+    refs = {2: f({1}), 5: f({4}), 6: f({4})}
+    assert plan_prune([1, 2, 4, 5, 6], 6, [], policy, refs).keep_steps == (1, 4, 6)
+    assert plan_prune([1, 2, 4, 5, 6], 6, [], RetentionPolicy(keep_last=3), refs).keep_steps == (1, 4, 5, 6)
+
+
+def _step_changing(state: TrainState, manager: CheckpointManager, step: int, *frozen: torch.Tensor) -> None:
+    """A training step (head, Adam, every RNG) that also changes the given frozen tensors."""
+    random.gauss(0, 1)  # once: its cached second value changes too
+    np.random.standard_normal()
+    train_step(state, step)
+    manager.fence()
+    with torch.no_grad():
+        for tensor in frozen:
+            tensor.add_(1.0)
+
+
+def test_a_chain_of_references_is_kept_whole_and_loadable(tmp_path):
+    state = make_state()
+    model = state.model
+    manager = CheckpointManager(tmp_path, incremental(keep_last=1))
+    _step_changing(state, manager, 1)
+    manager.save(1, state, block=True)
+    _step_changing(state, manager, 2, model[1].weight, model[1].bias)
+    manager.save(2, state, block=True)  # references the embedding in step 1
+    _step_changing(state, manager, 3, model[0].weight)
+    manager.save(3, state, block=True)  # references the linear layer in step 2
+    manager.close()
+    run = RunDir(tmp_path)
+    assert [read_manifest(run.checkpoint(s)).referenced_steps for s in (2, 3)] == [{1}, {2}]
+    assert run.committed_steps() == [1, 2, 3]
+    assert all(verify_checkpoint(run.checkpoint(s)).ok for s in (1, 2, 3))
+
+
+def test_a_step_that_a_newer_checkpoint_references_is_never_replaced(tmp_path):
+    state = make_state()
+    manager = CheckpointManager(tmp_path, incremental())
+    manager.save(1, state, block=True)
+    train_step(state, 2)
+    manager.save(2, state, block=True)
+    train_step(state, 3)
+    with pytest.raises(CheckpointError, match=r"step_000000001 is already committed and step\(s\) 2 "
+                                              r"reference its files"):
+        manager.save(1, state, block=True)  # e.g. replayed after a rollback
+    manager.close()
+    run = RunDir(tmp_path)
+    assert all(verify_checkpoint(run.checkpoint(s)).ok for s in (1, 2))
+
+
+def test_a_referenced_file_touched_since_it_was_written_is_not_referenced_again(tmp_path):
+    state = make_state()
+    manager = CheckpointManager(tmp_path, incremental())
+    manager.save(1, state, block=True)
+    os.utime(RunDir(tmp_path).checkpoint(1) / "__0_0.distcp")  # rewritten in place, as far as a stat tells
+    train_step(state, 2)
+    manager.save(2, state, block=True)
+    train_step(state, 3)
+    manager.save(3, state, block=True)
+    manager.close()
+    assert [s.bytes_reused > 0 for s in manager.stats] == [False, False, True]
+    assert read_manifest(RunDir(tmp_path).checkpoint(3)).referenced_steps == {2}
 
 
 def _manifest_json(**changes):
