@@ -68,7 +68,12 @@ def test_adopted_plain_loop_survives_preemption_and_crash_bit_for_bit(slurm_clus
     events = job.events()
     assert [e.get("cause") for e in of(events, "fault_detected")] == ["preempted", "crash"]
     starts = of(events, "segment_start")
-    assert [s.get("restored_step") for s in starts] == [None, preempted_at, committed]
+    # A kill between a commit and its journal line leaves a newer committed step than the journal
+    # names: the restore is that one or the journaled one, never older, never one written later.
+    assert [s.get("restored_step") for s in starts[:2]] == [None, preempted_at]
+    restored = starts[2].get("restored_step")
+    assert restored >= committed and all(e.get("step") > restored for e in of(events, "checkpoint_committed")
+                                         if e.get("restart_count") == 2), (restored, committed)
     assert all(s.get("load_bytes") > 0 for s in starts[1:])
     ends = [e.get("exit_code") for e in of(events, "segment_end")]
     assert ends == [exitcodes.REQUEUE, exitcodes.OK]  # the crashed segment wrote none
