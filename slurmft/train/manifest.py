@@ -49,6 +49,11 @@ class ManifestError(Exception):
     """A manifest is missing, unreadable or malformed; the message names the file and the field."""
 
 
+class ManifestUnreadable(ManifestError):
+    """The manifest is there but could not be read (an I/O or permission error): it may read
+    another time, unlike a missing, unsafe or malformed one, which never will."""
+
+
 class ManifestVersionError(ManifestError):
     """The manifest is in a format newer than this slurmft reads: not damage, an old slurmft.
 
@@ -264,7 +269,7 @@ def read_manifest(ckpt_dir: str | os.PathLike[str], *, dir_fd: int | None = None
     except UnsafeFileError as exc:
         raise ManifestError(str(exc)) from None
     except OSError as exc:
-        raise ManifestError(f"{path}: unreadable ({exc.strerror})") from None
+        raise ManifestUnreadable(f"{path}: unreadable ({exc.strerror})") from None
     try:
         data = parse_json_bounded(raw, str(path))
     except ValueError as exc:

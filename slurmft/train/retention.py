@@ -9,8 +9,8 @@ commit) and ``slurmft ckpt prune``. The rules:
 * never delete the newest *valid* checkpoint (the one a restart would load), even when the rules
   above would; with no valid checkpoint known, delete no committed checkpoint at all;
 * never delete a checkpoint whose files a kept one references (an incremental save's ``refs``),
-  transitively; a kept checkpoint whose references are unknown (its manifest unreadable) keeps
-  every older one; and while kept checkpoints reference older ones, keep the newest whole
+  transitively; a kept checkpoint whose references are unknown (its manifest unreadable for now,
+  or of a newer format) keeps every older one; and while kept checkpoints reference older ones, keep the newest whole
   checkpoint older than all of those too (a fallback that shares no file with them);
 * delete every ``step_N.tmp-<id>`` dir with ``N`` <= the newest committed step: a save of that
   step either committed already or can never become the newest. The manager runs retention
@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from slurmft.rundir import RunDir, parse_step_dirname, step_dirname
-from slurmft.safeio import kind_of, open_dir
-from slurmft.train.manifest import ManifestError, parse_tmp_dirname, read_manifest, tmp_dirname
+from slurmft.safeio import UnsafeFileError, kind_of, open_dir
+from slurmft.train.manifest import (ManifestError, ManifestUnreadable, ManifestVersionError, parse_tmp_dirname,
+                                    read_manifest, tmp_dirname)
 
 
 @dataclass(frozen=True)
@@ -140,21 +141,25 @@ def _with_references(keep: set[int], steps: list[int],
 
 def read_references(ckpt_fd: int, steps: Iterable[int]) -> dict[int, frozenset[int] | None]:
     """What each committed checkpoint below the directory ``ckpt_fd`` references (its manifest's
-    ``refs``); None for one whose manifest cannot be read (then nothing older may go)."""
+    ``refs``). None where that is unknown but may matter: a manifest that could not be read this
+    time (I/O, permissions) or is of a newer format (then nothing older may go). A checkpoint that
+    can never load (manifest missing, malformed, a link or special file) references nothing."""
     out: dict[int, frozenset[int] | None] = {}
     for step in steps:
         name = step_dirname(step)
         try:
             fd = open_dir(name, dir_fd=ckpt_fd)
-        except FileNotFoundError:
-            continue  # gone since the scan: references nothing any more
+        except (FileNotFoundError, UnsafeFileError):
+            continue  # gone since the scan, or no checkpoint directory: references nothing
         except OSError:
             out[step] = None
             continue
         try:
             out[step] = read_manifest(name, dir_fd=fd).referenced_steps
-        except ManifestError:  # a newer format too: unknown references
+        except (ManifestUnreadable, ManifestVersionError):
             out[step] = None
+        except ManifestError:
+            out[step] = frozenset()
         finally:
             os.close(fd)
     return out

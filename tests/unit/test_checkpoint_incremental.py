@@ -288,3 +288,20 @@ def test_without_the_private_writer_api_every_save_is_whole(tmp_path, monkeypatc
     assert [s.bytes_reused for s in manager.stats] == [0, 0]
     assert read_manifest(RunDir(tmp_path).checkpoint(2)).refs == ()
     assert "every save is written whole" in caplog.text
+
+
+def test_references_of_a_checkpoint_that_can_never_load_are_none_but_a_newer_format_keeps_all(three_saves):
+    from slurmft.safeio import open_dir
+    from slurmft.train.retention import read_references
+
+    root, _, _ = three_saves
+    run = RunDir(root)
+    (run.checkpoint(2) / "manifest.json").write_text("{not json")
+    data = json.loads((run.checkpoint(3) / "manifest.json").read_text())
+    data["format_version"] = 99
+    (run.checkpoint(3) / "manifest.json").write_text(json.dumps(data))
+    fd = open_dir(run.checkpoints)
+    try:
+        assert read_references(fd, [1, 2, 3, 7]) == {1: frozenset(), 2: frozenset(), 3: None}
+    finally:
+        os.close(fd)
