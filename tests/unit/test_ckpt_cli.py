@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from slurmft.cli import app
 from slurmft.rundir import RunDir, step_dirname
 from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
-from slurmft.train.manifest import MANIFEST_NAME
+from slurmft.train.manifest import FORMAT_VERSION, MANIFEST_NAME
 from slurmft.train.state import TrainState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -464,7 +464,7 @@ def test_unknown_step_and_garbage_selector(run):
     assert garbage.exit_code == 2 and "not a step number" in garbage.output
 
 
-NEWER = "written by a newer slurmft (format 99, this one reads up to 1): upgrade slurmft"
+NEWER = f"written by a newer slurmft (format 99, this one reads up to {FORMAT_VERSION}): upgrade slurmft"
 
 
 def _make_newer(run: Path, step: int) -> Path:
