@@ -25,6 +25,7 @@ HEARTBEAT = "heartbeat"
 EVENTS = "events.jsonl"
 WATCH = "watch"
 DONE = "DONE"
+CKPT_TIERS = "ckpt_tiers.json"  # which nodes' local tiers hold which steps (slurmft.train.tiers)
 STEP_PREFIX = "step_"
 TMP_MARK = ".tmp-"
 STEP_DIGITS = 9
@@ -91,6 +92,10 @@ class RunDir:
     @property
     def done(self) -> Path:
         return self.root / DONE
+
+    @property
+    def ckpt_tiers(self) -> Path:
+        return self.root / CKPT_TIERS
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / step_dirname(step)

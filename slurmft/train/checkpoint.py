@@ -33,7 +33,7 @@ import secrets
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -45,11 +45,12 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from slurmft.rundir import RunDir
 from slurmft.safeio import open_dir
 from slurmft.train.ckpt_config import CheckpointConfig
-from slurmft.train.dcp_metadata import metadata_problem
+from slurmft.train.dcp_metadata import metadata_problem, parse_dcp_metadata, read_dcp_metadata_bytes
 from slurmft.train import torch_compat
 from slurmft.train.groups import CheckpointGroups
 from slurmft.train.incremental import TensorIndex
-from slurmft.train.manifest import ManifestVersionError, read_manifest, verify_checkpoint
+from slurmft.train.local_tier import LocalTier, NewerFormatError
+from slurmft.train.manifest import Manifest, ManifestVersionError, read_manifest, verify_checkpoint
 from slurmft.train.overlap import RACED, InFlightCopy, LiveState, optimizers_of
 from slurmft.train.retention import apply_prune, plan_prune, read_references, scan_checkpoint_dirs
 from slurmft.train.rng import reseed_for_new_world
@@ -80,6 +81,11 @@ class SaveStats:
     ``bytes_written``: this rank's shard files. ``bytes_reused``: this rank's tensor records not
     written again but referenced in an older checkpoint (incremental saves). ``error``: set when
     the save failed.
+
+    ``tier``: where the checkpoint is committed: "shared" (the run directory) or, with the
+    node-local tier, "local" when it was not (yet) copied there. ``local_s``: with the node-local
+    tier, until durable on every node's local disk (replicas included); ``total_s`` then runs
+    until the copy to the run directory was committed, when there was one.
     """
 
     step: int
@@ -92,6 +98,8 @@ class SaveStats:
     copied_s: float | None = None
     fenced_s: float = 0.0
     bytes_reused: int = 0
+    tier: str = "shared"
+    local_s: float | None = None
 
     @property
     def stall_s(self) -> float:
@@ -203,6 +211,11 @@ class CheckpointManager:
         self._tmp_nonce = self._groups.broadcast(secrets.token_hex(8) if self._groups.is_coordinator else None)
         if self._groups.is_coordinator:
             self.run.checkpoints.mkdir(parents=True, exist_ok=True)
+        self._tier = (LocalTier(self.run, self.config.local_dir, groups=self._groups,
+                                keep_local=self.config.keep_local, replicate=self.config.replicate,
+                                faults=self._faults)
+                      if self.config.local_dir else None)
+        self._last_shared: int | None = None  # newest step copied to the run dir by this process
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def _tensor_index(self) -> TensorIndex | None:
@@ -279,7 +292,12 @@ class CheckpointManager:
         blocking_s = time.perf_counter() - entered
         timing = (entered, blocking_s, waited_s)
         try:
-            self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing, copy), what=what)
+            if self._tier is not None:
+                to_shared = self._shared_due(step, block)
+                self._save_thread.submit(
+                    lambda: self._persist_tiered(step, staged, tmp_id, timing, copy, to_shared), what=what)
+            else:
+                self._save_thread.submit(lambda: self._persist(step, staged, tmp_id, timing, copy), what=what)
         except BaseException:
             if copy is not None:
                 copy.finish(self.config.save_timeout_s)  # nobody else will; the live state is free again
@@ -377,6 +395,13 @@ class CheckpointManager:
     def _in_flight(self) -> bool:
         return self._save_thread.busy
 
+    def _shared_due(self, step: int, block: bool) -> bool:
+        """Whether this save is copied to the run dir: blocking saves (an emergency save before the
+        job ends), a process's first, and one ``shared_interval`` steps after the last copied."""
+        interval = self.config.shared_interval
+        return (block or interval is None or self._last_shared is None
+                or step - self._last_shared >= interval)
+
     def _persist(self, step: int, staged: dict[str, Any], tmp_id: str,
                  timing: tuple[float, float, float], copy: InFlightCopy | None) -> None:
         entered, blocking_s, waited_s = timing
@@ -417,6 +442,64 @@ class CheckpointManager:
             log.info("checkpoint step %d committed: blocked %.3fs, total %.3fs", step, blocking_s, stats.total_s)
             self._after_commit(step, final, stats)
 
+    def _persist_tiered(self, step: int, staged: dict[str, Any], tmp_id: str,
+                        timing: tuple[float, float, float], copy: InFlightCopy | None, to_shared: bool) -> None:
+        """The node-local tier's save (:mod:`slurmft.train.local_tier`): commit on the nodes' disks,
+        then, when ``to_shared``, copy to the run directory."""
+        entered, blocking_s, waited_s = timing
+        tier = self._tier
+        assert tier is not None
+        before_write = None
+        if copy is not None:
+            copy.finish(self.config.save_timeout_s)
+            before_write = functools.partial(_trust, copy)
+        writer = CommitWriter(tier.checkpoint(step), tmp_id, step, self._groups.world_size, job_id=self.job_id,
+                              restart_count=self.restart_count, thread_count=self.config.thread_count,
+                              faults=self._faults, before_write=before_write, commit=False)
+        error = None
+        manifest: Manifest | None = None
+        metadata: bytes | None = None
+        try:
+            dcp.save(staged, storage_writer=writer, process_group=self._groups.io,
+                     no_dist=not self._groups.distributed)
+        except (Exception, CheckpointException) as exc:  # reported in stats and the log; training goes on
+            error = describe_failure(exc)
+        if error is None:  # every rank got here: DCP raised on all of them or on none
+            manifest, metadata, problems = tier.commit_local(step, tmp_id, writer.own_files, writer.manifest)
+            error = "; ".join(problems) or None
+        local_s = time.perf_counter() - entered
+        stats = SaveStats(step, blocking_s, local_s, writer.bytes_written, error is None, error, waited_s,
+                          copied_s=None if copy is None or copy.copied_s is None else copy.started - entered + copy.copied_s,
+                          fenced_s=0.0 if copy is None else copy.fenced_s, tier="local", local_s=local_s)
+        if error is not None:
+            log.error("checkpoint step %d failed: %s", step, error)
+            with self._lock:
+                self._stats.append(stats)
+            if RACED in error and not self._overlap_refused:
+                self._overlap_refused = True
+                log.warning("checkpoint step %d: the state changed while it was being copied; from now "
+                            "on every save copies the state before save() returns", step)
+            return
+        self._last_committed = step
+        tier.after_local_commit(step)
+        if self._groups.is_coordinator:
+            log.info("checkpoint step %d committed on the local tier: blocked %.3fs, durable %.3fs",
+                     step, blocking_s, local_s)
+            self._notify(step, tier.checkpoint(step), stats)
+        if to_shared and manifest is not None and metadata is not None:
+            problems = tier.copy_to_shared(step, tmp_id, writer.own_files, manifest, metadata)
+            if problems:
+                log.error("checkpoint step %d: copy to the run directory failed (it stays on the local "
+                          "tier only): %s", step, "; ".join(problems))
+            else:
+                self._last_shared = step
+                stats = replace(stats, tier="shared", total_s=time.perf_counter() - entered)
+                if self._groups.is_coordinator:
+                    log.info("checkpoint step %d committed in the run directory: total %.3fs", step, stats.total_s)
+                    self._after_commit(step, self.run.checkpoint(step), stats)
+        with self._lock:
+            self._stats.append(stats)
+
     def _after_commit(self, step: int, final: Path, stats: SaveStats) -> None:
         try:
             ckpt_fd = open_dir(self.run.checkpoints)  # once: the scan and the deletion see one directory
@@ -431,6 +514,9 @@ class CheckpointManager:
                 os.close(ckpt_fd)
         except OSError as exc:
             log.error("retention after step %d failed: %s", step, exc)
+        self._notify(step, final, stats)
+
+    def _notify(self, step: int, final: Path, stats: SaveStats) -> None:
         if self.on_commit is not None:
             try:
                 self.on_commit(step, final, stats)
@@ -457,6 +543,8 @@ class CheckpointManager:
                                   f"directory inside the run dir (point SLURMFT_RUN_DIR elsewhere instead)")
         steps = groups.broadcast(sorted(self.run.committed_steps(), reverse=True)
                                  if groups.is_coordinator else None)
+        if self._tier is not None:
+            return self._load_latest_tiered(state, steps)
         for step in steps:
             path = self.run.checkpoint(step)
             started = time.perf_counter()
@@ -487,15 +575,72 @@ class CheckpointManager:
             log.info("no valid checkpoint under %s: fresh start", self.run.checkpoints)
         return None
 
-    def _load(self, path: Path, step: int, state: TrainState) -> list[str]:
+    def _load_latest_tiered(self, state: TrainState, shared_steps: list[int]) -> int | None:
+        """``load_latest`` with the node-local tier: the newest step any tier holds, first."""
+        groups, tier = self._groups, self._tier
+        assert tier is not None
+        candidates, mine = tier.candidate_steps(shared_steps)
+        nonce = self._tmp_nonce
+        for step in candidates:
+            started = time.perf_counter()
+            roots = ([tier.checkpoint(step)] if step in mine else []) + \
+                    ([self.run.checkpoint(step)] if step in shared_steps else [])
+            try:
+                files = tier.prepare_load(step, roots, functools.partial(self._files_read, state), nonce)
+            except NewerFormatError as exc:
+                raise CheckpointError(str(exc)) from None
+            if files is None:
+                if groups.is_coordinator:
+                    log.warning("checkpoint step %d skipped: no rank can read its manifest in any tier", step)
+                continue
+            try:
+                problems = files.problems
+                if not problems:
+                    where = next(r for r in files.roots if (r / ".metadata").is_file())
+                    problems = self._load(where, step, state, files.manifest,
+                                          tuple(r for r in files.roots if r != where))
+            finally:
+                files.cleanup()
+            if problems:
+                if groups.is_coordinator:
+                    for problem in problems:
+                        log.warning("checkpoint step %d skipped: %s", step, problem)
+                continue
+            self._last_committed = step
+            if step in shared_steps:
+                self._last_shared = step
+            if groups.is_coordinator:
+                log.info("resumed from step %d (%s; verified while loading, in %.2fs)", step,
+                         "run directory" if step in shared_steps else "node-local tier",
+                         time.perf_counter() - started)
+            return step
+        if groups.is_coordinator:
+            log.info("no valid checkpoint in the run directory or the node-local tier: fresh start")
+        return None
+
+    def _files_read(self, state: TrainState, where: Path, manifest: Manifest) -> set[str]:
+        """The files of the checkpoint at ``where`` that this rank's load of ``state`` reads: DCP's
+        own load plan, against ``.metadata`` (unpickled through the allow-list)."""
+        metadata = parse_dcp_metadata(read_dcp_metadata_bytes(where), where / ".metadata")
+        same_world = manifest.world_size == self._groups.world_size
+        template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
+        planner = _PlainDataLoadPlanner()
+        planner.set_up_planner(template, metadata, self._groups.is_coordinator)
+        storage = metadata.storage_data or {}
+        return {storage[item.storage_index].relative_path for item in planner.create_local_plan().items}
+
+    def _load(self, path: Path, step: int, state: TrainState, manifest: Manifest | None = None,
+              also: tuple[Path, ...] = ()) -> list[str]:
         """Load ``path`` into ``state``, checksumming as it reads; the problems that made every
-        rank refuse it (state untouched), or [] once loaded."""
+        rank refuse it (state untouched), or [] once loaded. ``manifest`` (agreed, else the
+        coordinator reads it) and ``also`` (more directories holding its files): the local tier."""
         groups = self._groups
-        manifest = groups.broadcast(read_manifest(path) if groups.is_coordinator else None)
+        if manifest is None:
+            manifest = groups.broadcast(read_manifest(path) if groups.is_coordinator else None)
         same_world = manifest.world_size == groups.world_size
         template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
         reader = VerifyingReader(path, manifest.every_file, rank=groups.rank, world_size=groups.world_size,
-                                 union=groups.union)
+                                 union=groups.union, also=also)
         try:
             dcp.load(template, storage_reader=reader, planner=_PlainDataLoadPlanner(),
                      process_group=groups.io, no_dist=not groups.distributed)

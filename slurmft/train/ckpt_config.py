@@ -34,6 +34,14 @@ class CheckpointConfig:
     incremental: tensors whose bytes did not change since the last save are not written again;
     the checkpoint references the older one's records (False). full_every: with ``incremental``,
     every N-th save (and a process's first) is written whole, so old checkpoints can be pruned (8).
+    local_dir: node-local directory (NVMe) of the local tier; ``{node}`` is replaced by the node's
+    name (None: every save goes straight to the run directory). With it, a save commits on the
+    local disks first (each node's own shards, plus a replica of one other node's), then is
+    copied to the run directory in the background (:mod:`slurmft.train.local_tier`).
+    shared_interval: with ``local_dir``, a committed local checkpoint is copied to the run
+    directory when at least this many steps passed since the last one copied (None: every save;
+    a process's first save and blocking saves are always copied). keep_local: local checkpoints
+    each node keeps (2). replicate: copy each node's shards to one other node's local tier (True).
     """
 
     interval: int = 500  # steps between periodic saves (see CheckpointManager.due)
@@ -55,12 +63,27 @@ class CheckpointConfig:
     # Write only the tensors that changed since the last save (frozen layers are referenced).
     incremental: bool = False
     full_every: int = 8
+    # Node-local tier (slurmft.train.local_tier): commit locally, copy to the run dir behind.
+    local_dir: str | None = None
+    shared_interval: int | None = None
+    keep_local: int = 2
+    replicate: bool = True
 
     def __post_init__(self) -> None:
         if self.interval < 1:
             raise ValueError(f"interval must be >= 1, got {self.interval}")
         if self.full_every < 1:
             raise ValueError(f"full_every must be >= 1, got {self.full_every}")
+        if self.shared_interval is not None and self.shared_interval < 1:
+            raise ValueError(f"shared_interval must be >= 1, got {self.shared_interval}")
+        if self.keep_local < 1:
+            raise ValueError(f"keep_local must be >= 1, got {self.keep_local}")
+        if self.local_dir is not None:
+            if not self.local_dir.strip() or not self.local_dir.startswith("/"):
+                raise ValueError(f"local_dir must be an absolute path, got {self.local_dir!r}")
+            if self.incremental:
+                # A reference names ../step_M of the same tier; tiers prune independently.
+                raise ValueError("local_dir cannot be combined with incremental = true (yet)")
         if self.thread_count < 1:
             raise ValueError(f"thread_count must be >= 1, got {self.thread_count}")
         for name in ("timeout_s", "save_timeout_s", "exit_timeout_s"):

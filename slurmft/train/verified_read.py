@@ -58,9 +58,13 @@ def _no_transforms(storage_info: Any) -> bool:
 
 class VerifyingReader(SafeMetadataReader):
     def __init__(self, path: Path, files: tuple[FileEntry, ...], *, rank: int, world_size: int,
-                 union: Union, dir_fd: int | None = None) -> None:
+                 union: Union, dir_fd: int | None = None, also: tuple[Path, ...] = ()) -> None:
         super().__init__(path, dir_fd=dir_fd)
         self.root = Path(path)
+        # More directories holding files of the same checkpoint (the node-local tier: a node's
+        # local step dir, files fetched from other nodes, the run dir's copy), tried in order
+        # after ``path``. With them, a file nobody's plan reads is hashed only where reachable.
+        self.also = tuple(Path(p) for p in also)
         self.files = {f.path: f for f in files}
         self.share, self.shares = rank, world_size  # this rank's part of the files nobody reads
         self.union = union
@@ -83,6 +87,8 @@ class VerifyingReader(SafeMetadataReader):
         read_anywhere = set(self.union(sorted(wanted)))
         unread = [f for path, f in self.files.items() if path not in read_anywhere]
         mine = split_files(unread, self.shares)[self.share] if unread else []
+        if self.also:
+            mine = [f for f in mine if self._reachable(f.path)]
         for relative in [*sorted(wanted), *(f.path for f in mine)]:
             problems.extend(self._read_one(relative, wanted.get(relative, [])))
         problems = self.union(problems)
@@ -141,7 +147,31 @@ class VerifyingReader(SafeMetadataReader):
         return []
 
 
+    def _reachable(self, relative: str) -> bool:
+        try:
+            os.close(self._open(relative, self.root / relative))
+            return True
+        except OSError:
+            return False
+
     def _open(self, relative: str, path: Path) -> int:
+        if self.also and not relative.startswith(REF_PREFIX):
+            for root in (self.root, *self.also):
+                try:
+                    root_fd = safeio.open_dir(root)
+                except FileNotFoundError:
+                    continue
+                try:
+                    fd, _ = safeio.open_inside(root_fd, relative, root / relative)
+                    return fd
+                except FileNotFoundError:
+                    continue
+                finally:
+                    os.close(root_fd)
+            raise FileNotFoundError(2, "in none of the tiers this rank reaches", str(path))
+        return self._open_in_root(relative, path)
+
+    def _open_in_root(self, relative: str, path: Path) -> int:
         """Open a file of the checkpoint, or (``../step_N/<file>``, an incremental save's reference)
         of a sibling checkpoint through this directory's parent, never following a link."""
         root_fd = os.dup(self.dir_fd) if self.dir_fd is not None else safeio.open_dir(self.root)

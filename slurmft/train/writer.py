@@ -44,13 +44,13 @@ from slurmft.rundir import fsync_dir
 from slurmft.safeio import open_dir
 from slurmft.train import torch_compat
 from slurmft.train.incremental import SaveDelta
-from slurmft.train.manifest import FileEntry, build_manifest, tmp_dirname, write_manifest
+from slurmft.train.manifest import FileEntry, Manifest, build_manifest, tmp_dirname, write_manifest
 from slurmft.train.retention import read_references, scan_checkpoint_dirs
 from slurmft.train.shard_writer import ShardStream, write_shard_file
 
 # Rank-local phases run on every rank; the others on the coordinator only, in this order.
 PHASES = ("write", "shards_written", "shards_synced", "metadata_written", "manifest_written",
-          "renamed", "committed")
+          "renamed", "committed", "shared_copy")  # shared_copy: every rank, node-local tier only
 FAULT_ENV = "SLURMFT_CKPT_FAULT"
 FAULT_MARK_ENV = "SLURMFT_CKPT_FAULT_MARK"
 FAULT_DELAY_ENV = "SLURMFT_CKPT_FAULT_DELAY"
@@ -131,7 +131,8 @@ class CommitWriter(FileSystemWriter):
     def __init__(self, final_dir: Path, tmp_id: str, step: int, world_size: int, *,
                  job_id: str | None = None, restart_count: int | None = None,
                  thread_count: int = 1, faults: FaultPlan | None = None,
-                 before_write: Callable[[], None] | None = None, delta: SaveDelta | None = None) -> None:
+                 before_write: Callable[[], None] | None = None, delta: SaveDelta | None = None,
+                 commit: bool = True) -> None:
         self.final_dir = Path(final_dir)
         tmp_dir = self.final_dir.parent / tmp_dirname(step, tmp_id)
         super().__init__(tmp_dir, single_file_per_rank=True, sync_files=True,
@@ -145,9 +146,18 @@ class CommitWriter(FileSystemWriter):
         # the save on every rank instead of committing it or leaving the others in a collective.
         self.before_write = before_write
         self.delta = delta  # incremental: what this rank need not write again
+        # False (the node-local tier): finish writes .metadata and the manifest but leaves the
+        # tmp dir for slurmft.train.local_tier to replicate and commit on every node.
+        self.commit = commit
+        self.manifest: Manifest | None = None
         self.hashing = _HashingFileSystem(Path(self.path))
         self.fs = self.hashing
         self.bytes_written = 0
+
+    @property
+    def own_files(self) -> tuple[FileEntry, ...]:
+        """The shard files this rank wrote (not .metadata)."""
+        return tuple(e for e in self.hashing.entries.values() if e.path != ".metadata")
 
     def storage_meta(self) -> StorageMeta | None:
         # .metadata records where the checkpoint lives once committed, not the tmp name.
@@ -210,8 +220,9 @@ class CommitWriter(FileSystemWriter):
             for r in rank_results:
                 if r.index.fqn == _FILES_FQN:
                     rank_dir, entries, rank_refs = r.storage_data
-                    if rank_dir != str(self.path):
+                    if Path(rank_dir).name != Path(self.path).name:
                         # DCP would happily pair up saves of different steps; never commit that.
+                        # (Names only: in the local tier every node writes its own directory.)
                         raise RuntimeError(f"rank {rank} wrote {rank_dir}, coordinator wrote {self.path}")
                     files.extend(entries)
                     refs.update(rank_refs)
@@ -221,7 +232,10 @@ class CommitWriter(FileSystemWriter):
         manifest = build_manifest(self.step, self.world_size, torch.__version__, files,
                                   job_id=self.job_id, restart_count=self.restart_count, refs=refs)
         write_manifest(self.path, manifest)  # fsyncs the file and the tmp dir (covers .metadata)
+        self.manifest = manifest
         self.faults.at("manifest_written", self.step)
+        if not self.commit:
+            return
         self._rename_into_place()
         self.faults.at("renamed", self.step)
         fsync_dir(self.final_dir.parent)

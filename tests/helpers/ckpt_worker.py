@@ -17,6 +17,10 @@ Scenarios (argv[1]):
   incremental  FSDP2 model with a frozen base and a trained head, incremental saves: load the
                latest checkpoint (whatever world size wrote it), compare with the reference the
                previous run wrote, then train and save two steps (whole, then incremental).
+  tiered       FSDP2 model + Adam with the node-local tier (--local-dir, --nodes: each rank's node
+               name): load the latest checkpoint from any tier, compare with the reference, then
+               train and save every step up to --steps (copied to the run dir every
+               --shared-interval steps), writing a reference per step.
 Rank 0 writes results as JSON lines to --out.
 """
 
@@ -279,20 +283,54 @@ def incremental(args) -> None:
          written=[s.bytes_written for s in stats], reused=[s.bytes_reused for s in stats])
 
 
+def tiered(args) -> None:
+    os.environ["SLURMD_NODENAME"] = args.nodes.split(",")[dist.get_rank()]
+    model = fsdp_model(48)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    state = TrainState(model, opt, sampler=CountingSampler())
+    config = CheckpointConfig(keep_last=10, local_dir=args.local_dir, keep_local=2,
+                              shared_interval=args.shared_interval)
+    manager = CheckpointManager(args.run_dir, config)
+    loaded = manager.load_latest(state)
+    mismatches: list[str] = []
+    if loaded is not None:
+        reference = torch.load(os.path.join(args.run_dir, f"ref_{loaded}.pt"), weights_only=True)
+        mismatches = same(reference, full_state(state))
+    emit(args.out, loaded=loaded, mismatches=mismatches, world=dist.get_world_size())
+    for step in range((loaded or 0) + 1, args.steps + 1):
+        torch.manual_seed(step * 10 + dist.get_rank())
+        model(torch.randn(6, 48)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        state.sampler.offset += 6
+        reference = full_state(state)
+        if dist.get_rank() == 0:
+            torch.save(reference, os.path.join(args.run_dir, f"ref_{step}.pt"))
+        manager.save(step, state)
+        manager.wait()
+        last = manager.stats[-1]
+        emit(args.out, step=step, tier=last.tier, committed=last.committed, error=last.error)
+    manager.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("scenario", choices=["reshard", "determinism", "crash", "skip", "overlap", "incremental"])
+    parser.add_argument("scenario", choices=["reshard", "determinism", "crash", "skip", "overlap", "incremental",
+                                                 "tiered"])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--kill-at", type=int, default=-1)
     parser.add_argument("--ready", default="")
+    parser.add_argument("--local-dir", default="")
+    parser.add_argument("--nodes", default="")
+    parser.add_argument("--shared-interval", type=int, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=90))
     try:
         {"reshard": reshard, "determinism": determinism, "crash": crash, "skip": skip,
-         "overlap": overlap, "incremental": incremental}[args.scenario](args)
+         "overlap": overlap, "incremental": incremental, "tiered": tiered}[args.scenario](args)
     finally:
         dist.destroy_process_group()
 
