@@ -59,7 +59,9 @@ class JournalError(ValueError):
 # Event kinds written by the in-job side. The watcher adds its own; readers accept any kind.
 SEGMENT_START = "segment_start"
 SEGMENT_END = "segment_end"
-CHECKPOINT_COMMITTED = "checkpoint_committed"
+CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, path, tier (shared|local), blocking_s, total_s
+# With the node-local tier: a checkpoint committed locally has also been copied to the run dir.
+CHECKPOINT_COPIED = "checkpoint_copied"        # step, path, total_s
 GUARD_TRIP = "guard_trip"
 ROLLBACK = "rollback"
 PREEMPTION = "preemption"

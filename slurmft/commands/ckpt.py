@@ -47,6 +47,7 @@ from slurmft.rundir import CHECKPOINTS, STEP_PREFIX, RunDir, parse_step_dirname,
 from slurmft.safeio import UnsafeFileError, kind_of, lstat_at, open_dir
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.ckpt_listing import CheckpointInfo, list_checkpoints, stray_entries
+from slurmft.train.tiers import read_tier_index
 from slurmft.train.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError, VerifyReport,
                                     parse_tmp_dirname, read_manifest, unopened_report, verify_checkpoint)
 from slurmft.train.retention import (RetentionPolicy, apply_prune, plan_prune, read_references,
@@ -236,9 +237,28 @@ def _read_manifest_or_fail(ckpt_dir: Path, dir_fd: int) -> Manifest:
 # ----------------------------------------------------------------------------- ls
 
 
-def _info_json(info: CheckpointInfo, now: float) -> dict:
+def _local_tiers(run: "OpenRun") -> dict[str, tuple[int, ...]]:
+    """Which nodes' local tiers held which steps when the job last said (``ckpt_tiers.json``)."""
+    try:
+        return read_tier_index(RunDir(run.root))
+    except ValueError as exc:
+        print(f"warning: {exc}; node-local tiers not shown", file=sys.stderr)
+        return {}
+
+
+def _holding(tiers: dict[str, tuple[int, ...]], step: int) -> list[str]:
+    return sorted(node for node, steps in tiers.items() if step in steps)
+
+
+def _local_only(infos: list[CheckpointInfo], tiers: dict[str, tuple[int, ...]]) -> list[int]:
+    in_run_dir = {i.step for i in infos if i.committed}
+    return sorted({s for steps in tiers.values() for s in steps} - in_run_dir)
+
+
+def _info_json(info: CheckpointInfo, now: float, tiers: dict[str, tuple[int, ...]] | None = None) -> dict:
     m = info.manifest
     return {
+        "local_nodes": _holding(tiers or {}, info.step) if info.committed else [],
         "name": info.name, "path": str(info.path), "step": info.step, "committed": info.committed,
         "size_bytes": info.size_bytes, "age_s": round(now - info.mtime, 3),
         "files": len(m.files) if m else None, "world_size": m.world_size if m else None,
@@ -258,12 +278,14 @@ def ls(
     with open_run_dir(run_dir) as run:
         infos = list_checkpoints(run.root, ckpt_fd=run.ckpt_fd)
         _warn_strays(run)
+        tiers = _local_tiers(run)
     now = time.time()
     if as_json:
-        print(json.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now) for i in infos]},
-                         indent=2))
+        print(json.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now, tiers) for i in infos],
+                          "local_only": [{"step": s, "local_nodes": _holding(tiers, s)}
+                                         for s in _local_only(infos, tiers)]}, indent=2))
     else:
-        _print_ls_table(run, infos, now)
+        _print_ls_table(run, infos, now, tiers)
     _fail_if_newer_format(infos)
 
 
@@ -275,14 +297,16 @@ def _fail_if_newer_format(infos: list[CheckpointInfo], consequence: str = "") ->
         _fail(f"{newer[0].error}{more}{consequence}")
 
 
-def _print_ls_table(run: OpenRun, infos: list[CheckpointInfo], now: float) -> None:
+def _print_ls_table(run: OpenRun, infos: list[CheckpointInfo], now: float,
+                    tiers: dict[str, tuple[int, ...]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"checkpoints in {run.checkpoints}",
                   caption="tmp: in flight or abandoned. refs: steps whose files an incremental save "
-                          "references. Manifests read, checksums not: see 'verify'.")
-    for column in ("step", "directory", "state", "size", "files", "refs", "age", "manifest"):
+                          "references. tiers: run dir, and the nodes whose local tier held the step "
+                          "when the job last recorded it. Manifests read, checksums not: see 'verify'.")
+    for column in ("step", "directory", "state", "size", "files", "refs", "tiers", "age", "manifest"):
         table.add_column(column, justify="right" if column in ("step", "size", "files", "age") else "left",
                          no_wrap=column != "manifest")
     for info in infos:
@@ -295,10 +319,17 @@ def _print_ls_table(run: OpenRun, infos: list[CheckpointInfo], now: float) -> No
             manifest = "ok" if info.manifest else "-"
         files = str(len(info.manifest.files)) if info.manifest else "-"
         refs = ",".join(map(str, sorted(info.manifest.referenced_steps))) if info.manifest else ""
+        local = _holding(tiers, info.step) if info.committed else []
+        where = ("run dir" + (f" + local ({','.join(local)})" if local else "")) if info.committed else "-"
         table.add_row(str(info.step), info.name, state, _human_bytes(info.size_bytes), files, refs or "-",
-                      _human_age(now - info.mtime), manifest)
+                      where, _human_age(now - info.mtime), manifest)
+    local_only = _local_only(infos, tiers)
+    for step in local_only:
+        table.add_row(str(step), "-", "[cyan]local only[/]", "-", "-", "-",
+                      f"local ({','.join(_holding(tiers, step))})", "-",
+                      "on the nodes' local disks: not verifiable from here")
     console = Console()
-    if infos:
+    if infos or local_only:
         console.print(table)
     else:
         console.print(f"no checkpoints in {run.checkpoints}")

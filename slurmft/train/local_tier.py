@@ -108,7 +108,7 @@ class LocalTier:
     """One rank's view of the run's local tier. Construct on every rank together (one all-gather).
 
     ``groups``: the manager's :class:`slurmft.train.groups.CheckpointGroups`. ``faults``: the
-    manager's fault plan (phase ``shared_copy`` pauses before a rank copies to the run directory).
+    manager's fault plan (phase ``shared_copy`` pauses once a rank copied its files to the run directory, before the commit).
     """
 
     def __init__(self, run: RunDir, local_dir: str, *, groups: Any, keep_local: int, replicate: bool,
@@ -210,7 +210,6 @@ class LocalTier:
                        metadata: bytes) -> list[str]:
         """Step 3 of the save (every rank, save thread): the problems, none = committed in the run dir."""
         io = self.groups.io
-        self.faults.at("shared_copy", step)
         final = self.run.checkpoint(step)
         tmp = final.parent / tmp_dirname(step, tmp_id)
         entries = {e.path: e for e in manifest.files}
@@ -222,6 +221,7 @@ class LocalTier:
             fsync_dir(tmp)
         except OSError as exc:
             problems.append(f"{tmp}: {exc}")
+        self.faults.at("shared_copy", step)  # a test's kill here: shards copied, nothing committed
         problems = sorted(p for part in self._gather(problems, io) for p in part)
         if not problems and self.groups.is_coordinator:
             try:

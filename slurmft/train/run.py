@@ -446,8 +446,11 @@ class Run:
         return lambda: dist.barrier(group=self.process_group)
 
     def _on_commit(self, step: int, path: Path, stats: Any) -> None:
+        if stats.local_s is not None and stats.tier == "shared":  # the node-local tier's copy, later
+            self.segment.record(journal.CHECKPOINT_COPIED, step=step, path=str(path), total_s=stats.total_s)
+            return
         # blocking_s is the stall the loop saw: save() itself plus the optimizer's wait for the copy.
-        self.segment.record(journal.CHECKPOINT_COMMITTED, step=step, path=str(path),
+        self.segment.record(journal.CHECKPOINT_COMMITTED, step=step, path=str(path), tier=stats.tier,
                             blocking_s=stats.stall_s, total_s=stats.total_s,
                             bytes_written=stats.bytes_written)
 

@@ -50,7 +50,10 @@ from slurmft.train.shard_writer import ShardStream, write_shard_file
 
 # Rank-local phases run on every rank; the others on the coordinator only, in this order.
 PHASES = ("write", "shards_written", "shards_synced", "metadata_written", "manifest_written",
-          "renamed", "committed", "shared_copy")  # shared_copy: every rank, node-local tier only
+          "renamed", "committed")
+# With the node-local tier (slurmft.train.local_tier): every rank, its files copied to the run
+# dir's tmp dir, before the commit there.
+TIER_PHASES = ("shared_copy",)
 FAULT_ENV = "SLURMFT_CKPT_FAULT"
 FAULT_MARK_ENV = "SLURMFT_CKPT_FAULT_MARK"
 FAULT_DELAY_ENV = "SLURMFT_CKPT_FAULT_DELAY"
@@ -70,8 +73,8 @@ class FaultPlan:
     def from_env(cls) -> "FaultPlan":
         spec = os.environ.get(FAULT_ENV, "")
         phase, _, step = spec.partition("@")
-        if phase and phase not in PHASES:
-            raise ValueError(f"${FAULT_ENV}: unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+        if phase and phase not in PHASES + TIER_PHASES:
+            raise ValueError(f"${FAULT_ENV}: unknown phase {phase!r}; phases: {', '.join(PHASES + TIER_PHASES)}")
         mark = os.environ.get(FAULT_MARK_ENV)
         return cls(phase or None, int(step) if step else None, Path(mark) if mark else None,
                    float(os.environ.get(FAULT_DELAY_ENV, "0") or 0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from slurmft.rundir import RunDir
 from slurmft.train.manifest import read_manifest, verify_checkpoint
+from slurmft.train.tiers import local_checkpoints, read_tier_index
 from slurmft.train.writer import FAULT_DELAY_ENV, FAULT_ENV, FAULT_MARK_ENV, PHASES
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "ckpt_worker.py"
@@ -250,3 +252,63 @@ def test_incremental_fsdp2_saves_reference_the_frozen_base_and_reshard_2_to_3(tm
         frozenset(), {1}, frozenset(), {3}]
     for step in run_dir.committed_steps():
         assert verify_checkpoint(run_dir.checkpoint(step)).ok
+
+
+def _tiered(run_dir: Path, out: Path, local: Path, nodes: str, steps: int) -> list[str]:
+    return ["tiered", "--run-dir", str(run_dir), "--out", str(out), "--local-dir", str(local / "{node}"),
+            "--shared-interval", "4", "--nodes", nodes, "--steps", str(steps)]
+
+
+def _tier_records(out: Path, skip: int) -> tuple[dict, list[tuple[int, str]]]:
+    first, *saves = records(out)[skip:]
+    assert all(r["committed"] and r["error"] is None for r in saves), saves
+    return first, [(r["step"], r["tier"]) for r in saves]
+
+
+@pytest.mark.timeout(300)
+def test_local_tier_resumes_newer_than_the_run_dir_after_losing_a_node_and_its_disk(tmp_path):
+    run_dir, out, local = tmp_path / "run", tmp_path / "out.jsonl", tmp_path / "local"
+    # Three ranks on two nodes: a holds ranks 0 and 1, b rank 2.
+    run(3, _tiered(run_dir, out, local, "a,a,b", 6))
+    loaded, saves = _tier_records(out, 0)
+    assert loaded["loaded"] is None
+    # The first save, and one at least 4 steps after the last copied, reach the run dir.
+    assert saves == [(1, "shared"), (2, "local"), (3, "local"), (4, "local"), (5, "shared"), (6, "local")]
+    assert RunDir(run_dir).committed_steps() == [1, 5]
+    assert read_tier_index(RunDir(run_dir)) == {"a": (5, 6), "b": (5, 6)}  # keep_local = 2
+    for node in ("a", "b"):  # its own shards and the other node's replica: all of them, here
+        ckpt = local_checkpoints(str(local / "{node}"), run_dir, node) / "step_000000006"
+        assert verify_checkpoint(ckpt).ok
+    # Node a dies with its disk; the job comes back on a new node c and on b. Step 6 exists only
+    # on b (b's own shard and a's replica): c's ranks get what their load reads from b.
+    shutil.rmtree(local / "a")
+    run(3, _tiered(run_dir, out, local, "c,c,b", 8))
+    loaded, saves = _tier_records(out, 7)
+    assert (loaded["loaded"], loaded["mismatches"]) == (6, [])
+    assert saves == [(7, "shared"), (8, "local")]  # a process's first save is copied
+    for step in RunDir(run_dir).committed_steps():
+        assert verify_checkpoint(RunDir(run_dir).checkpoint(step)).ok
+    leftovers = [p.name for p in local.glob("*/*/checkpoints/*") if ".tmp-" in p.name]
+    assert leftovers == []  # the fetched files went with the load
+
+
+@pytest.mark.timeout(300)
+def test_node_killed_before_its_copy_to_the_run_dir_resumes_from_the_peer_replica(tmp_path):
+    run_dir, out, local, mark = tmp_path / "run", tmp_path / "out.jsonl", tmp_path / "local", tmp_path / "mark"
+    procs = start(2, _tiered(run_dir, out, local, "a,b", 8), {FAULT_ENV: "shared_copy@5", FAULT_MARK_ENV: str(mark)})
+    try:
+        _wait_for(mark, procs, timeout=120, nonempty=True)  # step 5: committed locally, half copied
+    finally:
+        kill(procs)
+    assert RunDir(run_dir).committed_steps() == [1]
+    assert [p.name.split(".")[0] for p in (run_dir / "checkpoints").glob("*.tmp-*")] == ["step_000000005"]
+    # Node b is gone with its disk; a restarts beside a new node c. Step 5 lives only on a:
+    # a's own shard and its replica of b's.
+    shutil.rmtree(local / "b")
+    seen = len(records(out))
+    run(2, _tiered(run_dir, out, local, "a,c", 6))
+    loaded, saves = _tier_records(out, seen)
+    assert (loaded["loaded"], loaded["mismatches"]) == (5, [])
+    assert saves == [(6, "shared")]
+    assert RunDir(run_dir).committed_steps() == [1, 6]  # the abandoned copy of 5 was swept
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000000001", "step_000000006"]
