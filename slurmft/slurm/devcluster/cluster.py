@@ -97,7 +97,7 @@ def live_processes(state: ClusterState) -> dict[str, ProcId]:
 def _remove_owned_files(layout: Layout) -> None:
     """Remove everything ``up`` created except logs (and the lock file)."""
     for path in (layout.munge_dir, layout.run_dir, layout.state_dir, layout.spool_root,
-                 layout.mysql_datadir.parent):
+                 layout.local_root, layout.mysql_datadir.parent):
         shutil.rmtree(path, ignore_errors=True)
     for path in (layout.slurm_conf, layout.slurmdbd_conf, layout.state_file):
         path.unlink(missing_ok=True)
@@ -135,6 +135,11 @@ class DevCluster:
     @property
     def log_dir(self) -> Path:
         return self._layout.log_dir
+
+    @property
+    def local_dir(self) -> str:
+        """``[checkpoint] local_dir`` for jobs on this cluster: every node its own directory."""
+        return str(self._layout.local_root / "{node}")
 
     @property
     def env(self) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """Where everything of one devcluster lives inside its directory, and its state file.
 
 The directory ``D`` holds the whole cluster: configs, munge key and socket, MariaDB datadir,
-Slurm state and spool, logs and pid files. ``D/devcluster.json`` (written atomically) records what
+Slurm state and spool, each node's local disk (``local/<node>``), logs and pid files.
+``D/devcluster.json`` (written atomically) records what
 ``up`` started — every daemon as (pid, start time), the ports, node names and the Slurm release —
 so that ``down``, ``env`` and ``status`` (possibly from another process) act on exactly that.
 """
@@ -97,6 +98,15 @@ class Layout:
     def spool(self, node: str) -> Path:
         return self.spool_root / node
 
+    @property
+    def local_root(self) -> Path:
+        """Each node's own "local disk" (``local/<node>``): the node-local checkpoint tier's
+        ``[checkpoint] local_dir = "<D>/local/{node}"`` gives every node its own directory."""
+        return self.root / "local"
+
+    def local(self, node: str) -> Path:
+        return self.local_root / node
+
     def make_dirs(self, node_names: list[str]) -> None:
         """Create the directory tree. munged wants its socket directory searchable by all and
         writable by its owner only (the key itself is 0400)."""
@@ -105,8 +115,10 @@ class Layout:
             path.mkdir(parents=True, exist_ok=True)
         self.munge_dir.mkdir(mode=0o755, exist_ok=True)
         self.munge_dir.chmod(0o755)
+        self.local_root.mkdir(exist_ok=True)
         for node in node_names:
             self.spool(node).mkdir(exist_ok=True)
+            self.local(node).mkdir(exist_ok=True)
 
 
 @dataclass(frozen=True)
