@@ -21,6 +21,7 @@ TARGETS = [
     ("rss_growth", "<=", 0.05, "RSS growth after N slurmft saves <= 5 % of after the first"),
     ("overhead_vs_dcp_best", "<=", 0.5, "in-loop overhead per save <= 0.5 x best dcp.async_save's"),
     ("incremental_bytes_ratio", "<=", 0.15, "incremental save of a 90 %-frozen state: bytes <= 0.15 x a whole save's"),
+    ("local_total_vs_disk", "<=", 1.25, "local tier: durable on the local disk <= 1.25 x state bytes / its write bandwidth"),
 ]
 
 
@@ -83,6 +84,24 @@ def summarize_incremental(inc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def summarize_local_tier(raw: dict[str, Any], slurmft_in_loop_overhead_s: float) -> dict[str, Any]:
+    """Until durable on the local disks against a write + fsync of the same bytes there (per save,
+    then the median), without and with replicas; the in-loop overhead with every save copied to
+    the run dir in the background, against slurmft's without the tier (None if that was <= 0)."""
+    loop = raw["in_loop"]["saves"]
+    overhead = _median(x["overhead_s"] for x in loop)
+    return {"same_disk": raw["same_disk"],
+            "local_s": _median(r["local_s"] for r in raw["own"]),
+            "local_with_replica_s": _median(r["local_s"] for r in raw["with_replica"]),
+            "write_s": _median(r["write_s"] for r in raw["own"] + raw["with_replica"]),
+            "local_total_vs_disk": _median(r["local_s"] / r["write_s"] for r in raw["own"]),
+            "local_total_vs_disk_with_replica": _median(r["local_s"] / r["write_s"] for r in raw["with_replica"]),
+            "in_loop_overhead_s": overhead,
+            "in_loop_after_window_s": _median(x["after_window_s"] for x in loop),
+            "in_loop_overhead_vs_slurmft": (overhead / slurmft_in_loop_overhead_s
+                                            if slurmft_in_loop_overhead_s > 0 else None)}
+
+
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     """The JSON summary: medians per method, physical limits, the ratios the targets are about.
 
@@ -140,6 +159,9 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         "incremental": (incremental := summarize_incremental(raw["incremental"])),
         "incremental_bytes_ratio": incremental["states"]["fine-tuning"]["bytes_ratio"],
         "incremental_bytes_ratio_per_cycle": incremental["states"]["fine-tuning"]["bytes_ratio_per_cycle"],
+        "local_tier": (local := summarize_local_tier(
+            raw["local_tier"], next(v for v in loop["methods"].values() if v["kind"] == "slurmft")["overhead_s"])),
+        "local_total_vs_disk": local["local_total_vs_disk"],
     }
 
 
@@ -209,6 +231,19 @@ def render(summary: dict[str, Any]) -> str:
     incremental = _md_table(["state, a training step before each save", "whole save MB", "incremental MB",
                              "bytes ratio", f"bytes ratio, 1 whole in {inc['full_every']}", "whole save s",
                              "incremental s", "time ratio"], inc_rows)
+    tier = summary["local_tier"]
+    vs = tier["in_loop_overhead_vs_slurmft"]
+    tier_rows = [
+        ["durable on the local disk, own shards", f"{tier['local_s']:.3f}", f"{tier['local_total_vs_disk']:.2f}"],
+        ["durable on the local disk, with a replica of the other node's", f"{tier['local_with_replica_s']:.3f}",
+         f"{tier['local_total_vs_disk_with_replica']:.2f}"],
+        ["write + fsync of the same bytes there (the probe)", f"{tier['write_s']:.3f}", "1.00"],
+        ["in-loop overhead per save, every save copied to the run dir behind",
+         f"{tier['in_loop_overhead_s']:+.3f}", "-" if vs is None else f"{vs:.2f} x slurmft without the tier"],
+    ]
+    disk = "the same disk as the run dir" if tier["same_disk"] else "its own disk"
+    local_tier = _md_table([f"node-local tier (2 ranks posing as 2 nodes; local dir on {disk})", "seconds",
+                            "/ write probe"], tier_rows)
     target_rows = [[what, f"{value:.3f}", bound, "yes" if met else "NO"]
                    for what, value, bound, met in verdicts(summary)]
     targets = _md_table(["slurmft target (per-save ratios against the probe just before)", "measured",
@@ -216,4 +251,4 @@ def render(summary: dict[str, Any]) -> str:
     head = (f"state: {state_bytes / GIB:.2f} GiB of FSDP2 model + Adam state on {summary['world_size']} "
             f"ranks (gloo, CPU); medians over saves of the slowest rank; every save preceded by a copy "
             f"and a write probe; RSS checked over {summary['rss_saves']} slurmft saves")
-    return "\n\n".join([head, methods, limits, in_loop, incremental, targets])
+    return "\n\n".join([head, methods, limits, in_loop, incremental, local_tier, targets])

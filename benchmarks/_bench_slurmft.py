@@ -23,12 +23,11 @@ class SlurmftSave(SaveMethod):
     name = "slurmft CheckpointManager.save"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, run_dir: Path, *,
-                 in_loop: bool = False) -> None:
+                 in_loop: bool = False, config: CheckpointConfig | None = None) -> None:
         super().__init__(model, optimizer)
         self._in_loop = in_loop
         self._run_dir = RunDir(run_dir)
-        config = CheckpointConfig(keep_last=2)
-        self._manager = CheckpointManager(run_dir, config)
+        self._manager = CheckpointManager(run_dir, config or CheckpointConfig(keep_last=2))
         self._state = TrainState(model, optimizer)
         self._last_step: int | None = None
 

@@ -11,7 +11,9 @@ minute to minute), a cold read back, and the manifest's hash. Last, the cost ins
 loop (``_bench_loop``): steps around a save minus the same steps without one, for slurmft and
 every ``dcp.async_save`` configuration (DCP's best there: the least in-loop overhead); then the
 bytes and time of slurmft's incremental saves against whole ones, for this pre-training state and
-a fine-tuning one that is 90 % frozen (``_bench_incremental``). Prints markdown tables; ``--json``
+a fine-tuning one that is 90 % frozen (``_bench_incremental``); last, the node-local tier: how soon
+a save is durable there against a write of the same bytes, and its in-loop cost with every save
+copied to the run dir behind (``_bench_local_tier``). Prints markdown tables; ``--json``
 prints one JSON object instead. This is a benchmark, not a test: it takes minutes at the default size.
 """
 
@@ -116,6 +118,7 @@ def _worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from _bench_incremental import measure_incremental
+    from _bench_local_tier import measure_local_tier
     from _bench_limits import DiskAndCopyProbe, measure_hash, sum_across_ranks
     from _bench_methods import (DCP_ASYNC_CANDIDATES, DCP_ASYNC_DEFAULT, DcpSave, TorchSaveRank0,
                                 dcp_async_method)
@@ -158,6 +161,8 @@ def _worker(args: argparse.Namespace) -> None:
         raw["methods"][method.name] = {**_run_method(method, model, probe, base / "m", args.saves),
                                        "kind": "dcp_async"}
     raw["in_loop"] = _in_loop(model, optimizer, probe, base, args.saves)
+    raw["local_tier"] = measure_local_tier(model, optimizer, probe, base,
+                                           Path(args.local_dir) if args.local_dir else base / "local", args.saves)
     probe.remove()
     raw["incremental"] = measure_incremental((model, optimizer), int(args.size_gb * (1 << 30)), base, args.saves)
     if args.rank == 0:
@@ -217,7 +222,8 @@ def _launch(args: argparse.Namespace) -> dict[str, Any]:
                     "--_store", str(work_path / "store"), "--_result", str(result),
                     "--dir", str(work_path), "--size-gb", repr(args.size_gb),
                     "--saves", str(args.saves), "--rss-saves", str(args.rss_saves),
-                    "--collective-timeout", str(args.collective_timeout), "--evict", args.evict]
+                    "--collective-timeout", str(args.collective_timeout), "--evict", args.evict,
+                    *(["--local-dir", args.local_dir] if args.local_dir else [])]
             logs.append(work_path / f"rank{rank}.log")
             with open(logs[-1], "wb") as log:
                 procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -258,6 +264,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--evict", choices=("drop_caches", "fadvise"), default="drop_caches",
                    help="how to make reads cold: drop the whole page cache (root; falls back to "
                         "fadvise when refused) or fadvise(DONTNEED) the files read (default drop_caches)")
+    p.add_argument("--local-dir", default=None,
+                   help="node-local disk for the local-tier phase (default: inside --dir, the same disk)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before the run is killed")
     p.add_argument("--collective-timeout", type=float, default=900,

@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "ckpt_bench.py"
 RATIOS = ("blocking_vs_dcp_best", "blocking_vs_memcpy", "total_vs_disk", "verify_vs_disk_read", "rss_growth",
-          "overhead_vs_memcpy", "incremental_bytes_ratio")
+          "overhead_vs_memcpy", "incremental_bytes_ratio", "local_total_vs_disk")
 
 
 @pytest.mark.timeout(150)
@@ -52,6 +52,9 @@ def test_tiny_benchmark_prints_one_json_object(tmp_path):
         assert state["whole"]["bytes_written"] > 0 and state["incremental"]["total_s"] > 0, name
     # Bytes, unlike times, do not depend on the machine: the frozen base is not written again.
     assert states["fine-tuning"]["bytes_ratio"] < 0.5 < states["pre-training"]["bytes_ratio"]
+    tier = summary["local_tier"]
+    assert tier["same_disk"] is True and 0 < tier["local_s"] and 0 < tier["local_with_replica_s"]
+    assert isinstance(tier["local_total_vs_disk_with_replica"], float)
     assert summary["limits"]["page_cache_eviction"] == "fadvise"  # asked for: don't drop others' caches
     assert list(tmp_path.iterdir()) == []  # the benchmark cleaned up after itself
 
