@@ -109,6 +109,18 @@ class SaveStats:
 OnCommit = Callable[[int, Path, SaveStats], None]
 
 
+@dataclass(frozen=True)
+class _LocalCommit:
+    """What the copy of a checkpoint committed on the node-local tier to the run dir needs."""
+
+    step: int
+    tmp_id: str
+    own: tuple[Any, ...]
+    manifest: Manifest
+    metadata: bytes
+    entered: float
+
+
 class CheckpointError(RuntimeError):
     """A synchronous save failed, or a verified checkpoint could not be loaded into this model."""
 
@@ -216,6 +228,7 @@ class CheckpointManager:
                                 faults=self._faults)
                       if self.config.local_dir else None)
         self._last_shared: int | None = None  # newest step copied to the run dir by this process
+        self._local_only: _LocalCommit | None = None  # the last local commit not yet copied
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def _tensor_index(self) -> TensorIndex | None:
@@ -248,8 +261,9 @@ class CheckpointManager:
     def save(self, step: int, state: TrainState, *, block: bool = False) -> bool:
         """Checkpoint ``state`` as ``step``; returns False if skipped (busy or already committed).
 
-        Call at a step boundary on every rank. With ``block`` it returns once committed and
-        raises :class:`CheckpointError` if the save failed. Waiting for the previous save is
+        Call at a step boundary on every rank. With ``block`` it returns once committed in the run
+        directory (with the node-local tier: copied there too) and raises :class:`CheckpointError`
+        if the save failed. Waiting for the previous save is
         bounded by ``save_timeout_s`` (:class:`CheckpointError` naming that save).
         """
         with self._watched(f"checkpoint save of step {step}"):
@@ -276,6 +290,8 @@ class CheckpointManager:
         self.wait()
         waited_s = time.perf_counter() - waiting
         if step == self._last_committed:
+            if block and self._tier is not None and self._last_shared != step:
+                self._copy_pending(step)  # the job is ending: this step must reach the run dir
             return False
         state.step = step
         what = f"checkpoint save of step {step}"
@@ -308,8 +324,13 @@ class CheckpointManager:
         if block:
             self.wait()
             last = self.stats[-1]
+            if last.step != step:  # the save thread lost it (logged): never report another save's result
+                raise CheckpointError(f"checkpoint step {step} failed: no result recorded (see the log)")
             if not last.committed:
                 raise CheckpointError(f"checkpoint step {step} failed: {last.error}")
+            if last.tier != "shared":  # a blocking save (the job is ending) must reach the run dir
+                raise CheckpointError(f"checkpoint step {step} is committed on the node-local tier only: "
+                                      f"its copy to {self.run.checkpoints} failed (see the log)")
         return True
 
     def fence(self) -> None:
@@ -353,9 +374,13 @@ class CheckpointManager:
         self._guard_handles, self._guarded = [], []
 
     def emergency_save(self, step: int, state: TrainState) -> SaveStats | None:
-        """Synchronous save (waits for any save in flight first); returns once committed."""
+        """Synchronous save (waits for any save in flight first); returns once committed in the run
+        directory (with the node-local tier, a step committed there only is copied now)."""
         self.wait()
         if step == self._last_committed:
+            if self._tier is not None and self._last_shared != step:
+                self._copy_pending(step)
+                return self.stats[-1]
             return None
         self.save(step, state, block=True)
         return self.stats[-1]
@@ -455,50 +480,89 @@ class CheckpointManager:
             before_write = functools.partial(_trust, copy)
         writer = CommitWriter(tier.checkpoint(step), tmp_id, step, self._groups.world_size, job_id=self.job_id,
                               restart_count=self.restart_count, thread_count=self.config.thread_count,
-                              faults=self._faults, before_write=before_write, commit=False)
+                              faults=self._faults, before_write=before_write, commit=False,
+                              recorded_as=self.run.checkpoint(step))
         error = None
         manifest: Manifest | None = None
         metadata: bytes | None = None
         try:
             dcp.save(staged, storage_writer=writer, process_group=self._groups.io,
                      no_dist=not self._groups.distributed)
-        except (Exception, CheckpointException) as exc:  # reported in stats and the log; training goes on
-            error = describe_failure(exc)
-        if error is None:  # every rank got here: DCP raised on all of them or on none
-            manifest, metadata, problems = tier.commit_local(step, tmp_id, writer.own_files, writer.manifest)
+            # Every rank gets here: DCP raised on all of them or on none.
+            manifest, metadata, problems, unreplicated = tier.commit_local(step, tmp_id, writer.own_files,
+                                                                            writer.manifest)
             error = "; ".join(problems) or None
+            if error is None and unreplicated:  # not what local_dir promises: copy this one now
+                log.warning("checkpoint step %d: replica(s) not kept (%s); copying it to the run dir",
+                            step, "; ".join(unreplicated))
+                to_shared = True
+            if error is None:
+                tier.after_local_commit(step)
+        except (Exception, CheckpointException) as exc:  # reported in stats and the log; training goes on
+            error = error or describe_failure(exc)
         local_s = time.perf_counter() - entered
         stats = SaveStats(step, blocking_s, local_s, writer.bytes_written, error is None, error, waited_s,
                           copied_s=None if copy is None or copy.copied_s is None else copy.started - entered + copy.copied_s,
                           fenced_s=0.0 if copy is None else copy.fenced_s, tier="local", local_s=local_s)
-        if error is not None:
+        if error is not None or manifest is None or metadata is None:
             log.error("checkpoint step %d failed: %s", step, error)
             with self._lock:
                 self._stats.append(stats)
-            if RACED in error and not self._overlap_refused:
+            if error is not None and RACED in error and not self._overlap_refused:
                 self._overlap_refused = True
                 log.warning("checkpoint step %d: the state changed while it was being copied; from now "
                             "on every save copies the state before save() returns", step)
             return
         self._last_committed = step
-        tier.after_local_commit(step)
+        self._local_only = _LocalCommit(step, tmp_id, writer.own_files, manifest, metadata, entered)
         if self._groups.is_coordinator:
             log.info("checkpoint step %d committed on the local tier: blocked %.3fs, durable %.3fs",
                      step, blocking_s, local_s)
             self._notify(step, tier.checkpoint(step), stats)
-        if to_shared and manifest is not None and metadata is not None:
-            problems = tier.copy_to_shared(step, tmp_id, writer.own_files, manifest, metadata)
-            if problems:
-                log.error("checkpoint step %d: copy to the run directory failed (it stays on the local "
-                          "tier only): %s", step, "; ".join(problems))
-            else:
-                self._last_shared = step
-                stats = replace(stats, tier="shared", total_s=time.perf_counter() - entered)
-                if self._groups.is_coordinator:
-                    log.info("checkpoint step %d committed in the run directory: total %.3fs", step, stats.total_s)
-                    self._after_commit(step, self.run.checkpoint(step), stats)
+        if to_shared:
+            stats = self._copy_to_run_dir(stats)
         with self._lock:
             self._stats.append(stats)
+
+    def _copy_to_run_dir(self, stats: SaveStats) -> SaveStats:
+        """Copy the last local commit to the run dir (every rank, save thread); its stats after."""
+        tier, pending = self._tier, self._local_only
+        assert tier is not None and pending is not None and pending.step == stats.step
+        step = pending.step
+        try:
+            problems = tier.copy_to_shared(step, pending.tmp_id, pending.own, pending.manifest, pending.metadata)
+        except (Exception, CheckpointException) as exc:
+            problems = [describe_failure(exc)]
+        if problems:
+            log.error("checkpoint step %d: copy to the run directory failed (it stays on the local "
+                      "tier only): %s", step, "; ".join(problems))
+            return stats
+        self._last_shared, self._local_only = step, None
+        stats = replace(stats, tier="shared", total_s=time.perf_counter() - pending.entered)
+        if self._groups.is_coordinator:
+            log.info("checkpoint step %d committed in the run directory: total %.3fs", step, stats.total_s)
+            self._after_commit(step, self.run.checkpoint(step), stats)
+        return stats
+
+    def _copy_pending(self, step: int) -> None:
+        """A blocking save of a step already committed locally only: copy it to the run dir now
+        (all ranks), or raise :class:`CheckpointError`."""
+        pending = self._local_only
+        if pending is None or pending.step != step:
+            raise CheckpointError(f"checkpoint step {step} is on the node-local tier only and this "
+                                  f"process has no record of its files to copy")
+        last = next(s for s in reversed(self.stats) if s.step == step)
+
+        def job() -> None:
+            copied = self._copy_to_run_dir(last)
+            with self._lock:
+                self._stats.append(copied)
+
+        self._save_thread.submit(job, what=f"copy of checkpoint step {step} to the run directory")
+        self.wait()
+        if self.stats[-1].tier != "shared":
+            raise CheckpointError(f"checkpoint step {step} is committed on the node-local tier only: "
+                                  f"its copy to {self.run.checkpoints} failed (see the log)")
 
     def _after_commit(self, step: int, final: Path, stats: SaveStats) -> None:
         try:
@@ -586,7 +650,8 @@ class CheckpointManager:
             roots = ([tier.checkpoint(step)] if step in mine else []) + \
                     ([self.run.checkpoint(step)] if step in shared_steps else [])
             try:
-                files = tier.prepare_load(step, roots, functools.partial(self._files_read, state), nonce)
+                files = tier.prepare_load(step, roots, functools.partial(self._template, state),
+                                          self._files_read, nonce)
             except NewerFormatError as exc:
                 raise CheckpointError(str(exc)) from None
             if files is None:
@@ -606,7 +671,9 @@ class CheckpointManager:
                     for problem in problems:
                         log.warning("checkpoint step %d skipped: %s", step, problem)
                 continue
-            self._last_committed = step
+            # A step loaded from the local tier only is not "committed" for this process: a save of
+            # the same step (an emergency save right after the restart) writes and copies it again.
+            self._last_committed = step if step in shared_steps else None
             if step in shared_steps:
                 self._last_shared = step
             if groups.is_coordinator:
@@ -618,12 +685,16 @@ class CheckpointManager:
             log.info("no valid checkpoint in the run directory or the node-local tier: fresh start")
         return None
 
-    def _files_read(self, state: TrainState, where: Path, manifest: Manifest) -> set[str]:
-        """The files of the checkpoint at ``where`` that this rank's load of ``state`` reads: DCP's
-        own load plan, against ``.metadata`` (unpickled through the allow-list)."""
-        metadata = parse_dcp_metadata(read_dcp_metadata_bytes(where), where / ".metadata")
+    def _template(self, state: TrainState, manifest: Manifest) -> dict[str, Any]:
+        """The state dict a load of a checkpoint written by ``manifest.world_size`` ranks fills."""
         same_world = manifest.world_size == self._groups.world_size
-        template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
+        return {**state.heavy_state(), **state.light_state(include_rng=same_world)}
+
+    def _files_read(self, where: Path, manifest: Manifest, template: dict[str, Any]) -> set[str]:
+        """The files of the checkpoint at ``where`` that this rank's load of ``template`` reads:
+        DCP's own load plan, against ``.metadata`` (unpickled through the allow-list)."""
+        del manifest
+        metadata = parse_dcp_metadata(read_dcp_metadata_bytes(where), where / ".metadata")
         planner = _PlainDataLoadPlanner()
         planner.set_up_planner(template, metadata, self._groups.is_coordinator)
         storage = metadata.storage_data or {}

@@ -31,6 +31,7 @@ rank cannot complete this way is skipped by every rank, like a checkpoint that f
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -41,7 +42,8 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from slurmft.rundir import RunDir, atomic_write_bytes, fsync_dir, step_dirname
+from slurmft.rundir import TMP_MARK, RunDir, atomic_write_bytes, fsync_dir, step_dirname
+from slurmft.safeio import is_real_dir
 from slurmft.train.checksum import StreamHasher
 from slurmft.train.dcp_metadata import DCP_METADATA_NAME, read_dcp_metadata_bytes
 from slurmft.train.manifest import (FileEntry, Manifest, ManifestError, ManifestVersionError,
@@ -116,12 +118,30 @@ class LocalTier:
         self.run = run
         self.groups = groups
         self.node = node_name(environ)
-        self.checkpoints = local_checkpoints(local_dir, run.root, self.node)
         self.keep_local = keep_local
         self.replicate = replicate
         self.faults = faults
-        self.nodes = NodeMap(tuple(self._gather(self.node, groups.control)))
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        problem, identity = None, None
+        try:  # nothing may raise before the all-gather: the other ranks would wait there
+            self.checkpoints = local_checkpoints(local_dir, run.root, self.node)
+            self.checkpoints.mkdir(parents=True, exist_ok=True)
+            st = os.stat(self.checkpoints)
+            identity = (st.st_dev, st.st_ino)
+        except (OSError, ValueError) as exc:
+            problem = f"[checkpoint] local_dir on node {self.node}: {exc}"
+        seen = self._gather((self.node, identity, problem), groups.control)
+        problems = [p for _n, _i, p in seen if p]
+        nodes_of: dict[Any, set[str]] = {}
+        for node, ident, _p in seen:
+            if ident is not None:
+                nodes_of.setdefault(ident, set()).add(node)
+        shared = sorted(sorted(n) for n in nodes_of.values() if len(n) > 1)
+        if shared:  # e.g. a shared filesystem without {node}: the nodes' commits would collide
+            problems.append(f"[checkpoint] local_dir {local_dir!r} is one directory on nodes "
+                            f"{', '.join(shared[0])}: it must be node-local or contain {{node}}")
+        if problems:
+            raise ValueError(problems[0])
+        self.nodes = NodeMap(tuple(node for node, _i, _p in seen))
 
     # ------------------------------------------------------------------ collectives
 
@@ -144,10 +164,11 @@ class LocalTier:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / step_dirname(step)
 
-    def commit_local(self, step: int, tmp_id: str, own: tuple[FileEntry, ...],
-                     manifest: Manifest | None) -> tuple[Manifest | None, bytes | None, list[str]]:
-        """Step 2 of the save (every rank, save thread): the agreed manifest and ``.metadata``, and
-        the problems that kept some node from committing (none = committed on every node)."""
+    def commit_local(self, step: int, tmp_id: str, own: tuple[FileEntry, ...], manifest: Manifest | None
+                     ) -> tuple[Manifest | None, bytes | None, list[str], list[str]]:
+        """Step 2 of the save (every rank, save thread): the agreed manifest and ``.metadata``, the
+        problems that kept some node from committing (none = committed on every node) and the
+        replicas that were not kept (the same lists on every rank)."""
         io, rank = self.groups.io, self.groups.rank
         tmp = self.checkpoints / tmp_dirname(step, tmp_id)
         shared: tuple[Any, bytes | None] = (None, None)
@@ -157,9 +178,8 @@ class LocalTier:
             except OSError as exc:
                 log.error("checkpoint step %d: cannot read back %s: %s", step, tmp / DCP_METADATA_NAME, exc)
         raw_manifest, metadata = self._broadcast(shared, io)
-        if raw_manifest is None or metadata is None:
-            self._gather(None, io)  # keep the ranks in step with the coordinator's gathers below
-            return None, None, [f"checkpoint step {step}: the coordinator has no manifest or .metadata"]
+        if raw_manifest is None or metadata is None:  # every rank returns here, together
+            return None, None, [f"checkpoint step {step}: the coordinator has no manifest or .metadata"], []
         agreed = Manifest.from_json(raw_manifest)
         owners = self._gather([e.path for e in own], io)
         entries = {e.path: e for e in agreed.files}
@@ -167,9 +187,9 @@ class LocalTier:
         if self.replicate:
             transfers = [Transfer(src, dst, entries[name], tmp, tmp)
                          for src, dst in self.nodes.replica_pairs() for name in owners[src]]
-        for problem in run_transfers(transfers, rank, io):
-            log.warning("checkpoint step %d: replica not kept: %s", step, problem)
-        self._gather(None, io)  # every rank's own files and received replicas are written
+        replica_problems = run_transfers(transfers, rank, io)
+        # every rank's own files and received replicas are written
+        replicas_missing = sorted(p for part in self._gather(replica_problems, io) for p in part)
         problems: list[str] = []
         if self.nodes.leader(rank):
             try:
@@ -182,7 +202,7 @@ class LocalTier:
             except OSError as exc:
                 problems.append(f"{self.node}: local commit of {tmp} failed: {exc}")
         problems = sorted(p for part in self._gather(problems, io) for p in part)
-        return agreed, metadata, problems
+        return agreed, metadata, problems, replicas_missing
 
     def after_local_commit(self, step: int) -> None:
         """Prune this node's local tier (its leader) and record every node's steps (coordinator)."""
@@ -216,6 +236,8 @@ class LocalTier:
         problems: list[str] = []
         try:
             tmp.mkdir(exist_ok=True)
+            if not is_real_dir(tmp):  # planted (a link) by someone who can write the run dir
+                raise OSError(errno.ENOTDIR, "not a real directory; not written into", str(tmp))
             for entry in own:
                 problems.extend(copy_verified(self.checkpoint(step), tmp, entries[entry.path]))
             fsync_dir(tmp)
@@ -249,12 +271,14 @@ class LocalTier:
         every = self._gather(sorted(mine), self.groups.control)
         return sorted(set(shared_steps).union(*map(set, every)), reverse=True), mine
 
-    def prepare_load(self, step: int, roots: list[Path], plan_files: Callable[[Path, Manifest], set[str]],
-                     nonce: str) -> LoadPlanFiles | None:
+    def prepare_load(self, step: int, roots: list[Path], template_for: Callable[[Manifest], Any],
+                     plan_files: Callable[[Path, Manifest, Any], set[str]], nonce: str) -> LoadPlanFiles | None:
         """Agree on the manifest of ``step`` and bring every file this rank's load needs within
         reach (collective, control and io groups). ``roots``: where this rank finds the step (its
-        node's local ``step_N``, the run dir's), in that order. ``plan_files(dir, manifest)``: the
-        files this rank's load reads, given a directory holding ``.metadata``. None when no rank has a
+        node's local ``step_N``, the run dir's), in that order. ``template_for(manifest)``: the state
+        dict the load fills (built on every rank, as it may take collectives); ``plan_files(dir,
+        manifest, template)``: the files this rank's load reads, given a directory holding
+        ``.metadata`` (local work only). None when no rank has a
         manifest; otherwise ``problems`` says why the step cannot load (every rank the same).
 
         Raises :class:`NewerFormatError` on every rank if any rank finds a newer format."""
@@ -284,6 +308,7 @@ class LocalTier:
         if chosen is None:
             return None
         manifest = Manifest.from_json(chosen)
+        template = template_for(manifest)
         mine = [root for root, m in zip(roots, found) if m == chosen]
         have = _files_present(mine, manifest)
         fetch_dir = self.checkpoints / tmp_dirname(step, f"fetch-r{rank}-{nonce}")
@@ -297,7 +322,11 @@ class LocalTier:
         if not problems:
             where = next((d for d in result.roots if (d / DCP_METADATA_NAME).is_file()), None)
             try:
-                needed = plan_files(where, manifest) if where is not None else set()
+                if where is None:
+                    raise FileNotFoundError(f"no {DCP_METADATA_NAME} reached")
+                # Each node may read its own copy of .metadata: check it before DCP trusts it.
+                problems = _matches(where, entries.get(DCP_METADATA_NAME))
+                needed = set() if problems else plan_files(where, manifest, template)
             except Exception as exc:  # a refused or unplannable .metadata fails this step only
                 needed = set()
                 problems = [f"{shared_root}: cannot plan the load: {type(exc).__name__}: {exc}"]
@@ -334,12 +363,26 @@ class LocalTier:
         if problems:
             return problems
         if any(t.dst == rank for t in transfers):
-            fetch_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                fetch_dir.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # every transfer still runs; the receiver names the file it could not write
         return run_transfers(transfers, rank, io)
 
 
 class NewerFormatError(RuntimeError):
     """Some rank found the step's manifest in a format newer than this slurmft reads."""
+
+
+def _matches(directory: Path, entry: FileEntry | None) -> list[str]:
+    """[] when ``directory``'s ``.metadata`` has the manifest's size and checksum."""
+    if entry is None:
+        return [f"{directory}: the manifest lists no {DCP_METADATA_NAME}"]
+    hasher = StreamHasher()
+    hasher.update(read_dcp_metadata_bytes(directory))
+    if hasher.size != entry.size or hasher.hexdigest() != entry.hash:
+        return [f"{directory / DCP_METADATA_NAME}: does not match the manifest (checksum {hasher.hexdigest()})"]
+    return []
 
 
 def _files_present(roots: list[Path], manifest: Manifest) -> set[str]:
@@ -385,5 +428,5 @@ def _rename_into_place(tmp: Path, final: Path, step: int) -> None:
     """Rename ``tmp`` to ``final``; a checkpoint already there (a re-save after a rollback) is moved
     aside first, for retention to remove."""
     if final.exists():
-        os.rename(final, final.parent / tmp_dirname(step, f"replaced-{tmp.name.rsplit('-', 1)[-1]}"))
+        os.rename(final, final.parent / tmp_dirname(step, f"replaced-{tmp.name.split(TMP_MARK, 1)[-1]}"))
     os.rename(tmp, final)

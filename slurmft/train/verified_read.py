@@ -32,6 +32,8 @@ from slurmft.train.checksum import HASH_CHUNK, StreamHasher
 from slurmft.train.dcp_metadata import SafeMetadataReader
 from slurmft.train.manifest import REF_PREFIX, FileEntry, ref_target, split_files
 
+_ABSENT = "\0absent"  # _read_from: the directory has no such file (not a problem by itself)
+
 # Every rank's strings merged on every rank (CheckpointGroups.union): the reader's only collective.
 Union = Callable[[list[str]], list[str]]
 
@@ -102,17 +104,49 @@ class VerifyingReader(SafeMetadataReader):
         return done
 
     def _read_one(self, relative: str, parts: list[_Wanted]) -> list[str]:
-        """Hash ``relative`` front to back, filling ``parts``; the problems found (none = good)."""
-        path = self.root.parent / ref_target(relative) if relative.startswith(REF_PREFIX) else self.root / relative
+        """Hash ``relative`` front to back, filling ``parts``; the problems found (none = good).
+        With more directories (``also``), a copy that does not match is passed over for the next."""
+        if not self.also or relative.startswith(REF_PREFIX):
+            return self._read_from(None, relative, parts)
+        problems: list[str] = []
+        for root in (self.root, *self.also):
+            found = self._read_from(root, relative, parts)
+            if not found:
+                return []
+            if found != [_ABSENT]:
+                problems.extend(found)
+        return problems or [f"{self.root / relative}: unreadable (in none of the tiers this rank reaches)"]
+
+    def _read_from(self, root: Path | None, relative: str, parts: list[_Wanted]) -> list[str]:
+        """One attempt of :meth:`_read_one` at ``root`` (None: wherever ``_open`` finds it);
+        ``[_ABSENT]`` when ``root`` has no such file."""
+        if root is not None:
+            path = root / relative
+        else:
+            path = self.root.parent / ref_target(relative) if relative.startswith(REF_PREFIX) else self.root / relative
         entry = self.files.get(relative)
         if entry is None:
             return [f"{path}: read by the load but not listed in the manifest"]
         hasher = StreamHasher()
         parts = sorted(parts, key=lambda p: p.offset)
+        for part in parts:
+            part.filled = 0
         buf = bytearray(HASH_CHUNK)
         view = memoryview(buf)
         try:  # no link followed, regular files only: the files may be swapped after the manifest check
-            fd = self._open(relative, path)
+            if root is not None:
+                try:
+                    root_fd = safeio.open_dir(root)
+                except FileNotFoundError:
+                    return [_ABSENT]
+                try:
+                    fd, _ = safeio.open_inside(root_fd, relative, path)
+                except FileNotFoundError:
+                    return [_ABSENT]
+                finally:
+                    os.close(root_fd)
+            else:
+                fd = self._open(relative, path)
             with os.fdopen(fd, "rb", buffering=0) as fh:
                 if hasattr(os, "posix_fadvise"):
                     try:

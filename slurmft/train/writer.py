@@ -135,7 +135,7 @@ class CommitWriter(FileSystemWriter):
                  job_id: str | None = None, restart_count: int | None = None,
                  thread_count: int = 1, faults: FaultPlan | None = None,
                  before_write: Callable[[], None] | None = None, delta: SaveDelta | None = None,
-                 commit: bool = True) -> None:
+                 commit: bool = True, recorded_as: Path | None = None) -> None:
         self.final_dir = Path(final_dir)
         tmp_dir = self.final_dir.parent / tmp_dirname(step, tmp_id)
         super().__init__(tmp_dir, single_file_per_rank=True, sync_files=True,
@@ -152,6 +152,7 @@ class CommitWriter(FileSystemWriter):
         # False (the node-local tier): finish writes .metadata and the manifest but leaves the
         # tmp dir for slurmft.train.local_tier to replicate and commit on every node.
         self.commit = commit
+        self.recorded_as = Path(recorded_as) if recorded_as is not None else self.final_dir
         self.manifest: Manifest | None = None
         self.hashing = _HashingFileSystem(Path(self.path))
         self.fs = self.hashing
@@ -164,7 +165,8 @@ class CommitWriter(FileSystemWriter):
 
     def storage_meta(self) -> StorageMeta | None:
         # .metadata records where the checkpoint lives once committed, not the tmp name.
-        return StorageMeta(checkpoint_id=str(self.final_dir), save_id=self.save_id)
+        # (The local tier's: the run dir's, where the checkpoint is meant to end up.)
+        return StorageMeta(checkpoint_id=str(self.recorded_as), save_id=self.save_id)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         # DCP's own write_data would do the same split into files (one per writer thread), but

@@ -312,3 +312,19 @@ def test_node_killed_before_its_copy_to_the_run_dir_resumes_from_the_peer_replic
     assert saves == [(6, "shared")]
     assert RunDir(run_dir).committed_steps() == [1, 6]  # the abandoned copy of 5 was swept
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000000001", "step_000000006"]
+
+
+@pytest.mark.timeout(120)
+def test_a_local_dir_shared_by_two_nodes_is_refused_on_every_rank(tmp_path):
+    out = tmp_path / "out.jsonl"
+    args = ["tiered", "--run-dir", str(tmp_path / "run"), "--out", str(out), "--local-dir", str(tmp_path / "nvme"),
+            "--nodes", "a,b", "--steps", "2"]
+    procs = start(2, args)
+    try:
+        for proc in procs:
+            proc.wait(timeout=90)
+        text = logs(procs)
+        assert [p.returncode for p in procs] == [1, 1], text
+        assert text.count("is one directory on nodes a, b: it must be node-local or contain {node}") == 2, text
+    finally:
+        kill(procs)

@@ -7,6 +7,7 @@ falls back past a damaged one; where the tier lives, the record of what it holds
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ from typer.testing import CliRunner
 from slurmft.cli import app
 from slurmft.config import ConfigError
 from slurmft.rundir import RunDir, atomic_write_json
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
 from slurmft.train.local_tier import NodeMap, copy_verified
 from slurmft.train.manifest import FileEntry, verify_checkpoint
 from slurmft.train.state import TrainState
@@ -95,6 +96,11 @@ def test_saves_commit_locally_and_reach_the_run_dir_every_shared_interval(tmp_pa
     # A damaged local shard is skipped like any bad checksum: step 3, from the local disk or
     # the run dir, is next.
     shard = local / "step_000000004" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    # Step 3's local copy is damaged too: its copy in the run dir is read instead.
+    shard = local / "step_000000003" / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
     shard.write_bytes(bytes(data))
@@ -183,3 +189,63 @@ def test_bad_local_tier_settings_name_the_key(env, message):
     with pytest.raises(ConfigError) as err:
         CheckpointConfig.load(environ=env)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_local_metadata_that_differs_from_the_manifest_is_not_trusted(tmp_path, node, caplog):
+    run = RunDir(tmp_path / "run")
+    state = make_state()
+    manager = CheckpointManager(run.root, tiered(tmp_path, shared_interval=100))
+    for step in (1, 2):
+        train_step(state, step)
+        manager.save(step, state)
+        manager.wait()
+    manager.close()
+    assert run.committed_steps() == [1]
+    metadata = local_checkpoints(str(tmp_path / "nvme" / "{node}"), run.root, node) / "step_000000002" / ".metadata"
+    data = metadata.read_bytes()
+    at = data.index(b"weight")  # still a valid pickle, naming a tensor that does not exist
+    metadata.write_bytes(data[:at] + b"Weight" + data[at + 6:])
+    fresh = make_state()
+    loader = CheckpointManager(run.root, tiered(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="slurmft.train.checkpoint"):
+        assert loader.load_latest(fresh) == 1
+    loader.close()
+    assert ".metadata: does not match the manifest" in caplog.text
+
+
+def test_a_blocking_save_whose_copy_to_the_run_dir_fails_raises(tmp_path, node, monkeypatch):
+    import slurmft.train.local_tier as local_tier
+
+    real_copy = local_tier.copy_verified
+
+    def rot_then_copy(src_dir, dst_dir, entry):  # the local disk returns other bytes than written
+        path = src_dir / entry.path
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        return real_copy(src_dir, dst_dir, entry)
+
+    run = RunDir(tmp_path / "run")
+    state = make_state()
+    manager = CheckpointManager(run.root, tiered(tmp_path))
+    monkeypatch.setattr(local_tier, "copy_verified", rot_then_copy)
+    with pytest.raises(CheckpointError, match="node-local tier only"):
+        manager.save(1, state, block=True)
+    manager.close()
+    assert run.committed_steps() == []  # nothing half-copied was committed
+    assert manager.stats[-1].tier == "local"
+
+
+def test_an_emergency_save_of_a_step_committed_only_locally_copies_it(tmp_path, node):
+    run = RunDir(tmp_path / "run")
+    state = make_state()
+    manager = CheckpointManager(run.root, tiered(tmp_path, shared_interval=100))
+    for step in (1, 2):
+        train_step(state, step)
+        manager.save(step, state)  # the periodic save of the step the job then ends at
+        manager.wait()
+    assert run.committed_steps() == [1]
+    stats = manager.emergency_save(2, state)  # preempted at step 2: it must reach the run dir
+    manager.close()
+    assert stats is not None and (stats.step, stats.tier) == (2, "shared")
+    assert run.committed_steps() == [1, 2] and verify_checkpoint(run.checkpoint(2)).ok
