@@ -54,6 +54,18 @@ def tiered(tmp_path: Path, **kw) -> CheckpointConfig:
                                "shared_interval": 2, "keep_local": 2, **kw})
 
 
+def saved(tmp_path: Path, steps: tuple[int, ...], **kw) -> tuple[RunDir, TrainState, CheckpointManager]:
+    """A manager with the local tier that trained and saved (non-blocking) each of ``steps``."""
+    run = RunDir(tmp_path / "run")
+    state = make_state()
+    manager = CheckpointManager(run.root, tiered(tmp_path, **kw))
+    for step in steps:
+        train_step(state, step)
+        manager.save(step, state)
+        manager.wait()
+    return run, state, manager
+
+
 def test_saves_commit_locally_and_reach_the_run_dir_every_shared_interval(tmp_path, node):
     run = RunDir(tmp_path / "run")
     state = make_state()
@@ -112,13 +124,9 @@ def test_saves_commit_locally_and_reach_the_run_dir_every_shared_interval(tmp_pa
 
 
 def test_a_lost_local_disk_leaves_the_run_dir(tmp_path, node):
-    run = RunDir(tmp_path / "run")
-    state = make_state()
-    manager = CheckpointManager(run.root, tiered(tmp_path, shared_interval=100))
-    for step in (1, 2):
-        train_step(state, step)
-        manager.save(step, state, block=step == 2)  # a blocking save is always copied
-    manager.wait()
+    run, state, manager = saved(tmp_path, (1,), shared_interval=100)
+    train_step(state, 2)
+    manager.save(2, state, block=True)  # a blocking save is always copied
     manager.close()
     assert run.committed_steps() == [1, 2]
     shutil.rmtree(tmp_path / "nvme")  # the node is gone, or the job came back elsewhere
@@ -192,13 +200,7 @@ def test_bad_local_tier_settings_name_the_key(env, message):
 
 
 def test_a_local_metadata_that_differs_from_the_manifest_is_not_trusted(tmp_path, node, caplog):
-    run = RunDir(tmp_path / "run")
-    state = make_state()
-    manager = CheckpointManager(run.root, tiered(tmp_path, shared_interval=100))
-    for step in (1, 2):
-        train_step(state, step)
-        manager.save(step, state)
-        manager.wait()
+    run, _state, manager = saved(tmp_path, (1, 2), shared_interval=100)
     manager.close()
     assert run.committed_steps() == [1]
     metadata = local_checkpoints(str(tmp_path / "nvme" / "{node}"), run.root, node) / "step_000000002" / ".metadata"
@@ -237,13 +239,8 @@ def test_a_blocking_save_whose_copy_to_the_run_dir_fails_raises(tmp_path, node, 
 
 
 def test_an_emergency_save_of_a_step_committed_only_locally_copies_it(tmp_path, node):
-    run = RunDir(tmp_path / "run")
-    state = make_state()
-    manager = CheckpointManager(run.root, tiered(tmp_path, shared_interval=100))
-    for step in (1, 2):
-        train_step(state, step)
-        manager.save(step, state)  # the periodic save of the step the job then ends at
-        manager.wait()
+    # step 2: the periodic save of the step the job then ends at, on the local tier only
+    run, state, manager = saved(tmp_path, (1, 2), shared_interval=100)
     assert run.committed_steps() == [1]
     stats = manager.emergency_save(2, state)  # preempted at step 2: it must reach the run dir
     manager.close()
