@@ -92,6 +92,11 @@ class Job:
     def completing(self) -> bool:
         return "COMPLETING" in self.flags
 
+    @property
+    def partitions(self) -> frozenset[str]:
+        """The partitions the job may run in (a pending job may name several, comma-separated)."""
+        return frozenset(p for p in self.partition.split(",") if p)
+
 
 @dataclass(frozen=True)
 class Node:
@@ -102,6 +107,8 @@ class Node:
     flags: frozenset[str] = frozenset()
     reason: str = ""
     reason_user: str = ""
+    # The partitions the node is in; empty where a backend does not say.
+    partitions: frozenset[str] = frozenset()
 
     @property
     def drained(self) -> bool:

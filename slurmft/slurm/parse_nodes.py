@@ -4,7 +4,8 @@
 lower-case ``state`` and a separate ``state_flags`` list. From 23.02 on, ``sinfo --json`` groups
 nodes (``sinfo[].nodes.nodes``) and per-node detail comes from ``scontrol --json show nodes``,
 whose ``nodes[].state`` is a list (``["IDLE", "DRAIN"]``; draining = base MIXED/ALLOCATED + DRAIN,
-there is no DRAINING flag). Both per-node shapes share ``nodes[]`` and are parsed by one function.
+there is no DRAINING flag). Both per-node shapes share ``nodes[]`` and are parsed by one function,
+and both list each node's ``partitions``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,18 @@ def node_from_record(rec: Mapping[str, Any], where: Where) -> Node:
         flags=flags,
         reason=text(rec, "reason", where),
         reason_user=user if isinstance(user, str) else "",
+        partitions=partitions(rec.get("partitions"), where.key("partitions")),
     )
+
+
+def partitions(value: Any, where: Where) -> frozenset[str]:
+    """A node's ``partitions`` (a list of names in every release's node JSON; absent or null on a
+    node in no partition)."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise where.fail("list of partition names", value)
+    return frozenset(v for v in value if v)
 
 
 def parse_nodes(output: str, command: str) -> dict[str, Node]:

@@ -83,8 +83,10 @@ def node_from_pyslurm(obj: Any) -> Node:
     """A ``pyslurm.Node`` (``state`` like ``IDLE+DRAIN``) -> Node."""
     where = Where("pyslurm Node", f"node {obj.name}")
     base, flags = node_state([s for s in str(obj.state or "").split("+") if s], [], where.key("state"))
+    parts = getattr(obj, "partitions", None) or []
     return Node(name=obj.name, state=base, flags=flags, reason=obj.reason or "",
-                reason_user=obj.reason_user or "")
+                reason_user=obj.reason_user or "",
+                partitions=frozenset(p for p in parts if isinstance(p, str) and p))
 
 
 def _numeric(job_id: str) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 # The shortest poll period accepted (seconds).
 MIN_POLL_S = 0.5
+ADMIN_DRAIN = ("after_checkpoint", "ignore")
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,20 @@ class WatchConfig:
     # refuses a launch within about a second of the requeue ("Job credential revoked").
     start_now_delay_s: float = 1.5
     # A node that was the evidence in this many earlier faults is excluded as soon as it shows
-    # up in the job's allocation again.
+    # up in the job's allocation again. Each node_fault_fade_s a node serves the job without a
+    # fault, one of its faults is forgotten (0: never).
     repeat_offender_faults: int = 2
-    # Operator mode (needs Slurm operator rights): a node of a running job that is NOT_RESPONDING
-    # while every heartbeat of the job is older than silent_node_stale_s is set DOWN at once,
-    # instead of waiting for SlurmdTimeout (300 s by default on real clusters).
+    node_fault_fade_s: float = 7 * 86400.0
+    # Operator mode (needs Slurm operator rights): a node of a running job that Slurm shows
+    # NOT_RESPONDING at two polls, whose heartbeats are older than the run's hang timeout, is set
+    # DOWN at once instead of waiting for SlurmdTimeout (300 s by default on real clusters).
     operator: bool = False
-    silent_node_stale_s: float = 30.0
+    # A node of the job drained by an admin (a reason not the sweeper's): "after_checkpoint"
+    # keeps training until a checkpoint commits after the drain (at most the checkpoint-overdue
+    # bound, admin_drain_wait_s while the run's interval is unknown), then requeues without it;
+    # "ignore" leaves the job alone.
+    admin_drain: str = "after_checkpoint"
+    admin_drain_wait_s: float = 3600.0
 
     def __post_init__(self) -> None:
         # Each cycle is two controller RPCs per watcher: a floor keeps a typo (--poll 0.001) from
@@ -63,11 +71,15 @@ class WatchConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        non_negative = ("checkpoint_overdue_min_s", "silent_node_stale_s", "hang_timeout_s",
+        non_negative = ("checkpoint_overdue_min_s", "node_fault_fade_s", "admin_drain_wait_s",
+                        "hang_timeout_s",
                         "startup_grace_s", "pending_warn_s", "start_now_delay_s")
         for name in non_negative:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.admin_drain not in ADMIN_DRAIN:
+            raise ValueError(f"admin_drain must be one of {', '.join(ADMIN_DRAIN)}, "
+                             f"got {self.admin_drain!r}")
         at_least_one = ("straggler_window", "max_restarts", "max_restarts_per_cause",
                         "crash_loop_restarts", "repeat_offender_faults")
         for name in at_least_one:

@@ -78,6 +78,10 @@ class Memory:
     max_step_s: float | None = None
     node_history: Mapping[str, Sequence[float]] = field(default_factory=dict)
     max_beat_gap_s: float | None = None  # longest expected time between two beats of a node
+    # When each node was first seen NOT_RESPONDING (operator mode's corroboration), and when
+    # each node of the allocation was first seen drained by an admin (maintenance).
+    silent_since: Mapping[str, float] = field(default_factory=dict)
+    drained_since: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,56 +204,112 @@ def _previous_end(obs: RunObservation, ids, restart: int) -> float | None:
     return max(beats) if beats else None
 
 
-def detect_nodes(obs: RunObservation) -> Finding | None:
-    """A node of a RUNNING job's allocation that is DOWN, drained, or silent with stale beats."""
+def detect_nodes(obs: RunObservation, memory: Memory, config: WatchConfig) -> Finding | None:
+    """A node of a RUNNING job's allocation that is DOWN or drained: recover at once, except from
+    a drain that is an admin's alone (maintenance: see ``admin_drain``)."""
     job = obs.job
     if job is None or job.state is not JobState.RUNNING or job.completing:
         return None
     troubled = bad_nodes(job.nodes, obs.nodes)
     acting = [t for t in troubled if t[1] != NOT_RESPONDING]
-    if acting:
-        name, cause, _ = acting[0]
-        return Finding(cause, RECOVER, "; ".join(e for _, _, e in acting),
-                       tuple(n for n, _, _ in acting))
-    return None
-
-
-def detect_silent_node(obs: RunObservation, config: WatchConfig) -> Finding | None:
-    """Operator mode: a node of a RUNNING job NOT_RESPONDING (not yet DOWN) while every
-    heartbeat of the segment is older than ``silent_node_stale_s``: the node is gone, and Slurm
-    would wait for SlurmdTimeout before acting."""
-    job = obs.job
-    if not config.operator or job is None or job.state is not JobState.RUNNING or obs.beats is None:
+    if not acting:
         return None
-    silent = [n for n in job.nodes if (node := obs.nodes.get(n)) is not None
-              and not node.responding and not node.down]
+    if all(cause == NODE_DRAINED for _, cause, _ in acting):
+        return admin_drain(obs, memory, config, acting)
+    return Finding(acting[0][1], RECOVER, "; ".join(e for _, _, e in acting),
+                   tuple(n for n, _, _ in acting))
+
+
+def admin_drain(obs: RunObservation, memory: Memory, config: WatchConfig,
+                drained: list[tuple[str, str, str]]) -> Finding | None:
+    """Nodes drained by an admin (not the sweeper): a drain lets jobs finish, so the job trains on
+    until a checkpoint commits after the drain was first seen, then it is requeued without those
+    nodes (no step lost). Bounded: with no such checkpoint within the run's checkpoint-overdue
+    bound (``admin_drain_wait_s`` while the run's interval is unknown), it is requeued anyway.
+    ``admin_drain = "ignore"``: left alone (the node's jobs end as the admin planned)."""
+    if config.admin_drain == "ignore":
+        return None
+    names = tuple(n for n, _, _ in drained)
+    what = "; ".join(e for _, _, e in drained)
+    since = min(memory.drained_since.get(n, obs.now) for n in names)
+    after = [(t, step) for t, step, *_ in obs.summary.commits if t > since]
+    if after:
+        return Finding(NODE_DRAINED, RECOVER, f"{what}: checkpoint step {after[-1][1]} committed "
+                       "after the drain: requeued without the node", names, since)
+    bound = admin_drain_bound(obs.summary, config)
+    waited = obs.now - since
+    if waited > bound:
+        return Finding(NODE_DRAINED, RECOVER, f"{what}: no checkpoint committed in the {waited:.0f} s "
+                       f"since the drain (bound {bound:.0f} s): requeued without the node",
+                       names, since)
+    return Finding(NODE_DRAINED, WARN, f"{what}: an admin's drain; training goes on until its next "
+                   f"checkpoint commits (at most {bound:.0f} s), then the job is requeued without "
+                   "the node", names, since)
+
+
+def admin_drain_bound(summary: JournalSummary, config: WatchConfig) -> float:
+    """How long an admin-drained node is kept for a checkpoint: the checkpoint-overdue bound of the
+    run's usual interval, ``admin_drain_wait_s`` while fewer than two commits give no interval."""
+    times = [c[0] for c in summary.commits]
+    gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
+    if not gaps:
+        return config.admin_drain_wait_s
+    return max(config.checkpoint_overdue_factor * statistics.median(gaps),
+               config.checkpoint_overdue_min_s)
+
+
+def silent_nodes(obs: RunObservation, memory: Memory, config: WatchConfig, restart: int,
+                 first_seen: Mapping[str, float]) -> list[str]:
+    """Operator mode's one rule before a node is set DOWN (DOWN kills every job on it, other
+    users' too): Slurm has shown it NOT_RESPONDING (not yet DOWN) at two polls at least
+    (``first_seen``: when each node was first seen so) AND the run's heartbeats from that node
+    (segment ``restart``) are older than the run's learned hang timeout. A node with no heartbeat
+    of the segment gives no such evidence: it is left to Slurm's own SlurmdTimeout."""
+    job = obs.job
+    if not config.operator or job is None or obs.beats is None:
+        return []
+    timeout = hang_timeout(memory, config)
+    found = []
+    for name in job.nodes:
+        node = obs.nodes.get(name)
+        if node is None or node.responding or node.down:
+            continue
+        if name not in first_seen or obs.now - first_seen[name] < config.poll_s:
+            continue
+        beats = [b.time for b in obs.beats.values() if b.node == name and b.job_id in job.ids
+                 and b.restart_count == restart]
+        if beats and obs.now - max(beats) > timeout:
+            found.append(name)
+    return found
+
+
+def detect_silent_node(obs: RunObservation, memory: Memory, config: WatchConfig) -> Finding | None:
+    """Operator mode: nodes of a RUNNING job that ``silent_nodes`` corroborates as gone, which
+    Slurm would call DOWN only after SlurmdTimeout."""
+    job = obs.job
+    if job is None or job.state is not JobState.RUNNING:
+        return None
+    silent = silent_nodes(obs, memory, config, job.restart_count, memory.silent_since)
     if not silent:
         return None
-    beats = [b.time for b in obs.beats.values()
-             if b.job_id in job.ids and b.restart_count == job.restart_count]
-    if not beats or obs.now - max(beats) <= config.silent_node_stale_s:
-        return None
-    return Finding(NODE_DOWN, SET_DOWN, f"{','.join(silent)} not responding and every heartbeat "
-                   f"{obs.now - max(beats):.0f} s old", tuple(silent), max(beats))
+    newest = max(b.time for b in (obs.beats or {}).values() if b.node in silent
+                 and b.job_id in job.ids and b.restart_count == job.restart_count)
+    return Finding(NODE_DOWN, SET_DOWN, f"{','.join(silent)} not responding for two polls and its "
+                   f"heartbeats {obs.now - newest:.0f} s old > hang timeout "
+                   f"{hang_timeout(memory, config):.0f} s", tuple(silent), newest)
 
 
-def silent_nodes_of_ending_job(obs: RunObservation, config: WatchConfig, restart: int,
-                               first_seen: Mapping[str, float]) -> list[str]:
-    """Operator mode, during a recovery: the nodes of a job that is ending (COMPLETING; never
-    one being cancelled or that completed) that Slurm has shown NOT_RESPONDING (not yet DOWN) since at least one poll ago
-    (``first_seen``: when each was first seen so), while every heartbeat of the segment that
-    was recovered from (``restart``) is older than ``silent_node_stale_s``. Slurm keeps such a job
-    COMPLETING until those nodes are DOWN, which it decides only after SlurmdTimeout."""
+def silent_nodes_of_ending_job(obs: RunObservation, memory: Memory, config: WatchConfig,
+                               restart: int, first_seen: Mapping[str, float]) -> list[str]:
+    """Operator mode, during a recovery: the nodes of a job that is ending (COMPLETING; never one
+    being cancelled or that completed) that ``silent_nodes`` corroborates for the segment that was
+    recovered from (``restart``). Slurm keeps such a job COMPLETING until those nodes are DOWN,
+    which it decides only after SlurmdTimeout."""
     job = obs.job
-    if (not config.operator or job is None or not job.completing
-            or job.state in (JobState.CANCELLED, JobState.COMPLETED) or obs.beats is None):
+    if (job is None or not job.completing
+            or job.state in (JobState.CANCELLED, JobState.COMPLETED)):
         return []
-    beats = [b.time for b in obs.beats.values() if b.job_id in job.ids and b.restart_count == restart]
-    if beats and obs.now - max(beats) <= config.silent_node_stale_s:
-        return []
-    return [n for n in job.nodes if (node := obs.nodes.get(n)) is not None
-            and not node.responding and not node.down and n in first_seen
-            and obs.now - first_seen[n] >= config.poll_s]
+    return silent_nodes(obs, memory, config, restart, first_seen)
 
 
 def hang_timeout(memory: Memory, config: WatchConfig) -> float:
@@ -352,7 +412,8 @@ def detect(obs: RunObservation, memory: Memory, config: WatchConfig) -> list[Fin
     end = detect_end(obs, memory)
     finishing = obs.job is not None and done_for(obs.done, obs.job.ids)
     found = [f for f in (end, *(() if finishing else (
-        detect_nodes(obs), detect_silent_node(obs, config), detect_hang(obs, memory, config))))
+        detect_nodes(obs, memory, config), detect_silent_node(obs, memory, config),
+        detect_hang(obs, memory, config))))
              if f is not None]
     for warning in (detect_straggler(memory, config), detect_checkpoint_overdue(obs, config)):
         if warning is not None:

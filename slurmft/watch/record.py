@@ -52,12 +52,13 @@ def job_from_json(data: dict[str, Any]) -> Job:
 
 def node_to_json(node: Node) -> dict[str, Any]:
     return {"name": node.name, "state": node.state.value, "flags": sorted(node.flags),
-            "reason": node.reason, "reason_user": node.reason_user}
+            "reason": node.reason, "reason_user": node.reason_user,
+            "partitions": sorted(node.partitions)}
 
 
 def node_from_json(data: dict[str, Any]) -> Node:
     return Node(data["name"], NodeState(data["state"]), frozenset(data["flags"]), data["reason"],
-                data["reason_user"])
+                data["reason_user"], frozenset(data.get("partitions", ())))  # older records: none
 
 
 def observation_to_json(obs: RunObservation, memory: Memory, journal_offset: int) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from slurmft.watch import detect, resubmit
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
+from slurmft.watch.exclusions import fade_faults, fit_exclusions, readmit_to_fit
 from slurmft.watch.resolve import current_user
 from slurmft.watch.runview import JournalTail, done_for, read_done, read_heartbeats
 from slurmft.watch.state import (
@@ -41,45 +42,6 @@ MAX_EXCLUDE_ATTEMPTS = 3
 RESUBMIT_CLOCK_SLACK_S = 300.0
 # A job still waiting for its BeginTime this long after StartTime=now gets it again (at most 3x).
 RESEND_START_NOW_S = 10.0
-
-
-def fit_exclusions(job: Job, nodes: Mapping[str, Node], wanted: list[str]) -> tuple[list[str], list[str]]:
-    """(nodes to exclude, nodes left out) so that the job still fits: excluding a node that is
-    DOWN or drained costs no capacity; excluding a usable one must leave enough for the job's
-    smallest size."""
-    needed = max(job.min_nodes or 0, 1) if job.min_nodes else max(job.node_count, 1)
-    already = set(job.excluded_nodes)
-    usable = {n for n, node in nodes.items() if detect.node_problem(node) is None} - already
-    keep, dropped = [], []
-    for name in wanted:
-        if name in already:
-            continue
-        if name in usable and len(usable) - 1 < needed:
-            dropped.append(name)
-            continue
-        usable.discard(name)
-        keep.append(name)
-    return keep, dropped
-
-
-def readmit_to_fit(job: Job, nodes: Mapping[str, Node], excluding: list[str],
-                   excluded_by_us: list[str]) -> list[str]:
-    """Nodes this watcher once excluded that are usable again, oldest exclusion first, to take
-    out of the job's ExcNodeList while, with ``excluding`` added, the job would not fit the
-    usable nodes left: over weeks the exclusions of repaired nodes would otherwise pile up until
-    the job can never start again. The user's own exclusions are never touched."""
-    needed = max(job.min_nodes or 0, 1) if job.min_nodes else max(job.node_count, 1)
-    usable = {n for n, node in nodes.items() if detect.node_problem(node) is None}
-    excluded = set(job.excluded_nodes) | set(excluding)
-    free = usable - excluded
-    readmit = []
-    for name in excluded_by_us:
-        if len(free) >= needed:
-            break
-        if name in job.excluded_nodes and name in usable and name not in excluding:
-            readmit.append(name)
-            free.add(name)
-    return readmit
 
 
 def _permanent(exc: SlurmError) -> bool:
@@ -156,7 +118,8 @@ class RunWatch:
     def memory(self) -> Memory:
         st = self.state
         return Memory(st.last_restart_count, tuple(st.last_nodes), st.max_step_s,
-                      {n: tuple(h) for n, h in self._history.items()}, st.max_beat_gap_s)
+                      {n: tuple(h) for n, h in self._history.items()}, st.max_beat_gap_s,
+                      silent_since=dict(st.silent_since), drained_since=dict(st.drained_since))
 
     def _learn(self, job: Job | None, beats) -> None:
         """Step times (for the learned hang timeout) and per-node busy times (stragglers)."""
@@ -189,6 +152,7 @@ class RunWatch:
                           user=current_user(), phase=self.state.phase, once=self.once,
                           job_submit_time=submitted)
         obs = self.observe(job, nodes, now)
+        self._note_nodes(job, nodes, now)
         if self.recorder is not None:
             self.recorder(obs, self.memory(), self.tail.offset)
         if job is not None and not job.state.finished:
@@ -204,6 +168,23 @@ class RunWatch:
             if self.state.phase == WATCHING:
                 self.state.last_restart_count = job.restart_count
         self._save()
+
+    def _note_nodes(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> None:
+        """Per node of a running job's allocation: since when Slurm shows it NOT_RESPONDING,
+        since when an admin's drain is on it, since when it serves with no problem (its faults
+        fade: ``exclusions.fade_faults``)."""
+        st = self.state
+        running = job is not None and job.state is JobState.RUNNING and not job.completing
+        mine = job.nodes if running and job is not None else ()
+        problems = {n: detect.node_problem(nodes.get(n)) for n in mine}
+        silent = {n for n in mine if (node := nodes.get(n)) is not None
+                  and not node.responding and not node.down}
+        drained = {n for n, p in problems.items() if p is not None and p[0] == detect.NODE_DRAINED}
+        st.silent_since = {n: st.silent_since.get(n, now) for n in silent}
+        st.drained_since = {n: st.drained_since.get(n, now) for n in drained}
+        if running and st.phase == WATCHING:
+            serving = [n for n, p in problems.items() if p is None]
+            fade_faults(st.node_faults, st.clean_since, serving, now, self.config.node_fault_fade_s)
 
     # -- watching -------------------------------------------------------------------------------
 
@@ -296,7 +277,8 @@ class RunWatch:
         st.restarts += 1
         st.restarts_by_cause[finding.cause] = st.restarts_by_cause.get(finding.cause, 0) + 1
         for name in finding.nodes:
-            if name in obs.nodes:
+            st.clean_since.pop(name, None)
+            if name in obs.nodes and finding.cause != detect.NODE_DRAINED:  # maintenance: no fault
                 st.node_faults[name] = st.node_faults.get(name, 0) + 1
         if finding.cause in detect.FAULTS:
             st.ckpt_at_recovery.append(newest)
@@ -473,8 +455,8 @@ class RunWatch:
         rec.silent_since = {n: t for n, t in rec.silent_since.items() if n in now_silent}
         for name in now_silent:
             rec.silent_since.setdefault(name, obs.now)
-        due = [n for n in detect.silent_nodes_of_ending_job(obs, self.config, rec.restart_count,
-                                                            rec.silent_since)
+        due = [n for n in detect.silent_nodes_of_ending_job(obs, self.memory(), self.config,
+                                                            rec.restart_count, rec.silent_since)
                if n not in rec.set_down]
         for name in due:
             rec.set_down.append(name)
@@ -515,7 +497,7 @@ class RunWatch:
             if dropped:
                 self.emit(journal.WATCH_WARNING, what="no_fit", nodes=dropped,
                           detail=f"not excluding {','.join(dropped)}: the job would no longer fit "
-                                 "in the cluster's usable nodes")
+                                 "in the usable nodes of its partition")
             rec.exclude_step = DOING
             self._save()
             if keep:

@@ -13,6 +13,7 @@ import dataclasses
 import errno
 import fcntl
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,12 @@ class RunState:
     reason: str = ""
     resubmit_started: float | None = None  # intent: a resubmission may be in flight since then
     announced: bool = False  # a watch_started event was journaled for this run
+    # Per node, when first seen so: NOT_RESPONDING (operator mode's corroboration), drained by
+    # an admin (maintenance, waited on until a checkpoint commits), serving the job with no fault
+    # since (its faults fade, one per node_fault_fade_s).
+    silent_since: dict[str, float] = field(default_factory=dict)
+    drained_since: dict[str, float] = field(default_factory=dict)
+    clean_since: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -125,6 +132,12 @@ def _check_types(state: RunState, where: Path) -> None:
     for name in ("last_nodes", "warned", "excluded"):
         value = getattr(state, name)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(name)
+    for name in ("silent_since", "drained_since", "clean_since"):
+        value = getattr(state, name)
+        if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v) for k, v in value.items()):
             raise bad(name)
     if not isinstance(state.ckpt_at_recovery, list):
         raise bad("ckpt_at_recovery")

@@ -127,10 +127,10 @@ def test_straggler_needs_the_whole_window_and_exactly_one_slow_node():
 def test_not_responding_alone_is_not_acted_on_but_down_and_drained_are():
     base = {"n1": Node("n1", NodeState.ALLOCATED), "n2": Node("n2", NodeState.ALLOCATED,
                                                               frozenset({"NOT_RESPONDING"}))}
-    assert detect.detect_nodes(obs(running(), nodes=base)) is None
-    drained = {**base, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"DRAIN"}), "bad DIMM")}
-    finding = detect.detect_nodes(obs(running(), nodes=drained))
-    assert (finding.cause, finding.nodes) == ("node_drained", ("n2",))
+    assert detect.detect_nodes(obs(running(), nodes=base), Memory(), WatchConfig()) is None
+    drained = {**base, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"DRAIN"}), "slurmft: xid")}
+    finding = detect.detect_nodes(obs(running(), nodes=drained), Memory(), WatchConfig())
+    assert (finding.cause, finding.action, finding.nodes) == ("node_unhealthy", "recover", ("n2",))
 
 
 def test_cancelled_job_is_finished_not_recovered():

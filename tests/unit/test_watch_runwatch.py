@@ -317,13 +317,14 @@ def test_operator_mode_sets_a_silent_node_down_then_expedites(run):
     from slurmft.rundir import atomic_write_json
 
     client = OperatorClient()
-    w = watcher(run, client, operator=True, silent_node_stale_s=20, start_now_delay_s=0)
-    atomic_write_json(run.heartbeat("n1"), {"node": "n1", "job_id": "7", "restart_count": 0,
-                                            "step": 9, "time": T0 + 5})
+    w = watcher(run, client, operator=True, hang_timeout_s=20, start_now_delay_s=0)
+    for node in ("n1", "n2"):
+        atomic_write_json(run.heartbeat(node), {"node": node, "job_id": "7", "restart_count": 0,
+                                                "step": 9, "time": T0 + 5})
     w.step(job(), NODES, T0 + 10)
     silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
     w.step(job(), silent, T0 + 20)
-    assert client.calls == []  # heartbeats 15 s old: not yet
+    assert client.calls == []  # one poll, heartbeats 15 s old: not yet
     w.step(job(), silent, T0 + 30)
     assert client.calls[0][:2] == ("set_down", "n2") and client.calls[0][2].startswith("slurmft: watch:")
     w.step(job(JobState.PENDING, restart=1, nodes=()), {**silent, "n2": Node("n2", NodeState.DOWN)},
@@ -336,7 +337,7 @@ def test_without_operator_mode_a_silent_node_is_left_to_slurm(run):
     from slurmft.rundir import atomic_write_json
 
     client = OperatorClient()
-    w = watcher(run, client, silent_node_stale_s=20, hang_timeout_s=600)
+    w = watcher(run, client, hang_timeout_s=600)
     atomic_write_json(run.heartbeat("n1"), {"node": "n1", "job_id": "7", "restart_count": 0,
                                             "step": 9, "time": T0 + 5})
     silent = {**NODES, "n2": Node("n2", NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))}
