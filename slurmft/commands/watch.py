@@ -12,8 +12,9 @@ import logging
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -44,21 +45,25 @@ class RunFactory:
         self.client, self.cfg, self.listeners, self.recorder = client, cfg, listeners, recorder
         self.once = once
         self.explicit = explicit_run_dir
-        self.locks: list = []
-        self.dirs: set[Path] = set()
+        self.locks: dict[Path, Any] = {}  # run dir -> its RunLock
+
 
     def make(self, job):
         from slurmft.rundir import RunDir
         from slurmft.watch.resolve import ResolveError, check_owner, run_dir_for
         from slurmft.watch.runwatch import RunWatch
-        from slurmft.watch.state import RunLock, StateError, load_state
+        from slurmft.slurm.client import SlurmError
+        from slurmft.watch.state import (
+            FOLLOW, NEW_EPOCH, RESUBMISSION, RunLock, StateError, load_state, released_after_giving_up,
+            save_state, take_on,
+        )
 
         try:
             check_owner(job)
             path = run_dir_for(job, self.explicit)
         except ResolveError as exc:
             raise WatchStartError(EXIT_USAGE, str(exc)) from None
-        if path in self.dirs:
+        if path in self.locks:
             raise WatchStartError(EXIT_USAGE, f"two of the jobs write the same run dir {path}")
         rd = RunDir(path)
         lock = RunLock(rd)
@@ -68,19 +73,46 @@ class RunFactory:
             raise WatchStartError(EXIT_LOCKED, str(exc)) from None
         try:
             state = load_state(rd, job.job_id)
+            how = take_on(state, job.job_id, time.time(), lambda: self._current(state.job_id))
         except StateError as exc:
             lock.release()
-            raise WatchStartError(EXIT_USAGE, str(exc)) from None
-        if state.job_id != job.job_id:
+            raise WatchStartError(EXIT_USAGE, f"{path}: {exc}" if str(path) not in str(exc)
+                                  else str(exc)) from None
+        except SlurmError as exc:
             lock.release()
-            raise WatchStartError(EXIT_USAGE, f"run dir {path} is watched for job {state.job_id}, "
-                                  f"not {job.job_id} (its watch/state.json says so)")
-        from slurmft.watch.state import released_after_giving_up
-
-        released_after_giving_up(state, job)
-        self.locks.append(lock)
-        self.dirs.add(path)
+            raise WatchStartError(EXIT_SLURM, f"cannot tell whether job {state.job_id}, the run dir "
+                                  f"{path}'s current job, has ended: {exc}") from None
+        if how == FOLLOW:
+            log.warning("job %s ran in run dir %s before: watching its current job %s",
+                        job.job_id, path, state.job_id)
+            try:
+                current = self._current(state.job_id)
+            except SlurmError as exc:
+                lock.release()
+                raise WatchStartError(EXIT_SLURM, f"cannot look up job {state.job_id}: {exc}") from None
+            if current is not None:
+                job = current
+        elif how in (NEW_EPOCH, RESUBMISSION):
+            log.warning("job %s is a %s in run dir %s (epoch %d)", job.job_id,
+                        "new job" if how == NEW_EPOCH else "resubmission", path, len(state.epochs))
+            try:
+                save_state(rd, state)
+            except OSError as exc:
+                lock.release()
+                raise WatchStartError(EXIT_USAGE, f"cannot write {rd.watch_state}: {exc.strerror}") from None
+        if job.job_id == state.job_id:
+            released_after_giving_up(state, job)
+        self.locks[path] = lock
         return RunWatch(rd, state, self.client, self.cfg, self.listeners, self.recorder, once=self.once)
+
+    def _current(self, job_id: str):
+        """Slurm's view of ``job_id`` (accounting included), or None when Slurm forgot it."""
+        from slurmft.slurm.client import JobNotFound
+
+        try:
+            return self.client.job(job_id)
+        except JobNotFound:
+            return None
 
     def adopt(self, job):
         """``--all``: a new job of the user; one that cannot be watched is logged and skipped."""
@@ -92,9 +124,17 @@ class RunFactory:
         log.warning("watching job %s (run dir %s)", job.job_id, run.run_dir.root)
         return run
 
-    def release(self) -> None:
-        for lock in self.locks:
+    def let_go(self, run) -> None:
+        """``--all``: a run that ended; its lock is released so a new job there can be taken on."""
+        lock = self.locks.pop(run.run_dir.root, None)
+        if lock is not None:
             lock.release()
+        log.warning("job %s: %s; no longer watched", run.job_id, run.state.phase)
+
+    def release(self) -> None:
+        for lock in self.locks.values():
+            lock.release()
+        self.locks.clear()
 
 
 def watch(
@@ -206,9 +246,12 @@ def watch(
                 runs.append(factory.make(job))
             except WatchStartError as exc:
                 raise _fail(exc.code, str(exc))
-        on_cycle = MetricsFeed(metrics, textfile).after_cycle if metrics is not None else None
+        feed = MetricsFeed(metrics, textfile) if metrics is not None else None
         watcher = Watcher(client, runs, poll_s=cfg.poll_s, user=user,
-                          adopt=factory.adopt if all_jobs else None, on_cycle=on_cycle)
+                          adopt=factory.adopt if all_jobs else None,
+                          on_cycle=feed.after_cycle if feed is not None else None,
+                          let_go=factory.let_go if all_jobs else None,
+                          forget=feed.forget if feed is not None else None)
         try:
             if once:
                 result = watcher.cycle()

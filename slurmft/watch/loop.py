@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from slurmft.slurm.client import Job, JobNotFound, JobState, SlurmClient, SlurmError
+from slurmft.slurm.policy import HELD_REASONS
 from slurmft.watch.runwatch import RunWatch
+from slurmft.watch.state import GAVE_UP
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 60.0
@@ -30,14 +32,23 @@ class Watcher:
                  clock: Callable[[], float] = time.time,
                  on_cycle: Callable[[CycleResult], None] | None = None,
                  user: str | None = None,
-                 adopt: Callable[[Job], RunWatch | None] | None = None) -> None:
+                 adopt: Callable[[Job], RunWatch | None] | None = None,
+                 let_go: Callable[[RunWatch], None] | None = None,
+                 forget: Callable[[str], None] | None = None) -> None:
         """``user`` + ``adopt``: watch every job of ``user`` too (``--all``); each cycle's one
-        query lists the user's jobs and ``adopt`` turns a new one into a RunWatch (or None)."""
+        query lists the user's jobs and ``adopt`` turns a new one into a RunWatch (or None).
+        With ``--all`` a run that ended is let go (``let_go``: its lock) at once, so a new job in
+        its run dir can be taken on; ``forget`` (its metric series) follows once Slurm no longer
+        lists the job. A job whose run was given up on is adopted again once it is released."""
         self.client = client
         self.runs = runs
         self.user = user
         self.adopt = adopt
+        self.let_go = let_go
+        self.forget = forget
         self._seen: set[str] = {r.job_id for r in runs}
+        self._held: set[str] = set()   # let go after giving up: adopted again once released
+        self._gone: set[str] = set()   # let go: forgotten once Slurm no longer lists them
         self.poll_s = poll_s
         self.clock = clock
         self.on_cycle = on_cycle
@@ -77,6 +88,8 @@ class Watcher:
                 run.step(job, nodes, now)
             except Exception as exc:  # one run's trouble (its disk full, its files) is not the others'
                 run.failed(exc)
+        if self.user is not None:
+            self._let_go_ended(jobs)
         result = CycleResult(True, time.monotonic() - started, runs=active)
         self._report(result)
         return result
@@ -86,6 +99,10 @@ class Watcher:
         if self.adopt is None:
             return adopted
         for job_id, job in sorted(jobs.items()):
+            if job_id in self._held and job.state in (JobState.PENDING, JobState.RUNNING) \
+                    and job.reason not in HELD_REASONS:
+                self._held.discard(job_id)
+                self._seen.discard(job_id)
             if job_id in self._seen or job.state.finished or job.run_dir is None:
                 continue
             self._seen.add(job_id)
@@ -94,6 +111,23 @@ class Watcher:
                 self.runs.append(run)
                 adopted.append(run)
         return adopted
+
+    def _let_go_ended(self, jobs: dict[str, Job]) -> None:
+        """``--all``: release the runs that ended; forget what Slurm no longer lists."""
+        for run in [r for r in self.runs if not r.active]:
+            self.runs.remove(run)
+            if run.state.phase == GAVE_UP:
+                self._held.add(run.job_id)
+            self._gone.update(e.job_id for e in run.state.epochs)
+            if self.let_go is not None:
+                self.let_go(run)
+        watched = {r.job_id for r in self.runs}
+        for job_id in [i for i in self._gone if i not in jobs and i not in watched]:
+            self._gone.discard(job_id)
+            if self.forget is not None:
+                self.forget(job_id)
+        self._seen = {i for i in self._seen if i in jobs or i in watched}
+        self._held &= self._seen
 
     def _confirm_forgotten(self, run: RunWatch):
         """A job missing from the controller's answer: ask once more, accounting included. Its

@@ -13,6 +13,7 @@ The API the watch loop calls (every method is cheap and thread-safe; ``job`` is 
     m.set_ettr(job, 0.93)
     m.set_checkpoint(job, step, age_s)     # newest committed checkpoint and its age now
     m.set_controller_ok(True)              # did the last poll reach Slurm?
+    m.forget(job)                          # drop every series of the job (a run let go)
     m.cycle(duration_s, observed=True)     # one poll cycle ended (observed: Slurm answered)
     m.on_event(kind, event)                # or: feed it the watcher's journal events instead
     m.serve(port)                          # HTTP on 127.0.0.1:port (returns the bound port)
@@ -127,6 +128,13 @@ class WatchMetrics:
 
     def record_finished(self, job: str) -> None:
         self.active.labels(str(job)).set(0)
+
+    def forget(self, job: str) -> None:
+        """Drop every series labelled with ``job``: ``--all`` lets go of ended runs, and a watcher
+        that runs for months must not keep the series of every job it ever saw."""
+        for metric in (self.faults, self.restarts, self.detect, self.recover, self.gave_up,
+                       self.active, self.ettr, self.ckpt_step, self.ckpt_age, self.ckpt_time):
+            metric.remove_by_labels({JOB: str(job)})
 
     def set_ettr(self, job: str, value: float | None) -> None:
         if value is not None and math.isfinite(value):

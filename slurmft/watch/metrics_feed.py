@@ -45,6 +45,11 @@ class MetricsFeed:
                     log.error("cannot write the metrics textfile %s: %s", self.textfile, exc)
                 self._textfile_failed = True
 
+    def forget(self, job_id: str) -> None:
+        """A run let go (``--all``) whose job Slurm no longer lists: its series go."""
+        self.metrics.forget(job_id)
+        self._ettr_at.pop(job_id, None)
+
     @staticmethod
     def _ettr(run, now: float) -> float | None:
         from slurmft.status import JournalUnreadable, build_report, read_journal

@@ -150,7 +150,7 @@ class RunWatch:
                 submitted = job.submit_time.timestamp() if job is not None and job.submit_time else None
                 self.emit(journal.WATCH_STARTED, pid=os.getpid(), host=os.uname().nodename,
                           user=current_user(), phase=self.state.phase, once=self.once,
-                          job_submit_time=submitted)
+                          job_submit_time=submitted, epoch=len(self.state.epochs))
         obs = self.observe(job, nodes, now)
         self._note_nodes(job, nodes, now)
         if self.recorder is not None:
@@ -367,7 +367,8 @@ class RunWatch:
             except SlurmError:
                 return  # journaled by the actor; tried again next cycle
         old = self.job_id
-        st.job_id, st.resubmit_started = found, None
+        st.resubmitted(found, obs.now)
+        st.resubmit_started = None
         st.last_restart_count, st.recovery = None, None
         st.restarts += 1
         st.restarts_by_cause[finding.cause] = st.restarts_by_cause.get(finding.cause, 0) + 1
