@@ -80,7 +80,13 @@ FAULT_DETECTED = "fault_detected"    # cause, evidence, nodes, fault_time (best 
 RECOVERY_ACTION = "recovery_action"  # action (requeue|exclude|readmit|start_now|expedite|set_down|
                                      # hold|requeue_hold|resubmit),
                                      # cause, nodes, ok, detail
-JOB_RUNNING = "job_running"          # nodes, start_time: running again after a recovery
+# A planned end (time limit, preemption, pre-flight requeue: ``detect.PLANNED``) is no fault: it
+# is journaled as PLANNED_END (fields of FAULT_DETECTED) and the watcher's help restarting it
+# (exclude, start_now...) as RESTART_ACTION (fields of RECOVERY_ACTION).
+PLANNED_END = "planned_end"
+RESTART_ACTION = "restart_action"
+JOB_RUNNING = "job_running"          # nodes, start_time, cause, planned: running again after a
+                                     # recovery or a planned end
 JOB_RESUBMITTED = "job_resubmitted"  # old_job_id, new_job_id: Slurm had forgotten the job
 WATCH_WARNING = "watch_warning"      # what (straggler|checkpoint_overdue|stuck_pending|no_fit...),
                                      # detail, nodes

@@ -34,6 +34,7 @@ from slurmft import exitcodes, journal
 from slurmft.journal import Event, parse_line
 from slurmft.slurm.client import Job
 from slurmft.status_state import run_state, waiting_from_watcher, watcher_view
+from slurmft.watch.detect import PLANNED as PLANNED_CAUSES
 
 # A weeks-long run journals one loss line (~150 bytes) per step: this bounds about 3 M steps.
 MAX_JOURNAL_BYTES = 512 * 1024 * 1024
@@ -174,6 +175,11 @@ class Report:
     def restarts(self) -> int:
         return max(len(self.segments) - 1, 0)
 
+    @property
+    def planned_restarts(self) -> int:
+        """Restarts after a planned end (time limit, preemption, pre-flight): no fault."""
+        return sum(n for cause, n in self.restarts_by_cause.items() if cause in PLANNED_CAUSES)
+
 
 def _steps(events: Sequence[Event]) -> tuple[dict[tuple[str, int], list[tuple[int, float, float, int]]], set[int]]:
     """Per segment key, one row per loss event: (step, time, duration, event index); and the
@@ -250,7 +256,7 @@ def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) ->
     ended with a failure or the watcher detected something after it started; None otherwise.
     ``events`` need not hold the loss events (``steps`` has them)."""
     window = [e for e in events if _in(e, seg.start, nxt.start if nxt else None)]
-    detections = [e for e in window if e.kind == journal.FAULT_DETECTED]
+    detections = [e for e in window if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)]
     if nxt is None and not detections and (seg.end is None or seg.exit_code == exitcodes.OK):
         return None
     detection = detections[0] if detections else None
@@ -383,6 +389,7 @@ def report_dict(report: Report) -> dict[str, Any]:
 
     out = asdict(report)
     out["restarts"] = report.restarts
+    out["planned_restarts"] = report.planned_restarts
     for seg_out, seg in zip(out["segments"], report.segments):
         seg_out["load_bandwidth_bytes_per_s"] = seg.load_bandwidth
     for fault_out, fault in zip(out["faults"], report.faults):

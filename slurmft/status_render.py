@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from slurmft.status import Report
+from slurmft.status import PLANNED_CAUSES, Report
 
 
 def clock(t: float | None) -> str:
@@ -73,7 +73,11 @@ def _summary(report: Report, run_dir: Path, note: str) -> Table:
                          f"{duration(report.wall_s)} since the first start)")
     grid.add_row("steps", f"{report.steps_done if report.steps_done is not None else '-'} reached, "
                           f"{report.steps_redone} redone ({duration(report.redone_s)})")
-    causes = ", ".join(f"{c} {n}" for c, n in report.restarts_by_cause.items()) or "none"
+    causes = ", ".join(f"{c} {n}" for c, n in report.restarts_by_cause.items()
+                       if c not in PLANNED_CAUSES) or "no fault"
+    planned = ", ".join(f"{c} {n}" for c, n in report.restarts_by_cause.items() if c in PLANNED_CAUSES)
+    if planned:  # a time limit or a preemption is a planned end, not a fault
+        causes += f"; planned: {planned}"
     grid.add_row("restarts", f"{report.restarts}  ({causes})")
     if report.checkpoints:
         age = None if report.last_checkpoint_time is None else report.now - report.last_checkpoint_time

@@ -158,9 +158,12 @@ class ChaosRun:
         # Losses journaled after the injection but before the ranks died count as trained.
         losses += [e.get("step") for e in events[len(before):]
                    if e.kind == journal.LOSS and _segment(e) == segment]
-        detected = [e for e in events[len(before):] if e.kind == journal.FAULT_DETECTED]
+        # A time limit is a planned end (journaled apart from faults), detected all the same.
+        detected = [e for e in events[len(before):]
+                    if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)]
         running = [e for e in events[len(before):] if e.kind == journal.JOB_RUNNING]
-        excluded = [n for e in events[len(before):] if e.kind == journal.RECOVERY_ACTION
+        excluded = [n for e in events[len(before):]
+                    if e.kind in (journal.RECOVERY_ACTION, journal.RESTART_ACTION)
                     and e.get("action") == "exclude" and e.get("ok") for n in e.get("nodes") or []]
         cause = detected[0].get("cause") if detected else None
         return Outcome(

@@ -56,7 +56,7 @@ class Target:
 @dataclass(frozen=True)
 class Fault:
     name: str
-    causes: frozenset[str]                  # what the watcher may journal as fault_detected cause
+    causes: frozenset[str]                  # the cause the watcher may journal (fault_detected or planned_end)
     inject: Callable[[Target], str]         # does it; returns what it did, in words
 
 

@@ -1,8 +1,8 @@
 """The one place where the watcher changes anything in Slurm: requeue, exclude, start now, hold.
 
 Each method runs one client operation and journals it as ``recovery_action`` (ok or not, with
-Slurm's message); errors propagate so the caller records the step as not done and retries it
-next cycle. The caller records its intent in the run's state before calling.
+Slurm's message; ``restart_action`` when it helps a planned end restart); errors propagate so
+the caller records the step as not done and retries it next cycle. The caller records its intent in the run's state before calling.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 from slurmft import journal
 from slurmft.slurm.client import SlurmClient, SlurmError
+from slurmft.watch.detect import planned
 
 Emit = Callable[..., None]
 
@@ -21,14 +22,16 @@ class Actor:
         self.emit = emit
 
     def _do(self, action: str, cause: str, nodes: Sequence[str], call: Callable[[], object]) -> object:
+        # Helping a planned end restart is no recovery: journaled apart (holding never is).
+        kind = (journal.RESTART_ACTION if planned(cause) and action not in ("hold", "requeue_hold")
+                else journal.RECOVERY_ACTION)
         try:
             result = call()
         except SlurmError as exc:
-            self.emit(journal.RECOVERY_ACTION, action=action, cause=cause, nodes=list(nodes),
-                      ok=False, detail=str(exc)[:500])
+            self.emit(kind, action=action, cause=cause, nodes=list(nodes), ok=False,
+                      detail=str(exc)[:500])
             raise
-        self.emit(journal.RECOVERY_ACTION, action=action, cause=cause, nodes=list(nodes), ok=True,
-                  detail="")
+        self.emit(kind, action=action, cause=cause, nodes=list(nodes), ok=True, detail="")
         return result
 
     def requeue(self, job_id: str, cause: str) -> bool:

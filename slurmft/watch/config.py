@@ -36,7 +36,9 @@ class WatchConfig:
     # after a few more).
     checkpoint_overdue_factor: float = 2.0
     checkpoint_overdue_min_s: float = 120.0
-    # Giving up: restarts in total, per cause, and consecutive restarts with no newer checkpoint.
+    # Giving up, for faults only: restarts in total, per cause, and consecutive fault restarts with
+    # no newer committed checkpoint (a crash loop). Planned ends (a time limit, a preemption, a
+    # pre-flight requeue) count toward none of them.
     max_restarts: int = 50
     max_restarts_per_cause: int = 20
     crash_loop_restarts: int = 3

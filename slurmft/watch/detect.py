@@ -27,8 +27,10 @@ NODE_UNHEALTHY = "node_unhealthy"  # drained by slurmft's sweeper (reason "slurm
 NODE_DRAINED = "node_drained"      # drained by someone else
 HANG = "hang"                      # heartbeats stale, or the step watchdog fired (exit 87)
 CRASH = "crash"                    # any other failed exit
-TIMEOUT = "timeout"
-PREEMPTED = "preempted"            # Slurm preempted it, or the job saved and requeued itself
+TIMEOUT = "timeout"                # Slurm ended it at its time limit (no signal to save on)
+PREEMPTED = "preempted"            # Slurm preempted it, or the job saved and requeued itself on a
+                                   # signal (time limit warning, preemption)
+PREFLIGHT = "preflight"            # the launcher's pre-flight requeued it (bad nodes excluded)
 BOOT_FAIL = "boot_fail"
 OUT_OF_MEMORY = "out_of_memory"
 REQUEUED = "requeued"              # requeued by Slurm or an admin, cause unknown
@@ -45,9 +47,18 @@ RECOVER, EXPEDITE, GIVE_UP, FINISH, WAIT, WARN = "recover", "expedite", "give_up
 SET_DOWN = "set_down"  # operator mode: mark the silent node DOWN, then recover
 RESUBMIT = "resubmit"  # Slurm forgot the job: submit it again from what was saved
 
-# Causes that count towards the crash-loop rule (no checkpoint progress across restarts).
+# Planned ends: the run stopped because the cluster's rules said so (a time limit, a
+# preemption) or its launcher chose to before training (pre-flight). They are restarts, never
+# faults: they count toward no restart limit and no crash loop (journaled as ``planned_end``,
+# their actions as ``restart_action``). A pre-flight's bad nodes are still counted against them.
+PLANNED = frozenset({TIMEOUT, PREEMPTED, PREFLIGHT})
+# Causes that count toward max_restarts, max_restarts_per_cause and the crash-loop rule.
 FAULTS = frozenset({NODE_FAIL, NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED, HANG, CRASH, BOOT_FAIL,
                     OUT_OF_MEMORY, REQUEUED, REQUEUE_REQUEST, FORGOTTEN})
+
+
+def planned(cause: str) -> bool:
+    return cause in PLANNED
 
 _SLURM_END_CAUSES = {
     JobState.NODE_FAIL: NODE_FAIL,
@@ -154,9 +165,10 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
         if request is not None or outcome == exitcodes.REQUEUE:
             exclude = request.get("exclude") if request is not None else None
             nodes = tuple(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else ()
-            reason = request.get("reason") if request is not None else "exit 85"
-            return Finding(REQUEUE_REQUEST, RECOVER, f"the job asked to be requeued: {reason}",
-                           nodes, end)
+            cause, why = self_requeue_cause(summary, job.ids, restart, request)
+            if cause != REQUEUE_REQUEST:  # planned: the launcher only lacked scontrol to requeue
+                why = f"{why} (it could not requeue itself)"
+            return Finding(cause, RECOVER, f"the job asked to be requeued: {why}", nodes, end)
         if job.state in _SLURM_END_CAUSES:
             cause = _SLURM_END_CAUSES[job.state]
             allocation = job.nodes or memory.last_nodes
@@ -166,8 +178,11 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
                            evidence_nodes if cause in (NODE_FAIL, BOOT_FAIL) else (), end)
         code = outcome if outcome is not None else job.exit_code
         if code == exitcodes.HANG:
+            # No node is blamed: the first rank to time out exits 87 and srun kills the others,
+            # usually before their own watchdogs fire, so which nodes journaled a watchdog
+            # ``hang`` says nothing about where the culprit ran.
             return Finding(HANG, RECOVER, f"the step watchdog fired (exit {exitcodes.HANG})",
-                           _hang_suspects(obs, memory, job), end)
+                           (), end)
         signal = f", signal {job.exit_signal}" if job.exit_signal else ""
         return Finding(CRASH, RECOVER, f"the job {job.state.value} with exit {code}{signal}",
                        (), end)
@@ -184,7 +199,8 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
             request = summary.find(summary.requeue_requests, job.ids, prev)
             exclude = request.get("exclude") if request is not None else None
             nodes = tuple(n for n in exclude if isinstance(n, str)) if isinstance(exclude, list) else ()
-            return Finding(PREEMPTED, EXPEDITE, "the job saved and requeued itself", nodes, ended)
+            cause, why = self_requeue_cause(summary, job.ids, prev)
+            return Finding(cause, EXPEDITE, f"the job requeued itself: {why}", nodes, ended)
         if troubled:
             return Finding(NODE_FAIL, EXPEDITE, "Slurm requeued the job: "
                            + "; ".join(e for _, _, e in troubled), tuple(n for n, _, _ in troubled),
@@ -192,6 +208,24 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
         return Finding(REQUEUED, EXPEDITE, f"the job was requeued (restart {restart}) by Slurm or "
                        "an admin", (), ended)
     return None
+
+
+def self_requeue_cause(summary: JournalSummary, ids, restart: int,
+                       request=None) -> tuple[str, str]:
+    """Why segment (job, ``restart``) requeued itself (or asked, in ``request``, to be requeued),
+    from its own journal: a signal (the time limit's warning or a preemption: it saved first) and
+    a pre-flight are planned; anything else the launcher could not get past (a rendezvous port...)
+    is a fault."""
+    said = request.get("reason") if request is not None else summary.find(summary.self_requeues, ids, restart)
+    reason = str(said or "")
+    if reason.endswith(")") and " (" in reason:  # "<reason> (no scontrol in the job)"
+        reason = reason[:reason.rindex(" (")]
+    if summary.find(summary.preemptions, ids, restart) is not None or reason.endswith(
+            "before training started") or reason == "training saved and asked to be requeued":
+        return PREEMPTED, reason or "it saved on a signal (time limit or preemption)"
+    if reason.startswith(("pre-flight", "the pre-flight")):
+        return PREFLIGHT, reason
+    return REQUEUE_REQUEST, reason or f"exit {exitcodes.REQUEUE}"
 
 
 def _previous_end(obs: RunObservation, ids, restart: int) -> float | None:
@@ -323,17 +357,6 @@ def hang_timeout(memory: Memory, config: WatchConfig) -> float:
     return max(config.hang_min_s, gap + config.hang_factor * longest)
 
 
-def _hang_suspects(obs: RunObservation, memory: Memory, job: Job) -> tuple[str, ...]:
-    """Nodes of the allocation whose ranks did NOT report a watchdog timeout while others did:
-    in a collective, the ranks that time out are the ones left waiting for the culprit."""
-    reported = obs.summary.find(obs.summary.hang_nodes, job.ids, job.restart_count) or set()
-    allocation = job.nodes or memory.last_nodes
-    if not reported:
-        return ()
-    silent = tuple(n for n in allocation if n not in reported)
-    return silent if 0 < len(silent) < len(allocation) else ()
-
-
 def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Finding | None:
     """Every heartbeat of this segment older than the hang timeout (after the start-up grace)."""
     job = obs.job
@@ -357,16 +380,14 @@ def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fin
     if silent:  # the heartbeats stopped because a node did
         return Finding(NODE_DOWN, RECOVER, f"newest heartbeat {age:.0f} s old > hang timeout "
                        f"{timeout:.0f} s and {','.join(silent)} not responding", silent, newest)
-    suspects = _hang_suspects(obs, memory, job)
-    where = (f"; suspect {','.join(suspects)} (its ranks reported no watchdog timeout)"
-             if suspects else "; cannot attribute it to a node (no per-node evidence)")
+    where = "; cannot attribute it to a node (no per-node evidence)"
     if beats:
         what = f"newest heartbeat is {age:.0f} s old > hang timeout {timeout:.0f} s"
     else:
         what = (f"no heartbeat {obs.now - newest + config.startup_grace_s:.0f} s after the segment "
                 f"started (start-up grace {config.startup_grace_s:.0f} s + hang timeout "
                 f"{timeout:.0f} s)")
-    return Finding(HANG, RECOVER, what + where, suspects, newest)
+    return Finding(HANG, RECOVER, what + where, (), newest)
 
 
 def detect_straggler(memory: Memory, config: WatchConfig) -> Finding | None:

@@ -125,12 +125,14 @@ def read_done(run_dir: RunDir) -> dict[str, Any] | None:
 
 def done_for(done: dict[str, Any] | None, ids) -> bool:
     """Whether a DONE marker says this job's run is finished (a marker naming another job is
-    an earlier run's: a later run in the same dir may train further)."""
+    an earlier run's: a later run in the same dir may train further). A marker that names no
+    job (a run outside Slurm, a hand-made one) says nothing about this job: it would otherwise
+    mark every later job in the run dir finished (no node or hang checks, crashes read as done)."""
     if done is None:
         return False
     named = done.get("job_id")
     ids = {ids} if isinstance(ids, str) else set(ids)
-    return named is None or str(named) in ids
+    return isinstance(named, (str, int)) and not isinstance(named, bool) and str(named) in ids
 
 
 @dataclass
@@ -141,8 +143,8 @@ class JournalSummary:
     segment_ends: dict[tuple[str, int], Event] = field(default_factory=dict)
     commits: deque = field(default_factory=lambda: deque(maxlen=_KEEP_COMMITS))
     requeue_requests: dict[tuple[str, int], Event] = field(default_factory=dict)
-    self_requeues: set[tuple[str, int]] = field(default_factory=set)
-    hang_nodes: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    self_requeues: dict[tuple[str, int], str] = field(default_factory=dict)  # -> the launcher's reason
+    preemptions: dict[tuple[str, int], Event] = field(default_factory=dict)  # the run saved on a signal
     last_loss_step: int | None = None
     last_loss_time: float | None = None
     events_read: int = 0
@@ -176,11 +178,9 @@ class JournalSummary:
         elif kind == journal.REQUEUE_REQUEST:
             self.requeue_requests[key] = event
         elif kind == journal.TEMPLATE and event.get("action") == "requeue":
-            self.self_requeues.add(key)
-        elif kind == journal.HANG:
-            node = event.get("node")
-            if isinstance(node, str):
-                self.hang_nodes.setdefault(key, set()).add(node)
+            self.self_requeues[key] = str(event.get("reason") or "")
+        elif kind == journal.PREEMPTION:
+            self.preemptions[key] = event
 
     @staticmethod
     def find(mapping: dict, ids, restart_count: int):

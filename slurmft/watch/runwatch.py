@@ -225,14 +225,26 @@ class RunWatch:
 
     def _detected(self, finding: Finding, obs: RunObservation) -> None:
         job = obs.job
-        self.emit(journal.FAULT_DETECTED, cause=finding.cause, evidence=finding.evidence,
+        kind = journal.PLANNED_END if detect.planned(finding.cause) else journal.FAULT_DETECTED
+        self.emit(kind, cause=finding.cause, evidence=finding.evidence,
                   nodes=list(finding.nodes), fault_time=finding.fault_time,
                   state=job.state.value if job else None, action=finding.action)
 
+    def faults(self) -> int:
+        """Restarts for faults: planned ends (``detect.PLANNED``) are not counted."""
+        return sum(n for cause, n in self.state.restarts_by_cause.items() if not detect.planned(cause))
+
     def _limit_reached(self, cause: str, newest: int | None) -> str | None:
+        """Why the run must be given up rather than restarted for ``cause``, or None. Planned ends
+        (time limit, preemption, pre-flight) never are: a run chunked 100 times by its time limit
+        finishes. Faults count toward max_restarts and their cause's cap, and the crash-loop rule
+        judges progress: ``crash_loop_restarts`` fault restarts in a row with no newer committed
+        checkpoint (a newer one since breaks the loop, whatever the planned ends between)."""
         st, cfg = self.state, self.config
-        if st.restarts >= cfg.max_restarts:
-            return f"{st.restarts} restarts, the most allowed (max_restarts)"
+        if detect.planned(cause):
+            return None
+        if self.faults() >= cfg.max_restarts:
+            return f"{self.faults()} restarts for faults, the most allowed (max_restarts)"
         if st.restarts_by_cause.get(cause, 0) >= cfg.max_restarts_per_cause:
             return f"{st.restarts_by_cause[cause]} restarts for {cause} (max_restarts_per_cause)"
         if cause in detect.FAULTS:
@@ -308,7 +320,8 @@ class RunWatch:
                 held = self.actor.requeue_hold(job.job_id, cause)
         except SlurmError as exc:
             log.error("job %s: could not hold it: %s", self.job_id, exc)
-        self.emit(journal.GAVE_UP, cause=cause, reason=why, restarts=self.state.restarts, held=held)
+        self.emit(journal.GAVE_UP, cause=cause, reason=why, restarts=self.state.restarts,
+                  faults=self.faults(), held=held)
         self.state.phase = GAVE_UP
         self.state.recovery = None
         self.state.reason = why
@@ -439,7 +452,8 @@ class RunWatch:
         elif job.state is JobState.RUNNING and not job.completing and job.restart_count > rec.restart_count:
             self.emit(journal.JOB_RUNNING, nodes=list(job.nodes),
                       start_time=job.start_time.timestamp() if job.start_time else obs.now,
-                      cause=rec.cause, fault_time=rec.fault_time, detect_time=rec.detect_time)
+                      cause=rec.cause, fault_time=rec.fault_time, detect_time=rec.detect_time,
+                      planned=detect.planned(rec.cause))
             st.phase, st.recovery = WATCHING, None
             st.last_restart_count = job.restart_count
         elif job.state.finished and job.restart_count > rec.restart_count:

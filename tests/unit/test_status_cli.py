@@ -44,7 +44,7 @@ def test_table_names_the_state_the_faults_and_the_segments(run_dir):
     result = invoke(run_dir, "--no-slurm")
     assert result.exit_code == 0, result.output
     out = result.stdout
-    for text in ("finished (COMPLETED, exit 0)", "ETTR", "crash 1, preempted 1", "REQUEUE (85)",
+    for text in ("finished (COMPLETED, exit 0)", "ETTR", "crash 1; planned: preempted 1", "REQUEUE (85)",
                  "killed (no end recorded)", "24->20", "signal 9", "checkpoint_overdue"):
         assert text in out, text
 

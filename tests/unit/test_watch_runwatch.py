@@ -145,8 +145,10 @@ def test_self_requeue_after_preemption_is_only_started_now(run):
     client = RecordingClient()
     w = watcher(run, client, start_now_delay_s=0)
     w.step(job(), NODES, T0)
+    journal_line(run, journal.PREEMPTION, job_id="7", restart_count=0, step=3, signal="USR2")
     journal_line(run, journal.SEGMENT_END, job_id="7", restart_count=0, exit_code=85)
-    journal_line(run, journal.TEMPLATE, job_id="7", restart_count=0, action="requeue")
+    journal_line(run, journal.TEMPLATE, job_id="7", restart_count=0, action="requeue",
+                 reason="training saved and asked to be requeued")
     w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 30)
     assert client.calls == [("start_now", "7", ())]
     assert w.state.restarts_by_cause == {"preempted": 1}
