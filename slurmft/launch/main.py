@@ -124,6 +124,12 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         voice.template("preflight_not_run", reason=reason)
         return requeue.requeue_self(client, ident, voice, reason)
     exclude = result.exclusions()
+    own = preflight.jobs_own_failure(result, ident.nodes,
+                                     preflight.earlier_failures(cfg.run_dir, ident)) if exclude else None
+    if own is not None:  # every node would fail the same: excluding them would walk the cluster
+        for node, evidence in exclude.items():
+            voice.log(f"  pre-flight {node}: FAILED: {evidence}")
+        return give_up(voice, own)
     if exclude:
         for node, evidence in exclude.items():
             voice.log(f"  pre-flight {node}: FAILED: {evidence}")

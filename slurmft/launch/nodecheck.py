@@ -131,7 +131,8 @@ def check_node(node: str, run_dir: Path, min_free_gb: float, deadline_s: float, 
     rc, out, err = run([python, "-m", "slurmft.train.runtime", "preflight", str(run_dir),
                         "--min-free-gb", repr(min_free_gb)], deadline - time.monotonic())
     if rc is None:
-        lines.append(f"FAIL {node} run-dir: the run-dir/disk/torch check did not finish within "
+        # "hung", not "run-dir": a mount that hangs is the node's trouble, not the job's own.
+        lines.append(f"FAIL {node} hung: the run-dir/disk/torch check did not finish within "
                      f"{deadline_s:g} s (hung filesystem?)")
     else:
         found = [l for l in out.splitlines() if l.startswith(("FAIL ", "OK "))]

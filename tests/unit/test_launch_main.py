@@ -95,3 +95,12 @@ def test_no_answer_from_any_node_requeues_without_excluding(tmp_path):
 
 def test_missing_srun_is_a_failure_never_do_not_requeue(tmp_path):
     assert _launch(tmp_path, path=str(tmp_path / "empty")) == 1
+
+
+def test_a_job_check_failing_on_every_node_exits_do_not_requeue_excluding_nothing(tmp_path):
+    rc = _launch(tmp_path, "FAIL n1 run-dir: /runs/x not writable;DONE n1;"
+                           "FAIL n2 run-dir: /runs/x not writable;DONE n2")
+    assert rc == exitcodes.NO_REQUEUE
+    assert _events(tmp_path, journal.REQUEUE_REQUEST) == []
+    [why] = [e for e in _events(tmp_path, journal.TEMPLATE) if e.get("action") == "give_up"]
+    assert "run-dir check failed on every node" in why.get("reason")

@@ -142,9 +142,46 @@ def test_check_node_fails_a_hung_check_and_forwards_failures(tmp_path, monkeypat
         return None, "", ""
 
     lines = nodecheck.check_node("n1", tmp_path, 1.0, 5.0, 1.0, 300, run=hung)
-    assert lines[0].startswith("PORT n1 ") and lines[1].startswith("FAIL n1 run-dir: the run-dir/disk/torch check did not finish")
+    assert lines[0].startswith("PORT n1 ") and lines[1].startswith("FAIL n1 hung: the run-dir/disk/torch check did not finish")
 
     def failed(argv, timeout):
         return 1, "FAIL n1 disk: full\n", ""
 
     assert nodecheck.check_node("n1", tmp_path, 1.0, 5.0, 1.0, 300, run=failed)[1:] == ["FAIL n1 disk: full"]
+
+
+# -- a failure of the job's own environment is the job's problem (issue 25) -------------------
+
+def test_the_same_job_check_failing_on_every_node_is_the_jobs_problem():
+    out = "\n".join(f"FAIL {n} python: cannot import torch: ModuleNotFoundError\nDONE {n}" for n in NODES)
+    line = preflight.jobs_own_failure(preflight.parse(out, NODES, rc=0), NODES, {})
+    assert line is not None and "python check failed on every node" in line
+    # Every node failing, but the sweep's checks (the nodes' own health): the nodes are to blame.
+    sweep = "\n".join(f"FAIL {n} sweep: gpu: xid 79\nDONE {n}" for n in NODES)
+    assert preflight.jobs_own_failure(preflight.parse(sweep, NODES, rc=0), NODES, {}) is None
+    # One node of three: that node.
+    one = "FAIL n2 python: cannot import torch\nDONE n1\nDONE n2\nDONE n3"
+    assert preflight.jobs_own_failure(preflight.parse(one, NODES, rc=0), NODES, {}) is None
+
+
+def test_a_one_node_job_failing_the_same_job_check_on_a_second_node_is_the_jobs_problem(tmp_path):
+    """torch missing from the job's venv: the first try excludes n1 (a node can have a broken
+    install); the second, on n2, fails the same way: no third healthy node is excluded."""
+    from slurmft import journal
+
+    ident = identity.from_environ({**recorded("nonarray"), "SLURM_JOB_NODELIST": "n2",
+                                   "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1", "SLURM_NODELIST": "n2",
+                                   "SLURM_RESTART_COUNT": "1"})
+    run = tmp_path / "run"
+    journal.append_event(run / "events.jsonl", journal.TEMPLATE, job_id="1", restart_count=0,
+                         action="exclude", node="n1", evidence="python: cannot import torch: x")
+    journal.append_event(run / "events.jsonl", journal.TEMPLATE, job_id="99", restart_count=0,
+                         action="exclude", node="n3", evidence="disk: 0 GiB free")  # another job
+    earlier = preflight.earlier_failures(run, ident)
+    assert earlier == {"n1": {"python"}}
+    torch = preflight.parse("FAIL n2 python: cannot import torch: x\nDONE n2", ("n2",), rc=0)
+    line = preflight.jobs_own_failure(torch, ("n2",), earlier)
+    assert line is not None and "on n2" in line and "as it did on n1" in line
+    disk = preflight.parse("FAIL n2 disk: 0 GiB free\nDONE n2", ("n2",), rc=0)
+    assert preflight.jobs_own_failure(disk, ("n2",), earlier) is None  # another check: n2's own
+    assert preflight.earlier_failures(tmp_path / "absent", ident) == {}
