@@ -73,6 +73,7 @@ class RunFactory:
             raise WatchStartError(EXIT_LOCKED, str(exc)) from None
         try:
             state = load_state(rd, job.job_id)
+            saved = state.to_json()  # as on disk: what take_on changes is written at the first save
             how = take_on(state, job.job_id, time.time(), lambda: self._current(state.job_id))
         except StateError as exc:
             lock.release()
@@ -103,7 +104,8 @@ class RunFactory:
         if job.job_id == state.job_id:
             released_after_giving_up(state, job)
         self.locks[path] = lock
-        return RunWatch(rd, state, self.client, self.cfg, self.listeners, self.recorder, once=self.once)
+        return RunWatch(rd, state, self.client, self.cfg, self.listeners, self.recorder, once=self.once,
+                        saved=saved)
 
     def _current(self, job_id: str):
         """Slurm's view of ``job_id`` (accounting included), or None when Slurm forgot it."""

@@ -1,6 +1,11 @@
-"""The poll loop: one controller query for every watched job and one node query per cycle,
-then each run's state machine. A query that fails means "could not observe": nothing is acted
-on, the loop backs off (bounded) and logs once per change of controller health.
+"""The poll loop: one controller query for every watched job and, when some run needs it, one
+node query per cycle, then each run's state machine. A query that fails means "could not
+observe": nothing is acted on, the loop backs off (bounded) and logs once per change of
+controller health.
+
+The node table is the controller's most expensive answer. A run whose job waits in the queue
+as it did last cycle (pending, not requeued since, not being recovered) has no use for it, so a
+watcher over a user's thousand queued jobs asks the controller one thing per cycle.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Callable
 from slurmft.slurm.client import Job, JobNotFound, JobState, SlurmClient, SlurmError
 from slurmft.slurm.policy import HELD_REASONS
 from slurmft.watch.runwatch import RunWatch
-from slurmft.watch.state import GAVE_UP
+from slurmft.watch.state import GAVE_UP, WATCHING
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 60.0
@@ -25,6 +30,17 @@ class CycleResult:
     duration_s: float
     error: str = ""
     runs: list = field(default_factory=list)  # the runs stepped this cycle
+
+
+def _needs_nodes(run: RunWatch, job: Job | None) -> bool:
+    """Whether this run's cycle may look at nodes: anything but a job that waits in the queue
+    as it did (pending, not completing, not requeued since last seen, no recovery under way)."""
+    state = getattr(run, "state", None)
+    if (state is None or job is None or state.phase != WATCHING or job.state is not JobState.PENDING
+            or job.completing):
+        return True
+    last = state.last_restart_count
+    return job.restart_count > (last if last is not None else 0)
 
 
 class Watcher:
@@ -64,7 +80,9 @@ class Watcher:
                 jobs = self.client.user_jobs(self.user)
             else:
                 jobs = self.client.jobs([r.job_id for r in active])
-            nodes = self.client.nodes()
+            if self.adopt is not None:
+                active += self._adopt_new(jobs)
+            nodes = self.client.nodes() if any(_needs_nodes(r, jobs.get(r.job_id)) for r in active) else {}
         except SlurmError as exc:
             result = CycleResult(False, time.monotonic() - started, str(exc), active)
             if self.controller_ok is not False:
@@ -76,8 +94,6 @@ class Watcher:
             log.warning("Slurm answers again")
         self.controller_ok = True
         now = self.clock()
-        if self.adopt is not None:
-            active += self._adopt_new(jobs)
         for run in active:
             job = jobs.get(run.job_id)
             if job is None:

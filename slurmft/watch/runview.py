@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ MAX_JOURNAL_CHUNK = 8 * 1024 * 1024
 MAX_LINE = 64 * 1024
 _KEEP_COMMITS = 32
 MAX_EVERY = 1_000_000  # steps between beats; more is not a heartbeat
+MAX_KEPT_LINES = 4096  # journal lines a --once invocation hands to the next
 
 
 def read_regular(path: Path, limit: int) -> bytes | None:
@@ -72,47 +74,129 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def read_heartbeats(run_dir: RunDir) -> dict[str, Beat] | None:
+# A directory or file whose mtime is this close to now may change again within the same mtime
+# tick (filesystems with coarse timestamps): its cached reading is not trusted ("racy" entry).
+RACY_S = 2.0
+
+
+def _signature(info: os.stat_result) -> tuple[int, int, int, int]:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def _settled(info: os.stat_result, now: float) -> bool:
+    return now - info.st_mtime_ns / 1e9 >= RACY_S
+
+
+class HeartbeatCache:
+    """What ``read_heartbeats`` read last time: the heartbeat directory's signature and, per
+    file, its signature and the Beat read from it. Heartbeats are replaced by rename, which
+    changes the directory's mtime, so an unchanged directory costs one ``stat`` per cycle and a
+    changed one a listing, an ``lstat`` per file and a read per changed file. (An inode alone
+    does not tell: the filesystem reuses the one a replaced beat freed.)"""
+
+    def __init__(self) -> None:
+        self.dir_sig: tuple[int, int, int, int] | None = None
+        self.files: dict[str, tuple[tuple[int, int, int, int], Beat | None]] = {}
+        self.beats: dict[str, Beat] | None = None
+
+
+def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None) -> dict[str, Beat] | None:
     """Every readable ``heartbeat/<node>.json``, by node: {} when the job has written none yet,
-    None when the directory cannot be read (a filesystem outage on this host is not a hang)."""
+    None when the directory cannot be read (a filesystem outage on this host is not a hang).
+    With a ``cache``, a directory unchanged since the last call is not listed again and a file
+    with the same inode is not read again."""
     beats: dict[str, Beat] = {}
     try:
-        os.lstat(run_dir.root)
+        info = os.stat(run_dir.heartbeat_dir)
+        sig = _signature(info)
+        if cache is not None and cache.beats is not None and sig == cache.dir_sig:
+            return cache.beats
         with os.scandir(run_dir.heartbeat_dir) as it:
             entries = list(itertools.islice(it, 4096))
     except FileNotFoundError:
+        if cache is not None:
+            cache.dir_sig, cache.files, cache.beats = None, {}, None
         return beats if run_dir.root.is_dir() else None
     except OSError:
         return None
+    now = time.time()
+    files: dict[str, tuple[tuple[int, int, int, int], Beat | None]] = {}
     for entry in entries:
         if not entry.name.endswith(".json") or entry.name.startswith("."):
             continue
-        data = read_small_json(Path(entry.path))
-        if not isinstance(data, dict):
-            continue
-        when = _number(data.get("time"))
-        node = data.get("node")
-        if when is None or not isinstance(node, str) or f"{node}.json" != entry.name:
-            continue
-        step = data.get("step")
-        restart = data.get("restart_count")
-        every = data.get("every")
-        beats[node] = Beat(
-            node=node,
-            job_id=str(data["job_id"]) if isinstance(data.get("job_id"), (str, int)) else None,
-            restart_count=restart if isinstance(restart, int) and not isinstance(restart, bool) else None,
-            step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-            time=when,
-            recent_step_s=_number(data.get("recent_step_s")),
-            busy_s=_number(data.get("busy_s")),
-            every=every if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= MAX_EVERY
-            else None,
-        )
+        if cache is not None:
+            try:
+                file_info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            file_sig = _signature(file_info)
+            known = cache.files.get(entry.name)
+            if known is not None and known[0] == file_sig:
+                beat = known[1]
+            else:
+                beat = _read_beat(entry)
+            if _settled(file_info, now):
+                files[entry.name] = (file_sig, beat)
+        else:
+            beat = _read_beat(entry)
+        if beat is not None:
+            beats[beat.node] = beat
+    if cache is not None:
+        cache.dir_sig = sig if _settled(info, now) else None
+        cache.files, cache.beats = files, beats
     return beats
 
 
-def read_done(run_dir: RunDir) -> dict[str, Any] | None:
-    """The DONE marker: its JSON fields, ``{}`` for a plain-text marker, None when absent."""
+def _read_beat(entry: os.DirEntry) -> Beat | None:
+    """One heartbeat file's Beat, or None when it is not one."""
+    data = read_small_json(Path(entry.path))
+    if not isinstance(data, dict):
+        return None
+    when = _number(data.get("time"))
+    node = data.get("node")
+    if when is None or not isinstance(node, str) or f"{node}.json" != entry.name:
+        return None
+    step = data.get("step")
+    restart = data.get("restart_count")
+    every = data.get("every")
+    return Beat(
+        node=node,
+        job_id=str(data["job_id"]) if isinstance(data.get("job_id"), (str, int)) else None,
+        restart_count=restart if isinstance(restart, int) and not isinstance(restart, bool) else None,
+        step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+        time=when,
+        recent_step_s=_number(data.get("recent_step_s")),
+        busy_s=_number(data.get("busy_s")),
+        every=every if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= MAX_EVERY
+        else None,
+    )
+
+
+class DoneCache:
+    """The DONE marker's signature and value when last read (``read_done``)."""
+
+    def __init__(self) -> None:
+        self.sig: tuple[int, int, int, int] | None = None
+        self.value: dict[str, Any] | None = None
+
+
+def read_done(run_dir: RunDir, cache: DoneCache | None = None) -> dict[str, Any] | None:
+    """The DONE marker: its JSON fields, ``{}`` for a plain-text marker, None when absent. With
+    a ``cache``: one ``lstat`` while the marker is absent or unchanged."""
+    if cache is not None:
+        try:
+            info = os.lstat(run_dir.done)
+        except FileNotFoundError:
+            cache.sig = cache.value = None
+            return None
+        except OSError:
+            return None
+        sig = _signature(info)
+        if sig == cache.sig:
+            return cache.value
+        value = read_done(run_dir)
+        cache.sig, cache.value = (sig if _settled(info, time.time()) else None), value
+        return value
     data = read_regular(run_dir.done, MAX_SMALL_FILE)
     if data is None:
         return None
@@ -218,14 +302,27 @@ class JournalSummary:
 class JournalTail:
     """Follows one run's ``events.jsonl`` from a byte offset; lines are parsed as they arrive."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, keep_lines: bool = False) -> None:
+        """``keep_lines``: also keep the lines the summary is made of (every line but the
+        losses, the newest of those, up to ``MAX_KEPT_LINES``) so that ``save`` can hand the
+        place in the journal to the next ``--once`` invocation."""
         self.path = path
         self.offset = 0
         self.identity: tuple[int, int] | None = None
         self.summary = JournalSummary()
         self._partial = b""
+        self._kept: deque[bytes] | None = deque(maxlen=MAX_KEPT_LINES) if keep_lines else None
+        self._last_loss = b""
 
     def poll(self) -> JournalSummary:
+        """The summary with the lines appended since the last poll; a journal whose identity
+        and size have not changed costs one ``lstat``."""
+        try:
+            seen = os.lstat(self.path)
+        except OSError:
+            return self.summary
+        if (seen.st_dev, seen.st_ino) == self.identity and seen.st_size == self.offset:
+            return self.summary
         try:
             fd, info = safeio.open_regular(self.path)
         except OSError:
@@ -235,6 +332,9 @@ class JournalTail:
             if identity != self.identity or info.st_size < self.offset:  # replaced or truncated
                 self.identity, self.offset, self._partial = identity, 0, b""
                 self.summary = JournalSummary()
+                if self._kept is not None:
+                    self._kept.clear()
+                self._last_loss = b""
             while self.offset < info.st_size:
                 chunk = os.pread(fd, min(MAX_JOURNAL_CHUNK, info.st_size - self.offset), self.offset)
                 if not chunk:
@@ -262,3 +362,28 @@ class JournalTail:
                 event = None
             if event is not None:
                 self.summary.add(event)
+                if self._kept is not None:
+                    if event.kind == journal.LOSS:
+                        self._last_loss = raw
+                    else:
+                        self._kept.append(raw)
+
+    def kept_lines(self) -> list[bytes]:
+        """With ``keep_lines``: the lines the summary is made of, in journal order (enough to
+        rebuild it: ``restore``)."""
+        return [*(self._kept or ()), *([self._last_loss] if self._last_loss else [])]
+
+    def restore(self, identity: tuple[int, int], offset: int, lines: list[bytes]) -> None:
+        """Carry on at ``offset`` of the journal ``identity`` (device, inode), the summary
+        rebuilt from ``lines`` (``kept_lines`` of an earlier tail)."""
+        self.summary, self._partial, self._last_loss = JournalSummary(), b"", b""
+        if self._kept is not None:
+            self._kept.clear()
+        self._feed(b"".join(raw + b"\n" for raw in lines))
+        self._partial = b""
+        self.identity, self.offset = identity, offset
+
+    @property
+    def complete_offset(self) -> int:
+        """The offset of the end of the last whole line read."""
+        return self.offset - len(self._partial)

@@ -26,7 +26,10 @@ from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
 from slurmft.watch.exclusions import fade_faults, fit_exclusions, readmit_to_fit
 from slurmft.watch.resolve import current_user
-from slurmft.watch.runview import JournalTail, done_for, read_done, read_heartbeats
+from slurmft.watch.oncetail import load_tail, save_tail, tail_path
+from slurmft.watch.runview import (
+    DoneCache, HeartbeatCache, JournalTail, done_for, read_done, read_heartbeats,
+)
 from slurmft.watch.state import (
     DOING, DONE, FINISHED, GAVE_UP, LOST, RECOVERING, SKIP, TODO, WATCHING, Recovery, RunState,
     save_state,
@@ -55,11 +58,20 @@ class RunWatch:
     """The watcher of one run dir: call ``step(job, nodes, now)`` once per cycle."""
 
     def __init__(self, run_dir: RunDir, state: RunState, actor_client, config: WatchConfig,
-                 listeners: list[Listener] | None = None, recorder=None, *, once: bool = False) -> None:
+                 listeners: list[Listener] | None = None, recorder=None, *, once: bool = False,
+                 saved: dict[str, Any] | None = None) -> None:
+        """``saved``: the state as its file holds it (``RunState.to_json`` of what was loaded),
+        so that a cycle that changes nothing writes nothing; None: written at the first save."""
         self.run_dir = run_dir
         self.state = state
         self.config = config
-        self.tail = JournalTail(run_dir.events)
+        self.tail = JournalTail(run_dir.events, keep_lines=once)
+        if once:  # a cron line's cycle: carry on where the last one stopped reading
+            load_tail(self.tail, tail_path(run_dir))
+        self._tail_saved = self.tail.complete_offset
+        self._beats_cache, self._done_cache = HeartbeatCache(), DoneCache()
+        self._saved = saved  # what state.json holds: written again only when the state differs
+        self._submission_saved_for: str | None = None
         self.listeners = list(listeners or [])
         self.actor = Actor(actor_client, self.emit)
         self._history: dict[str, deque] = {}
@@ -97,7 +109,12 @@ class RunWatch:
                 log.error("event listener failed on %s: %s", kind, exc)
 
     def _save(self) -> None:
-        save_state(self.run_dir, self.state)
+        """Write the state when it differs from what was last written (an idle cycle writes
+        nothing; a step's intent is written before the step, as it changed)."""
+        data = self.state.to_json()
+        if data != self._saved:
+            save_state(self.run_dir, self.state)
+            self._saved = data
 
     def failed(self, exc: Exception) -> None:
         """This run's cycle raised (its disk full, a file it cannot use): log it, say it once in
@@ -111,9 +128,10 @@ class RunWatch:
 
     def observe(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> RunObservation:
         summary = self.tail.poll()
-        beats = read_heartbeats(self.run_dir)
+        beats = read_heartbeats(self.run_dir, self._beats_cache)
         self._learn(job, beats)
-        return RunObservation(self.job_id, job, nodes, summary, beats, read_done(self.run_dir), now)
+        return RunObservation(self.job_id, job, nodes, summary, beats,
+                              read_done(self.run_dir, self._done_cache), now)
 
     def memory(self) -> Memory:
         st = self.state
@@ -168,6 +186,9 @@ class RunWatch:
             if self.state.phase == WATCHING:
                 self.state.last_restart_count = job.restart_count
         self._save()
+        if self.once and self.tail.complete_offset != self._tail_saved:
+            save_tail(self.tail, tail_path(self.run_dir))
+            self._tail_saved = self.tail.complete_offset
 
     def _note_nodes(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> None:
         """Per node of a running job's allocation: since when Slurm shows it NOT_RESPONDING,
@@ -329,9 +350,13 @@ class RunWatch:
     # -- a job Slurm has forgotten --------------------------------------------------------------
 
     def _save_submission(self, job: Job) -> None:
-        """At first sight: save the job's submit line and batch script (for a resubmission)."""
+        """At first sight: save the job's submit line and batch script (for a resubmission).
+        The saved record is read once per job, not every cycle."""
+        if self._capture_tries >= CAPTURE_TRIES or self._submission_saved_for == job.job_id:
+            return
         record = resubmit.load_record(self.run_dir)
-        if self._capture_tries >= CAPTURE_TRIES or (record is not None and record.job_id == job.job_id):
+        if record is not None and record.job_id == job.job_id:
+            self._submission_saved_for = job.job_id
             return
         self._capture_tries += 1
         client = self.actor.client
@@ -342,6 +367,7 @@ class RunWatch:
             script = client.batch_script(job.job_id)
             resubmit.save_record(self.run_dir, job.job_id, line,
                                  str(job.work_dir or self.run_dir.root), script)
+            self._submission_saved_for = job.job_id
         except (SlurmError, resubmit.ResubmitError, OSError) as exc:
             if self._capture_tries >= CAPTURE_TRIES:
                 self.emit(journal.WATCH_WARNING, what="no_resubmit", nodes=[],
