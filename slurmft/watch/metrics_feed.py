@@ -1,6 +1,7 @@
 """Feeds ``WatchMetrics`` after each poll cycle: cycle time and controller health, each run's
-newest checkpoint and its age (from the journal summary the run already keeps), ETTR now and
-then (``slurmft.status`` reads the whole journal, so not every cycle), and the textfile."""
+newest checkpoint and its age (from the journal summary the run already keeps), ETTR every
+``ettr_every_s`` (from the lines appended since the last refresh: ``watch/ettr.py``), and the
+textfile. Runs no longer watched are forgotten here too."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from slurmft.watch.ettr import EttrTail
 from slurmft.watch.loop import CycleResult
 from slurmft.watch.metrics import WatchMetrics
 
@@ -23,6 +25,7 @@ class MetricsFeed:
         self.ettr_every_s = ettr_every_s
         self.clock = clock
         self._ettr_at: dict[str, float] = {}
+        self._ettr: dict[str, EttrTail] = {}
         self._textfile_failed = False
 
     def after_cycle(self, result: CycleResult) -> None:
@@ -35,7 +38,15 @@ class MetricsFeed:
                 self.metrics.set_checkpoint(run.job_id, step, max(0.0, now - when))
             if now - self._ettr_at.get(run.job_id, float("-inf")) >= self.ettr_every_s:
                 self._ettr_at[run.job_id] = now
-                self.metrics.set_ettr(run.job_id, self._ettr(run, now))
+                tail = self._ettr.get(run.job_id)
+                if tail is None or tail.path != run.run_dir.events:
+                    tail = self._ettr[run.job_id] = EttrTail(run.run_dir.events)
+                self.metrics.set_ettr(run.job_id, tail.poll().ettr(now))
+        watched = {run.job_id for run in result.runs}
+        if result.observed:  # a run ended or let go: its ETTR reader goes with it
+            for job_id in [j for j in self._ettr if j not in watched]:
+                del self._ettr[job_id]
+                self._ettr_at.pop(job_id, None)
         if self.textfile is not None:
             try:
                 self.metrics.write_textfile(self.textfile)
@@ -49,13 +60,4 @@ class MetricsFeed:
         """A run let go (``--all``) whose job Slurm no longer lists: its series go."""
         self.metrics.forget(job_id)
         self._ettr_at.pop(job_id, None)
-
-    @staticmethod
-    def _ettr(run, now: float) -> float | None:
-        from slurmft.status import JournalUnreadable, build_report, read_journal
-
-        try:
-            return build_report(read_journal(run.run_dir.events), now=now).ettr
-        except (JournalUnreadable, OSError, ValueError) as exc:
-            log.warning("job %s: no ETTR this time: %s", run.job_id, exc)
-            return None
+        self._ettr.pop(job_id, None)

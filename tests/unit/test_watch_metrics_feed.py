@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from slurmft import journal
 from slurmft.rundir import RunDir
 from slurmft.watch.config import WatchConfig
@@ -34,3 +36,75 @@ def test_feed_sets_checkpoint_age_ettr_and_writes_the_textfile(tmp_path):
     assert 'slurmft_watch_last_checkpoint_age_seconds{slurm_job="5"} 29.0' in text
     assert 'slurmft_watch_ettr{slurm_job="5"}' in text
     assert "slurmft_watch_controller_reachable 1.0" in text
+
+
+def _journal(rd: RunDir, kind: str, t: float, **fields) -> None:
+    with rd.events.open("ab") as fh:
+        fh.write(journal.encode_event(kind, fields, now=t))
+
+
+def _segment(rd: RunDir, job: str, restart: int, start: float, steps, step_s: float,
+             end_code: int | None, commit_every: int = 5) -> float:
+    _journal(rd, journal.SEGMENT_START, start, job_id=job, restart_count=restart)
+    t = start
+    for step in steps:
+        t += step_s
+        _journal(rd, journal.LOSS, t, job_id=job, restart_count=restart, step=step, loss=1.0)
+        if step % commit_every == 0:
+            _journal(rd, journal.CHECKPOINT_COMMITTED, t + 0.1, job_id=job, restart_count=restart,
+                     step=step)
+    if end_code is not None:
+        _journal(rd, journal.SEGMENT_END, t + 1, job_id=job, restart_count=restart, exit_code=end_code)
+    return t + 1
+
+
+def test_the_ettr_gauge_equals_status_and_reads_only_what_was_appended(tmp_path):
+    """Three segments (a crash that redoes steps 11-13, a time-limit end), a watcher start with
+    the job's submit time, the run's finish: the gauge refreshed between each is status's ETTR,
+    and each refresh reads the bytes appended since the last one, not the whole journal."""
+    import sys
+    from pathlib import Path
+
+    from slurmft.status import build_report, read_journal
+    from slurmft.watch.ettr import EttrTail
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from _fs_ops import FsOps
+
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    tail = EttrTail(rd.events)
+
+    def check(now: float) -> None:
+        before = rd.events.stat().st_size if rd.events.exists() else 0
+        with FsOps(rd.root) as ops:
+            got = tail.poll().ettr(now)
+        assert ops.bytes_read == before - check.size
+        check.size = before
+        want = build_report(read_journal(rd.events), now=now).ettr
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12), now
+    check.size = 0
+
+    _journal(rd, journal.WATCH_STARTED, 95.0, job_id="5", restart_count=0, job_submit_time=90.0)
+    end = _segment(rd, "5", 0, 100.0, range(1, 14), 2.0, 1)
+    check(end + 5)
+    end = _segment(rd, "5", 1, end + 30, range(11, 31), 3.0, 85)  # restored at 10: 11-13 redone
+    check(end + 1)
+    check(end + 100)  # nothing appended: nothing read, the wall clock moves on
+    end = _segment(rd, "5", 2, end + 20, range(31, 41), 2.5, 0)
+    check(end + 50)
+    _journal(rd, journal.RUN_FINISHED, end + 2, job_id="5", restart_count=2, how="finished")
+    check(end + 500)
+
+
+def test_the_ettr_reader_stays_bounded_over_a_long_run(tmp_path):
+    from slurmft.watch.ettr import FROZEN_COMMITS, EttrTail
+
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    _segment(rd, "5", 0, 0.0, range(1, 5001), 1.0, None, commit_every=50)
+    acc = EttrTail(rd.events).poll()
+    assert len(acc.live) <= (FROZEN_COMMITS + 1) * 50
+    from slurmft.status import build_report, read_journal
+
+    assert acc.ettr(5001.0) == pytest.approx(build_report(read_journal(rd.events), now=5001.0).ettr)
