@@ -26,6 +26,7 @@ EVENTS = "events.jsonl"
 WATCH = "watch"
 DONE = "DONE"
 CKPT_TIERS = "ckpt_tiers.json"  # which nodes' local tiers hold which steps (slurmft.train.tiers)
+CLAIM = "claim.json"  # which job (array task) runs in the run dir now (slurmft.launch.claim)
 STEP_PREFIX = "step_"
 TMP_MARK = ".tmp-"
 STEP_DIGITS = 9
@@ -96,6 +97,10 @@ class RunDir:
     @property
     def ckpt_tiers(self) -> Path:
         return self.root / CKPT_TIERS
+
+    @property
+    def claim(self) -> Path:
+        return self.root / CLAIM
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / step_dirname(step)

@@ -1,7 +1,8 @@
 """The launcher's order of work, and the one place that decides its exit code.
 
   identity + settings (bad input -> 86, the one deliberate "do not requeue" besides training's)
-  -> job comment -> pre-flight (exclusions -> requeue, 85) -> a signal before training? (checked)
+  -> the run dir's claim (another live job's: 86) -> job comment
+  -> pre-flight (exclusions -> requeue, 85) -> a signal before training? (checked)
   -> rendezvous -> training step with signals forwarded -> outcome -> 0 / 85 / 86 / passed on.
 
 A missing tool, a failed pre-flight or a stray signal never ends in 86: they are requeued (by
@@ -14,18 +15,19 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from functools import partial
 from typing import Mapping, Sequence
 
 from slurmft import exitcodes, journal
 from slurmft.journal import read_events, segment_outcome
 from slurmft.launch import identity as identity_mod
-from slurmft.launch import preflight, rendezvous, requeue, settings as settings_mod
+from slurmft.launch import claim, preflight, rendezvous, requeue, settings as settings_mod
 from slurmft.launch.journaling import Voice
 from slurmft.launch.outcome import Next, decide
 from slurmft.launch.signals import SignalLog, is_for_this_run
 from slurmft.launch.step import run_step
 from slurmft.rundir import RunDir
-from slurmft.slurm.client import SlurmError
+from slurmft.slurm.client import JobNotFound, SlurmError
 
 USAGE = ("usage: slurmft launch SCRIPT.py [ARGS...]  (or -m MODULE [ARGS...])\n"
          "Run a training script across this Slurm allocation (what sbatch_templates/train.sbatch\n"
@@ -85,6 +87,14 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         # Not 86: on another node the filesystem may be there; the watcher decides (bounded).
         voice.log(f"ERROR: {reason} (this node cannot reach it) -> exit 1, passed on to slurmft watch")
         return 1
+    client = requeue.slurm_client(env)
+    try:
+        claim.claim_run_dir(run_dir, ident, None if client is None else partial(job_alive, client))
+    except claim.ClaimRefused as exc:  # not journaled: the run dir is another job's
+        if exc.code == exitcodes.NO_REQUEUE:
+            return give_up(voice, str(exc))
+        voice.log(f"ERROR: {exc} -> exit 1, passed on to slurmft watch")
+        return 1
     voice = Voice(ident, run_dir)  # from here on, reasons are journaled too
     try:
         cfg = settings_mod.from_environ(env, ident)
@@ -102,7 +112,6 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     env["SLURMFT_RUN_DIR"] = str(cfg.run_dir)
     env["SLURMFT_JOB_ID"] = ident.slurm_id  # the array-aware id, for the ranks
     env["SLURMFT_PG_TIMEOUT_S"] = str(cfg.pg_timeout_s)
-    client = requeue.slurm_client(env)
     voice.template("launch", nodes=list(ident.nodes), scontrol=client is not None,
                    nproc_per_node=cfg.nproc_per_node)
     requeue.publish_run_dir(client, ident, str(cfg.run_dir), voice)
@@ -181,6 +190,16 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         return requeue.requeue_self(client, ident, voice, "training saved and asked to be requeued")
     voice.template("end", exit_code=decision.code, why=decision.why)
     return decision.code
+
+
+def job_alive(client, job_id: str) -> bool | None:
+    """Does Slurm still run or queue ``job_id`` (a claim's holder)? None: could not tell."""
+    try:
+        return not client.job(job_id).state.finished
+    except JobNotFound:
+        return False
+    except SlurmError:
+        return None
 
 
 def segment_code(run_dir, ident) -> int | None:

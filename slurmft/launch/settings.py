@@ -60,8 +60,8 @@ def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float
 
 def run_dir_for(raw: str | None, identity: JobIdentity) -> Path:
     """``SLURMFT_RUN_DIR`` with ``%A``/``%a`` (array job id / task id, as in sbatch's file names)
-    replaced. Array tasks must each have their own directory: two tasks writing one journal and
-    one checkpoint directory would resume each other's state."""
+    replaced. Whether two array tasks (or jobs) share the directory is judged on disk, not from
+    the spelling: the launcher claims the run dir (``launch/claim.py``)."""
     if raw is None or raw == "":
         raise SettingsError(f"{RUN_DIR_ENV} is not set: export it (the run directory on the shared "
                             "filesystem) before sbatch")
@@ -71,9 +71,6 @@ def run_dir_for(raw: str | None, identity: JobIdentity) -> Path:
         raise SettingsError(f"{RUN_DIR_ENV}={raw!r} must not contain spaces, commas or control "
                             "characters (it is written into the job comment)")
     if identity.is_array_task:
-        if "%a" not in raw:
-            raise SettingsError(f"{RUN_DIR_ENV}={raw} is shared by every task of array job "
-                                f"{identity.array_job_id}: put %a (the task id) in it, e.g. {raw}_%a")
         raw = raw.replace("%A", identity.array_job_id or "").replace("%a", identity.array_task_id or "")
     elif "%a" in raw or "%A" in raw:
         raise SettingsError(f"{RUN_DIR_ENV}={raw} uses %a/%A but this is not an array job")

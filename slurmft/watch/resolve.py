@@ -1,9 +1,10 @@
 """Which run directory a watched job writes, and whether the watcher may act on it.
 
 The job comment (``SLURMFT_RUN_DIR=...``) and ``--run-dir`` are the user's words: the watcher
-acts only on a directory that is a slurmft run dir (it has ``events.jsonl``, ``checkpoints/`` or
-``heartbeat/``, or is still empty: a job that has just started), is not reached through a symlink at its last component, and is owned by the
-job's user; and it runs as that user, never with more rights (root may watch only root's jobs).
+acts only on a directory that is a slurmft run dir (it has ``events.jsonl``, ``checkpoints/``,
+``heartbeat/`` or the launcher's ``claim.json``, or is still empty: a job that has just started),
+is not reached through a symlink at its last component, and is owned by the job's user; and it
+runs as that user, never with more rights (root may watch only root's jobs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurmft.rundir import CHECKPOINTS, EVENTS, HEARTBEAT, WATCH
+from slurmft.rundir import CHECKPOINTS, CLAIM, EVENTS, HEARTBEAT, WATCH
 from slurmft.slurm.client import Job, JobState
 from slurmft.slurm.policy import HELD_REASONS
 
@@ -67,7 +68,7 @@ def run_dir_for(job: Job, explicit: Path | None) -> Path:
         if os.path.islink(path / name):
             raise ResolveError(f"job {job.job_id}: {path / name} is a symlink (slurmft never "
                                "follows one out of a run dir)")
-    marked = any(os.path.lexists(path / name) for name in (EVENTS, CHECKPOINTS, HEARTBEAT))
+    marked = any(os.path.lexists(path / name) for name in (EVENTS, CHECKPOINTS, HEARTBEAT, CLAIM))
     try:
         unmarked_content = not marked and _has_entries(path)
     except OSError as exc:

@@ -4,8 +4,9 @@ At first sight of a job the watcher saves, in ``<run_dir>/watch/``, the job's sb
 (accounting's SubmitLine) and its batch script (the controller's copy: accounting may not keep
 it). A forgotten job that is not DONE is submitted again from these: the same options and script
 arguments, the saved script in place of the original (whose file may have changed since), the
-nodes excluded so far, and the comment naming the run dir so a restarted watcher can find the new
-job instead of submitting twice.
+nodes excluded so far merged with the user's own ``--exclude``, and the comment naming the run dir
+so a restarted watcher can find the new job instead of submitting twice. A forgotten array task is
+submitted alone, as a one-task array of its own index.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
+
+import hostlist
 
 from slurmft.rundir import RunDir, atomic_write_bytes, atomic_write_json
 from slurmft.slurm import validate
@@ -94,15 +97,75 @@ def saved_script(run_dir: RunDir) -> bytes | None:
     return read_regular(SubmitRecord.paths(run_dir)[1], MAX_SCRIPT)
 
 
+EXCLUDE_OPTS, ARRAY_OPTS = ("--exclude", "-x"), ("--array", "-a")
+
+
+def _take(options: list[str], names: tuple[str, str]) -> tuple[list[str], list[str]]:
+    """(options without ``names``' occurrences, their values): ``--long=V``, ``--long V``,
+    ``-sV`` and ``-s V``."""
+    long, short = names
+    kept, values = [], []
+    i = 0
+    while i < len(options):
+        token = options[i]
+        if token in (long, short) and i + 1 < len(options):
+            values.append(options[i + 1])
+            i += 2
+            continue
+        if token.startswith(long + "="):
+            values.append(token[len(long) + 1:])
+        elif token.startswith(short) and not token.startswith("--") and len(token) > 2:
+            values.append(token[2:])
+        else:
+            kept.append(token)
+        i += 1
+    return kept, values
+
+
+def array_task(job_id: str) -> str | None:
+    """The task index of an array task's id (``<array>_<task>``), None for any other job."""
+    _, sep, task = job_id.partition("_")
+    return task if sep and task.isdigit() else None
+
+
+def new_job_id(submitted: str, record: SubmitRecord) -> str:
+    """The id to follow: sbatch prints the array job's id; the one task in it is ``<id>_<task>``."""
+    task = array_task(record.job_id)
+    return submitted if task is None or "_" in submitted else f"{submitted}_{task}"
+
+
+def merged_exclude(user_values: Sequence[str], ours: Sequence[str]) -> list[str]:
+    """The user's own ``--exclude`` hostlists and the watcher's nodes, one sorted list."""
+    names: set[str] = set(ours)
+    for value in user_values:
+        if "/" in value:
+            raise ResubmitError(f"the recorded --exclude {value!r} names a file: cannot merge the "
+                                "watcher's exclusions into it")
+        try:
+            names.update(hostlist.expand_hostlist(value))
+        except hostlist.BadHostlist as exc:
+            raise ResubmitError(f"the recorded --exclude {value!r} is not a hostlist: {exc}") from None
+    return sorted(names)
+
+
 def resubmit_argv(record: SubmitRecord, script_path: Path, run_dir: Path,
                   exclude: Sequence[str]) -> list[str]:
     """sbatch arguments for the new submission: the recorded options (minus --parsable), the
-    merged exclusions and the run dir comment, the saved script, the recorded script arguments."""
+    user's own ``--exclude`` merged with the watcher's (one option: sbatch keeps only the last),
+    the run dir comment, the saved script, the recorded script arguments. An array task is
+    submitted alone (``--array=<its task>``, the recorded ``--array`` dropped): its task id, and
+    so its run dir's spelling, stay what they were, and no other task runs twice."""
     tokens = split_line(record.submit_line)
     if record.script_index >= len(tokens):
         raise ResubmitError("the recorded script position is past the end of the submit line")
     options = [t for t in tokens[1:record.script_index] if t != "--parsable"]
+    options, user_exclude = _take(options, EXCLUDE_OPTS)
     extra = [f"--comment=SLURMFT_RUN_DIR={run_dir}"]
-    if exclude:
-        extra.append(f"--exclude={validate.compress_nodes(list(exclude))}")
+    task = array_task(record.job_id)
+    if task is not None:
+        options, _ = _take(options, ARRAY_OPTS)
+        extra.append(f"--array={task}")
+    nodes = merged_exclude(user_exclude, exclude)
+    if nodes:
+        extra.append(f"--exclude={validate.compress_nodes(nodes)}")
     return [*options, *extra, str(script_path), *tokens[record.script_index + 1:]]

@@ -402,7 +402,8 @@ class RunWatch:
             self._save()
             env = {**os.environ, RUN_DIR_ENV: str(self.run_dir.root)}
             try:
-                found = self.actor.resubmit(argv, Path(record.work_dir), env, finding.cause)
+                found = resubmit.new_job_id(
+                    self.actor.resubmit(argv, Path(record.work_dir), env, finding.cause), record)
             except SlurmError:
                 return  # journaled by the actor; tried again next cycle
         old = self.job_id

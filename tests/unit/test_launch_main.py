@@ -44,14 +44,14 @@ def _keep_signal_handlers():
         signal.signal(sig, handler)
 
 
-def _launch(tmp_path, preflight=GOOD, code=0, path=None):
+def _launch(tmp_path, preflight=GOOD, code=0, path=None, env_name="nonarray"):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(FAKE_SRUN)
     (bin_dir / "srun").chmod(0o755)
     script = tmp_path / "train.py"
     script.write_text("")
-    env = {**recorded("nonarray"), "SLURMFT_RUN_DIR": str(tmp_path / "run"),
+    env = {**recorded(env_name), "SLURMFT_RUN_DIR": str(tmp_path / "run"),
            "PATH": str(bin_dir) if path is None else path, "FAKE_PREFLIGHT": preflight,
            "FAKE_CODE": str(code), "PYTHONPATH": os.pathsep.join(sys.path)}
     return launch([str(script)], env)
@@ -104,3 +104,19 @@ def test_a_job_check_failing_on_every_node_exits_do_not_requeue_excluding_nothin
     assert _events(tmp_path, journal.REQUEUE_REQUEST) == []
     [why] = [e for e in _events(tmp_path, journal.TEMPLATE) if e.get("action") == "give_up"]
     assert "run-dir check failed on every node" in why.get("reason")
+
+
+def test_an_array_task_whose_run_dir_a_sibling_task_holds_is_refused_with_one_line(tmp_path, capfd):
+    from slurmft.launch import identity
+    from slurmft.launch.claim import claim_run_dir
+
+    (tmp_path / "run").mkdir()
+    claim_run_dir(tmp_path / "run", identity.from_environ(recorded("array-task0")), None)
+    assert _launch(tmp_path, env_name="array-task1") == exitcodes.NO_REQUEUE
+    lines = [line for line in capfd.readouterr().err.splitlines() if "ERROR" in line]
+    assert len(lines) == 1 and "claimed by job 2_0 (task 0 of array job 2)" in lines[0]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["claim.json"]  # nothing written
+
+
+def test_an_array_task_in_its_own_run_dir_runs(tmp_path):
+    assert _launch(tmp_path, "PORT n2 40001;DONE n2", env_name="array-task1") == exitcodes.OK

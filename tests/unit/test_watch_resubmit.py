@@ -8,6 +8,7 @@ with the temporary paths replaced by ``{work}``/``{repo}``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import pytest
@@ -169,3 +170,35 @@ def test_a_forgotten_job_its_owner_cancelled_stays_cancelled(site, state, resubm
         assert w.state.phase == "finished" and w.job_id == "7"
         finished = [e for e in read_events(run.events) if e.kind == "run_finished"]
         assert [e.get("how") for e in finished] == ["cancelled"]
+
+
+ARRAY_LINE = ("sbatch --parsable --array=0-3%2 --nodes=1 -x n4 --exclude n[5-6] --chdir={work} "
+              "{repo}/sbatch_templates/train.sbatch {repo}/examples/train_gpt.py --steps 40")
+
+
+def test_a_forgotten_array_task_is_resubmitted_alone_with_the_users_exclude_merged(site, tmp_path):
+    """Today: the whole array (`--array=0-3%2`) is submitted again, and the appended
+    `--exclude=n2` replaces the user's own `-x n4 --exclude n[5-6]` (sbatch keeps the last)."""
+    run, _, work = site
+    line = ARRAY_LINE.format(work=work, repo=tmp_path / "repo")
+    client = ResubmitClient(line)
+    w = RunWatch(run, RunState(job_id="12_3"), client, WatchConfig())
+    w.step(replace(job(work_dir=work), job_id="12_3"), NODES, T0)
+    w.state.node_faults = {"n2": 1}
+    w.step(None, NODES, T0 + 900)
+    argv = list(client.calls[0][1])
+    options = argv[:argv.index(str(resubmit.SubmitRecord.paths(run)[1]))]
+    assert [o for o in options if o.startswith(("--array", "-a"))] == ["--array=3"]
+    assert [o for o in options if o.startswith(("--exclude", "-x"))] == ["--exclude=n[2,4-6]"]
+    assert "n4" not in options and "n[5-6]" not in options
+    assert w.job_id == "42_3"  # sbatch prints the array's id; its one task is followed
+
+
+@pytest.mark.parametrize("value, message", [("/etc/excluded_nodes", "names a file"),
+                                            ("n[1-", "not a hostlist")])
+def test_a_users_exclude_that_cannot_be_merged_is_refused_naming_it(site, value, message):
+    run, line, work = site
+    record = resubmit.SubmitRecord("7", line.replace("--nodes=2", f"--nodes=2 --exclude={value}"),
+                                   str(work), 6)
+    with pytest.raises(resubmit.ResubmitError, match=message):
+        resubmit.resubmit_argv(record, resubmit.SubmitRecord.paths(run)[1], run.root, ["n1"])
