@@ -71,6 +71,8 @@ def _print_table(report) -> None:  # report: SweepReport
                       + (f"  error: {report.outcome.error}" if report.outcome.error else ""))
     for error in report.write_errors:
         console.print(f"write failed: {error}")
+    for note in report.notes:
+        console.print(f"note: {note}")
 
 
 def app(
@@ -122,6 +124,8 @@ def app(
          + (f" reason={d.reason!r}" if d and d.reason else "")
          + (f" error={report.outcome.error or report.slurm_error!r}" if report.outcome.error or report.slurm_error else "")
          + (f" write_errors={'; '.join(report.write_errors)!r}" if report.write_errors else ""))
+    for note in report.notes:  # the sweep's memory lost or forgotten: say so in the log too
+        _log(f"node={report.node} note: {note}")
     if report.slurm_error or report.outcome.error:
         raise typer.Exit(EXIT_SLURM)
     if report.write_errors:

@@ -13,6 +13,7 @@ from slurmft.health.facts import Facts, SkipCheck
 from slurmft.health.gpu import RECOVERY_ACTIONS, THROTTLE_BITS, GpuFacts
 from slurmft.health.result import CheckResult, findings
 from slurmft.health.state import HealthState
+from slurmft.health.state_check import GPUS_SEEN, NVLINK
 
 GPU_FACT = "gpu"
 Level = Literal["ignore", "warn", "fail"]
@@ -64,7 +65,6 @@ def check_gpu_count(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckRe
     return CheckResult.ok(name, f"{n} GPUs, driver {gpus.driver}")
 
 
-GPUS_SEEN = "gpu_bus_ids"  # HealthState key: every GPU an earlier sweep saw on this node
 
 
 def _unproven(gpus: GpuFacts, state: HealthState, unread: list[str], what: str) -> None:
@@ -163,7 +163,7 @@ def check_gpu_pcie(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckRes
 def check_gpu_nvlink(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckResult:
     """Active link count, and DL error counters rising since the previous sweep (kept in state)."""
     gpus = _gpus(facts)
-    previous = state.get("nvlink", {})
+    previous = state.get(NVLINK, {})
     current: dict[str, dict[str, dict[str, int]]] = {}
     fail: list[str] = []
     seen_any = False
@@ -180,7 +180,7 @@ def check_gpu_nvlink(facts: Facts, cfg: GpuConfig, state: HealthState) -> CheckR
                    for link, counts in links.items() for kind, n in counts.items())
         if rise > cfg.nvlink_error_rise_max:
             fail.append(f"{d.label}: NVLink errors rose by {rise} since the last sweep")
-    state.set("nvlink", current)
+    state.set(NVLINK, current)
     if not seen_any:
         raise SkipCheck("no NVLink on this node")
     return findings("gpu_nvlink", fail, [], "NVLinks up, error counters steady")

@@ -12,6 +12,7 @@ from pathlib import Path
 from slurmft.health.facts import Facts, SkipCheck, Unavailable
 from slurmft.health.result import CheckResult, findings
 from slurmft.health.state import HealthState
+from slurmft.health.state_check import IB_LINK_DOWNED
 
 DISK_FACT, MOUNT_FACT, IB_FACT, MEM_FACT = "disk", "mounts", "ib", "memory"
 GIB = 1024 ** 3
@@ -122,7 +123,7 @@ def check_node_ib(facts: Facts, cfg: NodeConfig, state: HealthState) -> CheckRes
     if isinstance(value, Unavailable) and cfg.ib_required:
         return CheckResult.fail(name, value.reason)
     ports: tuple[IbPort, ...] = facts.need(IB_FACT)
-    previous = state.get("ib_link_downed", {})
+    previous = state.get(IB_LINK_DOWNED, {})
     current = {}
     fail = []
     for p in ports:
@@ -134,7 +135,7 @@ def check_node_ib(facts: Facts, cfg: NodeConfig, state: HealthState) -> CheckRes
             before = previous.get(key)
             if before is not None and p.link_downed > before:
                 fail.append(f"{key} link_downed rose {before} -> {p.link_downed}")
-    state.set("ib_link_downed", current)
+    state.set(IB_LINK_DOWNED, current)
     if not ports:
         return CheckResult.fail(name, f"{cfg.ib_sysfs} lists no ports") if cfg.ib_required \
             else CheckResult.skipped(name, "no InfiniBand ports")

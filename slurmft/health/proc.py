@@ -1,10 +1,14 @@
 """Run one external program for a health source: argv list, validated, always with a timeout.
 
 Health sources (dcgmi, site scripts) are not Slurm commands; they are run here and nowhere else
-in ``slurmft.health``. A program runs in its own process group, which is killed when it ends,
-when it overruns its timeout, or when it prints more than ``MAX_OUTPUT_BYTES`` (a check printing
-without end must not grow the root sweep's memory): its children never outlive it, and a child
-holding the output pipe open cannot stretch its timeout.
+in ``slurmft.health``. Each program runs under its own reaper (``reaper.py``, a child
+subreaper in its own session), which owns the program's whole process tree: children that
+double-fork or leave the session with ``setsid`` stay in it, and all of them are killed and
+reaped when the program exits, overruns its ``timeout_s`` (the reaper is told to stop), or
+prints more than ``MAX_OUTPUT_BYTES`` (a check printing without end must not grow the root
+sweep's memory). A program is judged when it exits, which the reaper reports on a status pipe
+at once: a descendant still holding the output pipe can neither stretch its timeout nor turn
+its exit into a timeout, and none outlives it.
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 MAX_OUTPUT_BYTES = 1 << 20
-REAP_S = 10.0  # how long a killed check is waited for (one stuck in the kernel cannot die)
+REAP_S = 10.0  # how long a stopped reaper is waited for (a check stuck in the kernel cannot die)
+DRAIN_S = 2.0  # after the program exited: how long its last output is read while the tree dies
+REAPER = Path(__file__).with_name("reaper.py")
 
 
 @dataclass(frozen=True)
@@ -43,68 +51,108 @@ def validate_argv(argv: Sequence[str], where: str) -> tuple[str, ...]:
     return tuple(argv)
 
 
+class _Watch:
+    """The output and status pipes of one reaper, read together until the program is judged."""
+
+    def __init__(self, out_fd: int, status_fd: int, max_output: int) -> None:
+        self.out_fd, self.status_fd, self.max_output = out_fd, status_fd, max_output
+        self.output = bytearray()
+        self.status = b""
+        self.overflowed = self.out_eof = False
+
+    @property
+    def exited(self) -> bool:  # the reaper's first line says how the program ended
+        return b"\n" in self.status
+
+    def pump(self, until: float, stop_when_exited: bool) -> None:
+        """Read both pipes until ``until``, the output's EOF, an overflow, or (if asked) the exit."""
+        with selectors.DefaultSelector() as sel:
+            if not self.out_eof:
+                sel.register(self.out_fd, selectors.EVENT_READ)
+            if not self.exited:
+                sel.register(self.status_fd, selectors.EVENT_READ)
+            while sel.get_map() and not self.overflowed:
+                if stop_when_exited and self.exited:
+                    return
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                for key, _ in sel.select(min(left, 0.5)):
+                    chunk = os.read(key.fd, 1 << 16)
+                    if key.fd == self.status_fd:
+                        self.status += chunk[:4096]
+                        if not chunk or self.exited:
+                            sel.unregister(key.fd)
+                        continue
+                    if not chunk:
+                        self.out_eof = True
+                        sel.unregister(key.fd)
+                        continue
+                    room = self.max_output - len(self.output)
+                    self.output += chunk[:room]
+                    self.overflowed = len(chunk) > room
+
+
+def _returncode(status: bytes, program: str) -> int | None:
+    """The program's exit from the reaper's first status line; raises OSError if it never ran."""
+    first = status.split(b"\n", 1)[0].decode(errors="replace").split(" ", 2)
+    if first[0] == "exit":
+        return int(first[1])
+    if first[0] == "signal":
+        return -int(first[1])
+    if first[0] == "error":
+        raise OSError(int(first[1]), first[2] if len(first) > 2 else "cannot start", program)
+    return None
+
+
 def run(argv: Sequence[str], timeout_s: float, env: dict[str, str] | None = None,
         max_output: int = MAX_OUTPUT_BYTES) -> ProcResult:
-    """Run ``argv`` (no shell) with stdin closed, in its own process group; see the module doc."""
+    """Run ``argv`` (no shell) with stdin closed, under its own reaper; see the module doc.
+    Raises OSError (FileNotFoundError...) when the program cannot be started."""
     args = validate_argv(argv, "argv")
-    proc = subprocess.Popen(
-        args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, env=env,
-    )
-    deadline = time.monotonic() + timeout_s
+    status_r, status_w = os.pipe()
     try:
-        output, overflowed, in_time = _collect(proc, deadline, max_output)
-        in_time = in_time and not overflowed and _exited_by(proc.pid, deadline)
+        reaper = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(REAPER), str(status_w), "--", *args],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True, env=env, pass_fds=(status_w,),
+        )
+    except BaseException:
+        os.close(status_r)
+        raise
     finally:
-        _kill_group(proc.pid)  # the leader is not reaped yet, so its group id is still ours
-        proc.stdout.close()  # type: ignore[union-attr]
-        try:
-            proc.wait(timeout=REAP_S)
-        except subprocess.TimeoutExpired:
-            pass  # blocked in the kernel (a hung mount) even after SIGKILL: reported as no exit
-    text = bytes(output).decode(errors="replace")
-    if overflowed:
-        return ProcResult(args, proc.returncode, text, overflowed=True)
-    return ProcResult(args, proc.returncode if in_time else None, text)
-
-
-def _collect(proc: subprocess.Popen, deadline: float, max_output: int) -> tuple[bytearray, bool, bool]:
-    """Read the output until EOF (True), the deadline (False) or more than ``max_output`` bytes."""
-    fd = proc.stdout.fileno()  # type: ignore[union-attr]
-    out = bytearray()
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return out, False, False
-            if sel.select(min(left, 0.1)):
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    return out, False, True
-                room = max_output - len(out)
-                out += chunk[:room]
-                if len(chunk) > room:
-                    return out, True, True
-            elif _exited_by(proc.pid, None):
-                _kill_group(proc.pid)  # it is done: children still holding the pipe go with it
-
-
-def _exited_by(pid: int, deadline: float | None) -> bool:
-    """Whether ``pid`` has exited (by ``deadline``, polling; None: now), without reaping it."""
-    while True:
-        try:
-            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return True
-        except ChildProcessError:
-            return True
-        if deadline is None or time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-
-
-def _kill_group(pgid: int) -> None:
+        os.close(status_w)
+    watch = _Watch(reaper.stdout.fileno(), status_r, max_output)  # type: ignore[union-attr]
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        watch.pump(time.monotonic() + timeout_s, stop_when_exited=True)
+        if watch.exited and not watch.overflowed:  # the tree is dying: read what it left
+            watch.pump(time.monotonic() + DRAIN_S, stop_when_exited=False)
+    finally:
+        _stop(reaper)
+        reaper.stdout.close()  # type: ignore[union-attr]
+        os.close(status_r)
+    text = bytes(watch.output).decode(errors="replace")
+    code = _returncode(watch.status, args[0]) if watch.exited else None
+    return ProcResult(args, code, text, overflowed=watch.overflowed)
+
+
+def _stop(reaper: subprocess.Popen) -> None:
+    """End the reaper: it kills the program's tree on SIGTERM; SIGKILL its group if it hangs."""
+    if reaper.poll() is None:
+        try:
+            reaper.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            reaper.wait(timeout=REAP_S)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(reaper.pid, signal.SIGKILL)  # not reaped yet: the group id is still ours
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            reaper.wait(timeout=REAP_S)
+        except subprocess.TimeoutExpired:
+            pass  # blocked in the kernel even after SIGKILL: reported as no exit

@@ -33,6 +33,7 @@ from typing import Literal
 from slurmft.health.facts import Facts, Unavailable
 from slurmft.health.result import CheckResult, findings
 from slurmft.health.state import HealthState
+from slurmft.health.state_check import XID
 
 Verdict = Literal["drain", "warn", "ignore"]
 XID_FACT = "xid"
@@ -145,7 +146,8 @@ class XidRead:
     boot_id: str
 
 
-def _boot_id() -> str:
+def boot_id() -> str:
+    """This boot's id ("" if unreadable): remembered Xids and a lost memory last one boot."""
     try:
         return BOOT_ID.read_text().strip()
     except OSError:
@@ -197,8 +199,8 @@ def read_file(path: Path, inode: int | None, offset: int) -> tuple[list[str], in
 
 def gather_xids(cfg: XidConfig, state: HealthState) -> XidRead | Unavailable:
     """New Xid events since the position remembered in ``state`` (state itself is not changed)."""
-    boot = _boot_id()
-    saved = state.get("xid", {})
+    boot = boot_id()
+    saved = state.get(XID, {})
     pos = saved.get("position", {})
     if cfg.source == "kmsg":
         # kmsg sequence numbers restart at every boot; a log file's offset does not
@@ -221,14 +223,14 @@ def gather_xids(cfg: XidConfig, state: HealthState) -> XidRead | Unavailable:
 
 def forget(state: HealthState) -> None:
     """Drop remembered drain-level Xids (the admin reset the GPU); keep the log position."""
-    saved = dict(state.get("xid", {}))
-    saved["remembered"] = []
-    state.set("xid", saved)
+    saved = state.get(XID)
+    if saved:
+        state.set(XID, {**saved, "remembered": []})
 
 
 def check_gpu_xid(facts: Facts, cfg: XidConfig, state: HealthState) -> CheckResult:
     read: XidRead = facts.need(XID_FACT)
-    saved = state.get("xid", {})
+    saved = state.get(XID, {})
     remembered = list(saved.get("remembered", [])) if saved.get("boot_id") == read.boot_id else []
     warn, ignored = [], 0
     for e in read.events:
@@ -240,7 +242,7 @@ def check_gpu_xid(facts: Facts, cfg: XidConfig, state: HealthState) -> CheckResu
         else:
             ignored += 1
     remembered = remembered[-REMEMBER_MAX:]
-    state.set("xid", {"boot_id": read.boot_id, "position": read.position, "remembered": remembered})
+    state.set(XID, {"boot_id": read.boot_id, "position": read.position, "remembered": remembered})
     fail = sorted({f"Xid {r['code']} on {r['pci']} ({r['what']})" for r in remembered})
     if fail:  # tell the admin reading `sinfo -R` how this drain ends
         fail[-1] += " [kept until reboot or slurmft sweep --forget-xids]"

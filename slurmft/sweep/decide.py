@@ -7,7 +7,9 @@ Rules, in order:
 3. No failed check (warnings and skips allowed): resume only a node whose reason starts with
    ``slurmft:``, and only when every check behind that drain ran in this sweep and passed; a
    check that was skipped (no NVML, unreadable /dev/kmsg) or not run keeps the drain
-   (``Action.KEEP``, saying why). A drain by a human or another tool is never lifted.
+   (``Action.KEEP``, saying why). A drain by a human or another tool is never lifted. Nor is
+   a slurmft drain the sweep's memory has no record of while that memory is known to have been
+   lost (``lost``: an unreadable state file forgot the Xids and checks behind it).
 """
 
 from __future__ import annotations
@@ -103,8 +105,9 @@ def resume_blocker(reason: str, results: Sequence[CheckResult],
 
 
 def decide(node: Node, results: Sequence[CheckResult], nodes: Mapping[str, Node],
-           cfg: SweepConfig, recorded: Sequence[str] = ()) -> Decision:
-    """``recorded``: the checks this node's sweeper saved as the cause of its last drain."""
+           cfg: SweepConfig, recorded: Sequence[str] = (), lost: str = "") -> Decision:
+    """``recorded``: the checks this node's sweeper saved as the cause of its last drain;
+    ``lost``: why the sweeper's memory of this boot is incomplete ("" when it is whole)."""
     ours = drained_by_slurmft(nodes)
     allowed = drain_allowance(len(nodes), cfg)
     count = _Counts(drained_by_slurmft=len(ours), allowed=allowed)
@@ -123,7 +126,7 @@ def decide(node: Node, results: Sequence[CheckResult], nodes: Mapping[str, Node]
                             f"slurmft, at most {allowed} allowed; not draining", reason, **count)
         return Decision(Action.DRAIN, f"{len(failed)} check(s) failed", reason, **count)
     if node.drained and is_ours(node):
-        blocker = resume_blocker(node.reason, results, recorded)
+        blocker = lost if lost and not recorded else resume_blocker(node.reason, results, recorded)
         if blocker:
             return Decision(Action.KEEP, f"no check failed, but keeping slurmft's drain: {blocker}",
                             **count)

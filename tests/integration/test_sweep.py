@@ -190,3 +190,48 @@ argv = ["/bin/sh", "-c", "[ \\"$SLURMD_NODENAME\\" != n2 ] || {{ echo 'ERROR: GP
         assert json.loads((tmp_path / "reports" / "n1.json").read_text())["status"] == "ok"
     finally:
         cluster.down()
+
+
+@pytest.mark.timeout(150)
+def test_an_unreadable_state_never_lifts_an_xid_drain(slurm_cluster, tmp_path):
+    """Issue 26 item 3 on the real controller: Xid 79 drains n3; the kernel log rotates (only the
+    sweep's memory still has the Xid); the state file is damaged; the next sweeps keep the
+    drain and say why, until the admin runs --forget-xids."""
+    log = tmp_path / "kern.log"
+    log.write_text("[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, "
+                   "GPU has fallen off the bus.\n")
+    config = tmp_path / "slurmft.toml"
+    config.write_text(f"""
+[sweep]
+checks = ["gpu_xid"]
+state_dir = "{tmp_path}/state"
+report_dir = "{tmp_path}/reports"
+textfile_dir = "{tmp_path}/textfile"
+[health_xid]
+source = "file"
+path = "{log}"
+""")
+    client = CliSlurmClient(env=slurm_cluster.env)
+    res = sweep(slurm_cluster, config, "n3")
+    assert res.returncode == 1, res.stderr
+    assert client.nodes()["n3"].reason.startswith("slurmft: gpu_xid: Xid 79 on 0000:91:00")
+    log.unlink()
+    log.write_text("[6781800.0] usb 1-1: new high-speed USB device number 3\n")
+
+    state = tmp_path / "state" / "health-n3.json"
+    torn = state.read_bytes()[:60]  # what a disk fault leaves: the first bytes of the record
+    state.write_bytes(torn)
+    for first in (True, False):  # the first finds the damage, the second reads the loss it recorded
+        res = sweep(slurm_cluster, config, "n3", "--json")
+        assert res.returncode == 1, res.stderr
+        report = json.loads(res.stdout)
+        assert report["decision"]["action"] == "keep" and report["acted"] == ""
+        assert "memory of this node was lost" in report["decision"]["why"]
+        assert "(state file unreadable: " in report["decision"]["why"]
+        assert client.nodes()["n3"].drained
+        assert bool(report["notes"]) == first and (f"note: state file {state} unreadable" in res.stderr) == first
+    assert (tmp_path / "state" / "health-n3.json.unreadable").read_bytes() == torn
+
+    res = sweep(slurm_cluster, config, "n3", "--forget-xids")
+    assert res.returncode == 0, res.stderr
+    assert not client.nodes()["n3"].drained

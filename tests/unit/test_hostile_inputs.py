@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -271,3 +272,50 @@ def test_journal_never_follows_a_link(tmp_path):
     with pytest.raises(UnsafeFileError):
         append_event(RunDir(run).events, "x")
     assert secret.read_text() == '{"v":1,"t":1,"kind":"leak"}\n'
+
+
+def _pid_gone(pid: int) -> bool:
+    """``pid`` has exited and been reaped (or is a zombie nobody will keep alive)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"
+
+
+# each leaves the check's process group with a descendant holding its stdout, then writes that
+# descendant's pid to {pid} (the check waits for it before exiting)
+_DAEMON = ("import os, sys; os.fork() and sys.exit(); os.{how}; os.fork() and os._exit(0); "
+           "open({pid!r}, 'w').write(str(os.getpid())); os.execvp('sleep', ['sleep', '300'])")
+
+
+@pytest.mark.parametrize("escape", [
+    "setsid sh -c 'echo $$ > {pid}; exec sleep 300' &",  # leaves the check's session
+    "double fork, own group",  # a double fork into a process group of its own
+    "double fork, setsid",  # the classic daemon: fork, setsid, fork
+])
+def test_a_check_is_judged_when_it_exits_and_its_escaped_children_die(tmp_path, escape):
+    """Issue 26 item 4: a descendant that left the check's process group (or session) and holds
+    its stdout made the sweep wait the whole timeout, fail the check as timed out (draining
+    the node), and outlived the sweep."""
+    pid = tmp_path / "grandchild.pid"
+    if escape.startswith("double fork"):
+        code = _DAEMON.format(how="setpgid(0, 0)" if "group" in escape else "setsid()", pid=str(pid))
+        escape = f"{sys.executable} -c \"{code}\";"
+    script = escape.format(pid=pid) + f" while [ ! -s {pid} ]; do sleep 0.01; done; echo all fine; exit 0"
+    result = _external(["sh", "-c", script], 40)
+    assert result.status is Status.OK and result.detail == "all fine"  # not "timed out after 40 s"
+    assert _pid_gone(int(pid.read_text()))  # killed and reaped before the check was judged
+
+
+def test_a_check_that_overruns_takes_its_escaped_children_with_it(tmp_path):
+    pid = tmp_path / "grandchild.pid"
+    script = f"setsid sh -c 'echo $$ > {pid}; exec sleep 300' & sleep 300"
+    result = _external(["sh", "-c", script], 2)
+    assert result.status is Status.FAIL and result.detail == "timed out after 2 s"
+    assert _pid_gone(int(pid.read_text()))
+
+
+def test_a_check_that_cannot_start_is_an_error_naming_it():
+    with pytest.raises(FileNotFoundError, match="/no/such/check"):
+        proc.run(["/no/such/check"], 5)

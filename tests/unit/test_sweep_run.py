@@ -303,3 +303,102 @@ def test_an_ecc_drain_is_kept_when_the_faulty_gpu_falls_off_the_bus(tmp_path):
     report = sweep(SweepRequest("n1"), cfg, hc, slurm, nvml=gone)
     assert report.decision.action.value == "keep" and slurm.state["n1"].drained
     assert "gpu_ecc could not run (GPU(s) 0000:db:00.0 seen by an earlier sweep are gone" in report.decision.why
+
+
+def xid_configs(tmp_path, monkeypatch):
+    """A sweep of gpu_xid over a kernel log file this test writes, in boot ``boot-1``."""
+    from slurmft.health import xid
+
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    monkeypatch.setattr(xid, "BOOT_ID", boot)
+    log = tmp_path / "kern.log"
+    log.write_text("[6781741.5] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, "
+                   "GPU has fallen off the bus.\n")
+    cfg = SweepConfig(checks=("gpu_xid",), state_dir=tmp_path / "state",
+                      report_dir=tmp_path / "reports", textfile_dir=tmp_path / "textfile")
+    return cfg, HealthConfig(xid=xid.XidConfig(source="file", path=log)), boot
+
+
+def rotate(log):
+    """The kernel log is rotated: the Xid 79 line is no longer in it (only the memory has it)."""
+    log.unlink()
+    log.write_text("[6781800.0] usb 1-1: new high-speed USB device number 3\n")
+
+
+@pytest.mark.parametrize("damage", [
+    b"{not json",
+    b"",
+    b'{"version": 1, "data": {"xid": {"boot_id": "boot-1", "position": {"inode": 1, "offset": "0"},'
+    b' "remembered": []}}}',
+    b'{"version": 1, "data": {"xid": {"boot_id": "boot-1", "position": {"kmsg_seq": NaN},'
+    b' "remembered": []}}}',
+    b'{"version": 1, "data": {"drain": {"reason": "x", "checks": [1], "at": "t"}}}',
+    b'{"version": 1, "data": {"gpu_bus_ids": "0000:91:00.0"}}',
+    b'{"version": 1, "data": {"ib_link_downed": {"mlx5_0/1": 1' + b"0" * 5000 + b"}}}",
+    b'{"version": 2, "data": {}}',
+    b"\xff\xfe not utf-8",
+])
+def test_an_unreadable_state_keeps_the_fatal_xid_drain(tmp_path, monkeypatch, damage):
+    """Issue 26 item 3: a state that cannot be read (or does not check field by field) must not
+    make the sweep forget Xid 79 and resume a node whose GPU fell off the bus."""
+    cfg, hc, boot = xid_configs(tmp_path, monkeypatch)
+    slurm = MemorySlurm()
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)
+    assert report.outcome.acted == "drained" and "Xid 79" in slurm.state["n1"].reason
+    rotate(hc.xid.path)
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm).decision.action.value == "none"  # remembered
+
+    state_file = tmp_path / "state" / "health-n1.json"
+    state_file.write_bytes(damage)
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)
+    assert [r.status.value for r in report.results] == ["ok"]  # the Xid 79 is forgotten
+    assert report.decision.action.value == "keep" and slurm.calls == [("drain", "n1")]
+    assert "memory of this node was lost" in report.decision.why
+    assert any(f"state file {state_file} unreadable" in n for n in report.notes)
+    assert (tmp_path / "state" / "health-n1.json.unreadable").read_bytes() == damage  # kept as it was
+    doc = json.loads((tmp_path / "reports" / "n1.json").read_text())
+    assert doc["decision"]["action"] == "keep" and doc["notes"]
+
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)  # the new state remembers the loss
+    assert report.decision.action.value == "keep" and slurm.state["n1"].drained
+
+    report = sweep(SweepRequest("n1", forget_xids=True), cfg, hc, slurm)  # the admin reset the GPU
+    assert report.outcome.acted == "resumed" and slurm.calls[-1] == ("resume", "n1")
+
+
+def test_a_lost_memory_lasts_for_its_boot_and_spares_drains_made_after_it(tmp_path, monkeypatch):
+    cfg, hc, boot = xid_configs(tmp_path, monkeypatch)
+    slurm = MemorySlurm()
+    sweep(SweepRequest("n1"), cfg, hc, slurm)
+    rotate(hc.xid.path)
+    (tmp_path / "state" / "health-n1.json").write_text("{}")
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm).decision.action.value == "keep"
+
+    # a drain made after the loss has its record in the new memory: lifted once proven
+    (tmp_path / "ext").mkdir()
+    ext_cfg, ext_hc, flag = configs(tmp_path / "ext", exit_code=1)
+    ext_cfg = replace(ext_cfg, state_dir=cfg.state_dir)
+    slurm.resume("n1")
+    assert sweep(SweepRequest("n1"), ext_cfg, ext_hc, slurm).outcome.acted == "drained"
+    flag.write_text("0")
+    assert sweep(SweepRequest("n1"), ext_cfg, ext_hc, slurm).outcome.acted == "resumed"
+
+    slurm.drain("n1", "slurmft: gpu_xid: Xid 79 on 0000:91:00 (GPU has fallen off the bus)")
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm).decision.action.value == "keep"
+    boot.write_text("boot-2\n")  # rebooted: the loss, like the Xids, belonged to the last boot
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm).outcome.acted == "resumed"
+
+
+def test_a_state_that_cannot_be_kept_aside_is_not_replaced(tmp_path, monkeypatch):
+    cfg, hc, _ = xid_configs(tmp_path, monkeypatch)
+    slurm = MemorySlurm()
+    sweep(SweepRequest("n1"), cfg, hc, slurm)
+    rotate(hc.xid.path)
+    state_file = tmp_path / "state" / "health-n1.json"
+    state_file.write_text("garbage")
+    (tmp_path / "state" / "health-n1.json.unreadable" / "in-the-way").mkdir(parents=True)
+    report = sweep(SweepRequest("n1"), cfg, hc, slurm)
+    assert report.decision.action.value == "keep" and report.write_errors
+    assert state_file.read_text() == "garbage"  # still there: the next sweep fails closed too
+    assert sweep(SweepRequest("n1"), cfg, hc, slurm).decision.action.value == "keep"
