@@ -12,10 +12,10 @@ from __future__ import annotations
 import shutil
 from typing import Mapping
 
-from slurmft import exitcodes, journal
+from slurmft import exitcodes, journal, steppoint
 from slurmft.launch.identity import JobIdentity
 from slurmft.launch.journaling import Voice
-from slurmft.slurm.client import JobState, SlurmError
+from slurmft.slurm.client import JobCancelled, JobState, SlurmError
 
 from slurmft.slurm.parse_jobs import RUN_DIR_TOKEN  # the token the watcher reads
 
@@ -76,8 +76,13 @@ def requeue_self(client, identity: JobIdentity, voice: Voice, reason: str,
         voice.template("not_requeued", state=state)
         return exitcodes.REQUEUE
     voice.template("requeue", reason=reason, exclude=",".join(sorted(exclude)))
+    steppoint.reached("launch.requeue", identity.slurm_id)
     try:
         client.requeue(identity.slurm_id)
+    except JobCancelled:  # cancelled since it was read: a cancel is final (slurm.policy)
+        voice.log("the job was cancelled: not requeueing it (its checkpoints are kept)")
+        voice.template("not_requeued", state=JobState.CANCELLED.value)
+        return exitcodes.REQUEUE
     except SlurmError as exc:
         return request(voice, f"{reason} (scontrol requeue failed: {exc})", exclude)
     if exclude:

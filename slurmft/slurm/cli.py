@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from slurmft import steppoint
 from slurmft.slurm import policy, validate
 from slurmft.slurm.client import (
     InvalidArgument, Job, JobNotFound, Node, OutcomeUnknown, SlurmError, SlurmInfo,
@@ -230,7 +231,8 @@ class CliSlurmClient:
             self._run(["scontrol", "requeue", *(["Incomplete"] if incomplete else []), job_id],
                       idempotent=False)
 
-        return policy.requeue_by_state(lambda: self.job(job_id), run_requeue, wait_s=self.config.timeout)
+        return policy.requeue_by_state(lambda: self.job(job_id), run_requeue, wait_s=self.config.timeout,
+                                       decided=lambda job: steppoint.reached("slurm.requeue", job_id))
 
     def update_pending(self, job_id: str, *, exclude_nodes: Sequence[str] = (),
                        readmit_nodes: Sequence[str] = (), start_now: bool = False) -> None:
@@ -273,7 +275,8 @@ class CliSlurmClient:
                       idempotent=False)
 
         done = policy.requeue_by_state(lambda: self.job(job_id), run_requeue_hold,
-                                       wait_s=self.config.timeout)
+                                       wait_s=self.config.timeout,
+                                       decided=lambda job: steppoint.reached("slurm.requeuehold", job_id))
         if done and self.job(job_id).reason not in policy.HELD_REASONS:
             self.hold(job_id)  # already pending (Slurm requeued it itself): nothing was sent
         return done

@@ -150,6 +150,10 @@ class JobNotFound(SlurmError):
     """Slurm says the job id does not exist (anymore)."""
 
 
+class JobCancelled(SlurmError):
+    """The job was cancelled (or a cancel is under way): final, never requeued or released."""
+
+
 class PermissionDenied(SlurmError):
     """Slurm refused the operation for this user."""
 

@@ -10,7 +10,14 @@ Both backends (CLI, pyslurm) act on the same :class:`Job` values, so the rules l
     current ones before the update;
   * a change that got no answer (``OutcomeUnknown``) is never simply sent again: the state is
     re-read and the change is repeated only if it did not happen (a requeue is known to have
-    happened when the job's restart count went up or it is PENDING).
+    happened when the job's restart count went up or it is PENDING);
+  * a cancel is final: a plain ``scontrol requeue`` or ``requeuehold`` brings back a CANCELLED
+    job, also one still COMPLETING after ``scancel`` (rc 0, PENDING, restart count up), while
+    their ``Incomplete`` forms, ``release``, ``hold`` and ``update`` leave it cancelled
+    ("Job has already finished") (measured on 22.05.8). So a job read as CANCELLED (with or
+    without COMPLETING) raises ``JobCancelled``; the plain verb goes only to a job read as ended
+    for another reason (a job that ended cannot be cancelled after), and a running one gets the
+    ``Incomplete`` verb, which a cancel landing first turns into a no-op.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable, Mapping, Sequence
 
 from slurmft.slurm import validate
-from slurmft.slurm.client import Job, JobNotFound, JobState, OutcomeUnknown, SlurmError, SlurmUnavailable
+from slurmft.slurm.client import (
+    Job, JobCancelled, JobNotFound, JobState, OutcomeUnknown, SlurmError, SlurmUnavailable,
+)
 
 
 class RequeueAction(enum.Enum):
@@ -32,15 +41,18 @@ class RequeueAction(enum.Enum):
     PLAIN = "requeue (ended without success)"
     IMPOSSIBLE = "cannot requeue from this state"
     NOT_REQUEUEABLE = "submitted with --no-requeue"
+    CANCELLED = "cancelled: final"
 
 
 _PLAIN = frozenset({
-    JobState.FAILED, JobState.NODE_FAIL, JobState.TIMEOUT, JobState.CANCELLED, JobState.PREEMPTED,
+    JobState.FAILED, JobState.NODE_FAIL, JobState.TIMEOUT, JobState.PREEMPTED,
     JobState.BOOT_FAIL, JobState.DEADLINE, JobState.OUT_OF_MEMORY,
 })
 
 
 def requeue_action(job: Job) -> RequeueAction:
+    if job.state is JobState.CANCELLED:  # with or without COMPLETING: a cancel is final
+        return RequeueAction.CANCELLED
     if job.state is JobState.PENDING:
         return RequeueAction.ALREADY_PENDING
     if job.state is JobState.COMPLETED:
@@ -95,9 +107,12 @@ def _quietly(happened: Callable[[], bool]) -> bool:
 
 def requeue_by_state(fetch: Callable[[], Job], requeue: Callable[[bool], None], *, wait_s: float,
                      sleep: Callable[[float], None] = time.sleep,
-                     attempts: int = CHANGE_ATTEMPTS) -> bool:
+                     attempts: int = CHANGE_ATTEMPTS,
+                     decided: Callable[[Job], None] = lambda job: None) -> bool:
     """Requeue the job ``fetch`` returns, deciding from its state; ``requeue(incomplete)`` runs
-    Slurm's requeue. True when requeued or already pending, False when it completed successfully.
+    Slurm's requeue (``decided(job)`` runs between the read and each send: the tests' point to
+    cancel the job there). True when requeued or already pending, False when it completed
+    successfully; a cancelled job raises JobCancelled, whenever the cancel came.
     A job still COMPLETING after ``wait_s`` raises SlurmUnavailable (try again next cycle). A
     requeue that got no answer counts as done once the re-read job shows a higher restart count
     (or PENDING); otherwise it is decided again from the state, ``attempts`` requeues in all."""
@@ -112,6 +127,7 @@ def requeue_by_state(fetch: Callable[[], Job], requeue: Callable[[bool], None], 
         nonlocal unknown, sent, deadline
         sent += 1
         deadline = time.monotonic() + wait_s  # a job it ends is COMPLETING for a while
+        decided(job)
         try:
             requeue(incomplete)
             return "sent"
@@ -143,6 +159,8 @@ def requeue_by_state(fetch: Callable[[], Job], requeue: Callable[[bool], None], 
             if sent >= attempts:
                 raise unknown
             unknown = None
+        if action is RequeueAction.CANCELLED:
+            raise JobCancelled(f"job {job.job_id} was cancelled: a cancel is final, not requeued")
         if action is RequeueAction.ALREADY_PENDING:
             return True
         if action is RequeueAction.REFUSE_COMPLETED:

@@ -19,7 +19,9 @@ from typing import Any, Callable, Literal, Mapping
 from slurmft import journal
 from slurmft.journal import Journal
 from slurmft.rundir import RUN_DIR_ENV, RunDir
-from slurmft.slurm.client import InvalidArgument, Job, JobState, Node, PermissionDenied, SlurmError
+from slurmft.slurm.client import (
+    InvalidArgument, Job, JobCancelled, JobState, Node, PermissionDenied, SlurmError,
+)
 from slurmft.watch import detect, resubmit
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
@@ -331,6 +333,9 @@ class RunWatch:
         its reason and ``scontrol release`` resumes it from its checkpoint once the cause is fixed.
         Never cancel."""
         held = False
+        if job is not None and job.state is JobState.CANCELLED:
+            self._cancelled(job, "cancelled: left cancelled, not held")
+            return
         try:
             if job is not None and job.state is JobState.PENDING:
                 self.actor.hold(job.job_id, cause)
@@ -339,6 +344,9 @@ class RunWatch:
                     job.state.finished and job.state not in (JobState.COMPLETED, JobState.CANCELLED))):
                 # A running one (hung at the restart limit) is requeued held too: its nodes freed.
                 held = self.actor.requeue_hold(job.job_id, cause)
+        except JobCancelled as exc:  # cancelled after this cycle's squeue answer
+            self._cancelled(job, str(exc))
+            return
         except SlurmError as exc:
             log.error("job %s: could not hold it: %s", self.job_id, exc)
         self.emit(journal.GAVE_UP, cause=cause, reason=why, restarts=self.state.restarts,
@@ -346,6 +354,12 @@ class RunWatch:
         self.state.phase = GAVE_UP
         self.state.recovery = None
         self.state.reason = why
+
+    def _cancelled(self, job: Job | None, detail: str) -> None:
+        """The job was cancelled (by its owner or an admin): the watch ends, nothing more sent."""
+        self.emit(journal.RUN_FINISHED, how=detect.CANCELLED, state=JobState.CANCELLED.value,
+                  exit_code=job.exit_code if job is not None else None, detail=detail)
+        self.state.phase, self.state.recovery = FINISHED, None
 
     # -- a job Slurm has forgotten --------------------------------------------------------------
 
@@ -443,11 +457,13 @@ class RunWatch:
             return
         if self.config.operator:
             self._set_silent_nodes_down(rec, job, obs)
+        if job.state is JobState.CANCELLED:  # at any step of the recovery: a cancel is final
+            self._cancelled(job, "cancelled during its recovery: left cancelled")
+            return
         if rec.requeue in (TODO, DOING):
-            if job.state is JobState.CANCELLED or done_for(obs.done, job.ids):
-                how = detect.CANCELLED if job.state is JobState.CANCELLED else detect.FINISHED
-                self.emit(journal.RUN_FINISHED, how=how, state=job.state.value, exit_code=job.exit_code,
-                          detail="ended during its recovery: not requeued")
+            if done_for(obs.done, job.ids):
+                self.emit(journal.RUN_FINISHED, how=detect.FINISHED, state=job.state.value,
+                          exit_code=job.exit_code, detail="ended during its recovery: not requeued")
                 st.phase, st.recovery = FINISHED, None
                 return
             if job.state is JobState.PENDING or job.restart_count > rec.restart_count:
@@ -460,6 +476,9 @@ class RunWatch:
                 self._save()
                 try:
                     requeued = self.actor.requeue(job.job_id, rec.cause)
+                except JobCancelled as exc:  # cancelled after this cycle's squeue answer
+                    self._cancelled(job, str(exc))
+                    return
                 except SlurmError as exc:
                     if _permanent(exc):  # retrying every cycle would change nothing
                         self._give_up(rec.cause, f"Slurm will not requeue it: {exc}", job)

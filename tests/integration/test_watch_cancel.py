@@ -1,0 +1,91 @@
+"""A cancel is final (issue 25, item 3), on the devcluster with the real ``slurmft watch``: a
+user's ``scancel`` lands at each point of a recovery, deterministically, through the product's
+test hook (``slurmft/steppoint.py``: the watcher runs it between its steps and waits for it),
+and the job stays cancelled. Before the fix, a cancel landing while the watcher requeued a
+running job was undone: the policy re-read the job, saw CANCELLED, and sent a plain
+``scontrol requeue``, which Slurm 22.05 accepts for a cancelled job (measured)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmft import steppoint
+from slurmft.journal import read_events
+from slurmft.rundir import RunDir
+from slurmft.slurm.cli import CliSlurmClient
+from slurmft.slurm.client import JobState
+
+from watch_support import WatcherProc, events_until, observe_until, of
+
+pytestmark = pytest.mark.integration
+
+# Each point of a recovery of a RUNNING job (its node drained by the sweeper): before the requeue,
+# between the requeue's read of the job and its send, before the exclusion, before the start.
+POINTS = ("watch.requeue", "slurm.requeue", "watch.exclude", "watch.start_now")
+HOOK = """#!{python}
+import json, subprocess, sys
+point, job = sys.argv[1], sys.argv[2]
+plan = json.load(open({plan!r}))
+if plan.get(job) == point:
+    subprocess.run(["scancel", job], check=False, timeout=30)
+    with open({fired!r}, "a") as fh:
+        fh.write(f"{{job}} {{point}}\\n")
+"""
+
+
+def _hook(tmp_path: Path, plan: dict[str, str]) -> tuple[Path, Path]:
+    """The hook program (a user's scancel at the planned point) and the file it logs to."""
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    fired = tmp_path / "fired"
+    hook = tmp_path / "hook.py"
+    hook.write_text(HOOK.format(python=sys.executable, plan=str(tmp_path / "plan.json"),
+                                fired=str(fired)))
+    hook.chmod(0o755)
+    return hook, fired
+
+
+@pytest.mark.timeout(240)
+def test_a_scancel_at_every_point_of_a_recovery_leaves_the_job_cancelled(slurm_cluster, tmp_path):
+    client = CliSlurmClient(env=slurm_cluster.env)
+    script = tmp_path / "sleep.sh"
+    script.write_text("#!/bin/bash\nsleep 600\n")
+    runs, jobs = {}, {}
+    for point in POINTS:
+        run = tmp_path / point.replace(".", "_")
+        run.mkdir()
+        job_id = client.submit(script, env={**os.environ, **slurm_cluster.env},
+                               sbatch_options=["--nodes=1", "--requeue", f"--output={tmp_path}/%j.out",
+                                               f"--comment=SLURMFT_RUN_DIR={run}", f"--chdir={tmp_path}"])
+        runs[job_id], jobs[point] = run, job_id
+    running = {j: observe_until(client, j, lambda job: job.state is JobState.RUNNING, 60, "start")
+               for j in jobs.values()}
+    hook, fired = _hook(tmp_path, {j: p for p, j in jobs.items()})
+    watcher = WatcherProc(slurm_cluster, list(jobs.values()), tmp_path / "watch.log",
+                          env={steppoint.HOOK_ENV: str(hook)})
+    hosts = sorted({n for job in running.values() for n in job.nodes})
+    try:
+        time.sleep(3)  # the watcher has seen every job running
+        for node in hosts:  # what the sweeper does to a node that fails its health check
+            client.drain(node, "slurmft: test: failing health check")
+        for job_id, run in runs.items():
+            events_until(run, lambda ev: of(ev, "run_finished"), 90, f"job {job_id}'s watch ending",
+                         context=watcher.text)
+        time.sleep(5)  # a few more cycles: nothing brings a job back
+        assert watcher.wait(30) == 0, watcher.text()[-4000:]  # every run over: the watcher exits
+    finally:
+        watcher.kill()
+        for node in hosts:
+            client.resume(node)
+    assert sorted(fired.read_text().split("\n")[:-1]) == sorted(f"{j} {p}" for p, j in jobs.items())
+    for point, job_id in jobs.items():
+        final = client.job(job_id)
+        assert final.state is JobState.CANCELLED, (point, final, watcher.text()[-3000:])
+        events = read_events(RunDir(runs[job_id]).events)
+        assert [e.get("how") for e in of(events, "run_finished")] == ["cancelled"], point
+        assert not of(events, "gave_up"), point
