@@ -54,7 +54,7 @@ class RunFactory:
         from slurmft.watch.runwatch import RunWatch
         from slurmft.slurm.client import SlurmError
         from slurmft.watch.state import (
-            FOLLOW, NEW_EPOCH, RESUBMISSION, RunLock, StateError, load_state, released_after_giving_up,
+            FOLLOW, NEW_EPOCH, RESUBMISSION, LockError, RunLock, StateError, load_state, released_after_giving_up,
             save_state, take_on,
         )
 
@@ -66,10 +66,10 @@ class RunFactory:
         if path in self.locks:
             raise WatchStartError(EXIT_USAGE, f"two of the jobs write the same run dir {path}")
         rd = RunDir(path)
-        lock = RunLock(rd)
+        lock = RunLock(rd, lease_s=self.cfg.lease_s)
         try:
             lock.acquire()
-        except StateError as exc:
+        except LockError as exc:
             raise WatchStartError(EXIT_LOCKED, str(exc)) from None
         try:
             state = load_state(rd, job.job_id)
@@ -98,6 +98,7 @@ class RunFactory:
                         "new job" if how == NEW_EPOCH else "resubmission", path, len(state.epochs))
             try:
                 save_state(rd, state)
+                saved = state.to_json()
             except OSError as exc:
                 lock.release()
                 raise WatchStartError(EXIT_USAGE, f"cannot write {rd.watch_state}: {exc.strerror}") from None
@@ -105,7 +106,7 @@ class RunFactory:
             released_after_giving_up(state, job)
         self.locks[path] = lock
         return RunWatch(rd, state, self.client, self.cfg, self.listeners, self.recorder, once=self.once,
-                        saved=saved)
+                        saved=saved, lock=lock)
 
     def _current(self, job_id: str):
         """Slurm's view of ``job_id`` (accounting included), or None when Slurm forgot it."""

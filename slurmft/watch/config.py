@@ -62,6 +62,11 @@ class WatchConfig:
     # "ignore" leaves the job alone.
     admin_drain: str = "after_checkpoint"
     admin_drain_wait_s: float = 3600.0
+    # The run's lease (watch/lease.json, beside flock, which NFS/Lustre may keep node-local):
+    # renewed every lease_s/4; a watcher on another host takes the run over only after lease_s
+    # without renewal. At least 4 poll cycles and 2 minutes (the loop backs off up to 60 s while
+    # Slurm does not answer).
+    lease_s: float = 300.0
 
     def __post_init__(self) -> None:
         # Each cycle is two controller RPCs per watcher: a floor keeps a typo (--poll 0.001) from
@@ -79,6 +84,8 @@ class WatchConfig:
         for name in non_negative:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not self.lease_s >= max(120.0, 4 * self.poll_s):
+            raise ValueError(f"lease_s must be >= 120 s and >= 4 x poll_s, got {self.lease_s}")
         if self.admin_drain not in ADMIN_DRAIN:
             raise ValueError(f"admin_drain must be one of {', '.join(ADMIN_DRAIN)}, "
                              f"got {self.admin_drain!r}")

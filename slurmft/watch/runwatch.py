@@ -26,6 +26,7 @@ from slurmft.watch import detect, resubmit
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
+from slurmft.watch.lock import LeaseLost
 from slurmft.watch.exclusions import fade_faults, fit_exclusions, readmit_to_fit
 from slurmft.watch.resolve import current_user
 from slurmft.watch.oncetail import load_tail, save_tail, tail_path
@@ -61,7 +62,7 @@ class RunWatch:
 
     def __init__(self, run_dir: RunDir, state: RunState, actor_client, config: WatchConfig,
                  listeners: list[Listener] | None = None, recorder=None, *, once: bool = False,
-                 saved: dict[str, Any] | None = None) -> None:
+                 saved: dict[str, Any] | None = None, lock=None) -> None:
         """``saved``: the state as its file holds it (``RunState.to_json`` of what was loaded),
         so that a cycle that changes nothing writes nothing; None: written at the first save."""
         self.run_dir = run_dir
@@ -83,6 +84,8 @@ class RunWatch:
         self._capture_tries = 0
         self._started = False
         self.once = once
+        self.lock = lock  # its RunLock: the lease is kept before each cycle acts
+        self.lease_lost = False
 
     @property
     def job_id(self) -> str:
@@ -90,7 +93,7 @@ class RunWatch:
 
     @property
     def active(self) -> bool:
-        return self.state.phase not in _TERMINAL
+        return self.state.phase not in _TERMINAL and not self.lease_lost
 
     # -- reporting ------------------------------------------------------------------------------
 
@@ -161,6 +164,13 @@ class RunWatch:
     def step(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> None:
         if not self.active:
             return
+        if self.lock is not None:
+            try:
+                self.lock.keep()
+            except LeaseLost as exc:  # another watcher acts on the run now: never act, never save
+                self.lease_lost = True
+                log.error("job %s: %s: no longer watched here", self.job_id, exc)
+                return
         self._job = job
         if not self._started:
             self._started = True

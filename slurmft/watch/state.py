@@ -10,18 +10,15 @@ files (one job, no epochs) are read as one epoch.
 The state records each recovery step's intent before the step is taken and its completion after,
 so a watcher killed at any moment (between the requeue and the ``ExcNodeList`` update included)
 is carried on by the next one with no double requeue and no lost exclusion. Written atomically
-(``slurmft.rundir.atomic_write_json``). One watcher per run: ``RunLock`` holds an exclusive
-``flock`` on ``watch/lock`` for the watcher's lifetime and names the holder to a second one.
+(``slurmft.rundir.atomic_write_json``). One watcher per run: ``RunLock`` (``lock.py``: flock and
+a lease that holds on shared filesystems) names the holder to a second one.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +26,7 @@ from typing import Any, Callable
 from slurmft.rundir import RunDir, atomic_write_json
 from slurmft.slurm.client import Job, JobState
 from slurmft.slurm.policy import HELD_REASONS
+from slurmft.watch.lock import LockError, RunLock  # noqa: F401  (the lock lives in lock.py)
 from slurmft.watch.runview import read_small_json
 
 STATE_VERSION = 2
@@ -43,7 +41,7 @@ TODO, DOING, DONE, SKIP = "todo", "doing", "done", "skip"
 
 
 class StateError(RuntimeError):
-    """The state file or the lock cannot be used; the message names the file or the holder."""
+    """The state file cannot be used; the message names the file."""
 
 
 @dataclass
@@ -279,45 +277,3 @@ def load_state(run_dir: RunDir, job_id: str) -> RunState:
 
 def save_state(run_dir: RunDir, state: RunState) -> None:
     atomic_write_json(run_dir.watch_state, state.to_json())
-
-
-class RunLock:
-    """Exclusive per-run lock: a second watcher of the same run refuses to start."""
-
-    def __init__(self, run_dir: RunDir) -> None:
-        self.path = run_dir.watch_state.parent / "lock"
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StateError(f"cannot create {self.path.parent}: {exc.strerror}") from None
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                         | os.O_NONBLOCK, 0o644)
-        except OSError as exc:
-            raise StateError(f"cannot open the watch lock {self.path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            try:
-                holder = os.pread(fd, 128, 0).decode(errors="replace").strip() or "unknown"
-            except OSError:
-                holder = "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise StateError(f"{self.path.parent.parent} is already watched by {holder}") from None
-            raise StateError(f"cannot lock {self.path}: {exc.strerror}") from None
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode(), 0)
-        except OSError as exc:  # not a regular file (a FIFO planted there), or a full disk
-            os.close(fd)
-            raise StateError(f"cannot use the watch lock {self.path}: {exc.strerror}") from None
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None

@@ -15,7 +15,7 @@ from slurmft.rundir import RunDir
 from slurmft.slurm.client import Job, JobState, Node, NodeState, SlurmError
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.runwatch import RunWatch, fit_exclusions, readmit_to_fit
-from slurmft.watch.state import RunLock, RunState, StateError, load_state
+from slurmft.watch.state import LockError, RunLock, RunState, StateError, load_state
 
 T0 = 1_800_000_000.0
 
@@ -296,7 +296,7 @@ def test_second_watcher_of_a_run_is_refused_naming_the_holder(run):
     first = RunLock(run)
     first.acquire()
     try:
-        with pytest.raises(StateError, match="already watched by pid"):
+        with pytest.raises(LockError, match="already watched by pid"):
             RunLock(run).acquire()
     finally:
         first.release()

@@ -1,0 +1,129 @@
+"""A run dir is a run, not a job, on the devcluster: a second job in the same run dir is taken on
+by the watcher as a new epoch, then crashed and recovered; array tasks each in their own run dir
+(a wrapper exporting SLURMFT_RUN_DIR per task, no %a) all run, and two tasks pointed at one run
+dir end with the second refused in one line. Every action is the watcher's or the launcher's."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from slurmft import exitcodes
+from slurmft.journal import read_events
+from slurmft.rundir import RunDir
+from slurmft.slurm.cli import CliSlurmClient
+from slurmft.slurm.client import JobState
+
+from train_job_support import JOB_ENV, TEMPLATE, TINY_ARGS, EXAMPLE, kill_ranks, submit
+from watch_support import WatcherProc, events_until, observe_until, of
+
+pytestmark = pytest.mark.integration
+
+ARGS = [*TINY_ARGS, "--ckpt-every", "5", "--step-sleep", "0.1"]
+
+
+@pytest.mark.timeout(420)
+def test_a_second_job_in_the_same_run_dir_is_a_new_epoch_watched_crashed_and_recovered(
+        slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    first = submit(slurm_cluster, run, [*ARGS, "--steps", "10"], nodes=1)
+    w1 = WatcherProc(slurm_cluster, [first.job_id], tmp_path / "w1.log", run_dir=run)
+    try:
+        assert first.wait_finished(150).state is JobState.COMPLETED, first.context()
+        assert w1.wait(60) == 0, w1.text()
+    finally:
+        w1.kill()
+    # The next sbatch in the same run dir continues the run (today: the watcher exits 2 until
+    # someone deletes watch/state.json).
+    second = submit(slurm_cluster, run, [*ARGS, "--steps", "30"], nodes=2)
+    observe_until(second.client, second.job_id, lambda j: j.run_dir is not None, 90,
+                  "run dir comment", context=second.log_text)
+    w2 = WatcherProc(slurm_cluster, [second.job_id], tmp_path / "w2.log", run_dir=run)
+    ctx = lambda: f"{second.context()}\n--- watcher ---\n{w2.text()[-4000:]}"  # noqa: E731
+    try:
+        events_until(run, lambda ev: any(e.get("job_id") == second.job_id and e.get("step", 0) >= 15
+                                         for e in of(ev, "checkpoint_committed")), 150,
+                     "job 2's checkpoint at step 15", context=ctx)
+        assert kill_ranks(second.job_id) >= 1
+        events = events_until(run, lambda ev: of(ev, "job_running", job_id=second.job_id), 120,
+                              "job 2 running again", context=ctx)
+        final = observe_until(second.client, second.job_id, lambda j: j.state.finished, 200, "end",
+                              context=ctx)
+        assert final.state is JobState.COMPLETED, ctx()
+        assert w2.wait(60) == 0, ctx()
+    finally:
+        w2.kill()
+    events = second.events()
+    started = of(events, "watch_started")
+    assert [(e.get("job_id"), e.get("epoch")) for e in started] == [(first.job_id, 1), (second.job_id, 2)]
+    faults = of(events, "fault_detected")
+    assert [(e.get("job_id"), e.get("cause")) for e in faults] == [(second.job_id, "crash")], ctx()
+    starts = of(events, "segment_start")
+    assert starts[1].get("restored_step") == 10  # job 2 went on from job 1's last checkpoint
+    assert max(e.get("step") for e in of(events, "loss")) == 30
+    state = json.loads(RunDir(run).watch_state.read_text())
+    assert [e["job_id"] for e in state["epochs"]] == [first.job_id, second.job_id]
+    assert (state["job_id"], state["restarts"], state["phase"]) == (second.job_id, 1, "finished")
+
+
+WRAPPER = textwrap.dedent("""\
+    #!/bin/bash
+    #SBATCH --requeue
+    #SBATCH --ntasks-per-node=1
+    # What many users do: one run dir per task, spelled by the wrapper, no %a.
+    export SLURMFT_RUN_DIR={base}/task_$SLURM_ARRAY_TASK_ID
+    exec bash {template} "$@"
+    """)
+
+
+def _array(cluster, tmp_path, script, tasks: str, steps: int = 12):
+    client = CliSlurmClient(env=cluster.env)
+    env = {**os.environ, **cluster.env, **JOB_ENV}
+    array_id = client.submit(script, [str(EXAMPLE), *ARGS, "--steps", str(steps)], env=env,
+                             sbatch_options=["--nodes=1", f"--array={tasks}",
+                                             f"--output={tmp_path}/task_%a.out", f"--chdir={tmp_path}"])
+    return client, array_id
+
+
+@pytest.mark.timeout(300)
+def test_array_tasks_each_in_the_run_dir_a_wrapper_spells_all_run(slurm_cluster, tmp_path):
+    script = tmp_path / "sweep.sbatch"
+    script.write_text(WRAPPER.format(base=tmp_path, template=TEMPLATE))
+    client, array_id = _array(slurm_cluster, tmp_path, script, "0-1")
+    for task in (0, 1):
+        log = tmp_path / f"task_{task}.out"
+        job = observe_until(client, f"{array_id}_{task}", lambda j: j.state.finished, 240, "end",
+                            context=lambda: log.read_text(errors="replace") if log.exists() else "")
+        assert job.state is JobState.COMPLETED and job.exit_code == 0, log.read_text()
+        claim = json.loads(RunDir(tmp_path / f"task_{task}").claim.read_text())
+        assert (claim["job_id"], claim["array_task_id"]) == (f"{array_id}_{task}", str(task))
+        assert job.run_dir == tmp_path / f"task_{task}"
+
+
+@pytest.mark.timeout(300)
+def test_two_array_tasks_pointed_at_one_run_dir_the_second_is_refused_in_one_line(
+        slurm_cluster, tmp_path):
+    script = tmp_path / "shared.sbatch"
+    shared = tmp_path / "shared"
+    script.write_text(WRAPPER.format(base=tmp_path, template=TEMPLATE)
+                      .replace("{base}/task_$SLURM_ARRAY_TASK_ID".format(base=tmp_path), str(shared)))
+    # Long enough that the first task still runs when the second starts (they start together).
+    client, array_id = _array(slurm_cluster, tmp_path, script, "0-1", steps=60)
+    ends = {}
+    for task in (0, 1):
+        ends[task] = observe_until(client, f"{array_id}_{task}", lambda j: j.state.finished, 240, "end")
+    codes = sorted(j.exit_code for j in ends.values())
+    assert codes == [0, exitcodes.NO_REQUEUE], {t: (j.state, j.exit_code) for t, j in ends.items()}
+    loser = next(t for t, j in ends.items() if j.exit_code == exitcodes.NO_REQUEUE)
+    winner = 1 - loser
+    text = (tmp_path / f"task_{loser}.out").read_text(errors="replace")
+    errors = [line for line in text.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, text
+    assert f"is claimed by job {array_id}_{winner} (task {winner} of array job {array_id}), which " \
+           "is still alive" in errors[0], text
+    # Nothing of the refused task's reached the run dir's journal.
+    journaled = {e.get("job_id") for e in read_events(RunDir(shared).events)}
+    assert journaled and not journaled & ends[loser].ids, journaled

@@ -1,0 +1,117 @@
+"""One watcher per run on shared filesystems (``slurmft/watch/lock.py``): the lease beside flock.
+
+Two login nodes sharing an NFS or Lustre run dir whose ``flock`` is node-local cannot be had
+here: ``node_local_flock`` stands in for it (each "host" gets the flock), which is what such a
+filesystem does; everything else (the lease file, its renewal, the takeover) is the real code."""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slurmft.rundir import RunDir
+from slurmft.watch import lock as lockmod
+from slurmft.watch.config import WatchConfig
+from slurmft.watch.lock import LeaseLost, LockError, RunLock
+from slurmft.watch.runwatch import RunWatch
+from slurmft.watch.state import RunState
+
+from test_watch_runwatch import NODES, RecordingClient, job
+
+
+@pytest.fixture
+def run(tmp_path) -> RunDir:
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    return rd
+
+
+@pytest.fixture
+def node_local_flock(monkeypatch):
+    monkeypatch.setattr(lockmod.fcntl, "flock", lambda fd, op: None)
+
+
+class Clock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_watcher_on_another_host_is_refused_where_flock_is_node_local(run, node_local_flock):
+    """Today: both watchers get the (node-local) flock and both act on the run."""
+    clock = Clock()
+    first = RunLock(run, host="login1", pid=4242, clock=clock)
+    first.acquire()
+    clock.now += 100
+    with pytest.raises(LockError, match=r"already watched by pid 4242 on login1 \(lease renewed 100 s ago\)"):
+        RunLock(run, host="login2", pid=4242, clock=clock).acquire()
+
+
+def test_a_stalled_watchers_lease_is_taken_over_and_it_then_never_acts(run, node_local_flock):
+    clock = Clock()
+    first = RunLock(run, host="login1", pid=1, clock=clock, lease_s=300)
+    first.acquire()
+    client = RecordingClient()
+    stalled = RunWatch(run, RunState(job_id="7"), client, WatchConfig(), lock=first)
+    clock.now += 301  # login1 stopped renewing (suspended, partitioned) for longer than lease_s
+    RunLock(run, host="login2", pid=2, clock=clock).acquire()
+    with pytest.raises(LeaseLost, match="another watcher took the run over"):
+        first.keep()
+    from slurmft.slurm.client import JobState
+    stalled.step(job(JobState.FAILED, exit_code=1), NODES, clock.now)  # a crash it would requeue
+    assert client.calls == [] and not stalled.active
+    assert not run.watch_state.exists()  # and it wrote nothing
+
+
+def test_a_live_lease_is_renewed_every_quarter_and_kept(run, node_local_flock):
+    clock = Clock()
+    held = RunLock(run, host="login1", pid=1, clock=clock, lease_s=300)
+    held.acquire()
+    for _ in range(10):
+        clock.now += 80
+        held.keep()
+    with pytest.raises(LockError, match="already watched by pid 1 on login1"):
+        RunLock(run, host="login2", pid=2, clock=clock).acquire()
+
+
+def test_a_dead_watchers_lease_on_this_host_is_taken_over_at_once(run, node_local_flock):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    host = "login1"
+    RunLock(run, host=host, pid=int(dead.stdout)).acquire()  # exited without releasing
+    RunLock(run, host=host).acquire()
+
+
+def test_release_hands_the_run_over_at_once(run):
+    first = RunLock(run)
+    first.acquire()
+    first.release()
+    assert not (run.root / "watch" / "lease.json").exists()
+    RunLock(run, host="elsewhere").acquire()
+
+
+def test_where_neither_flock_nor_the_lease_works_the_run_is_refused_saying_why(run, monkeypatch):
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    def no_write(path, obj):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(lockmod.fcntl, "flock", no_flock)
+    monkeypatch.setattr(lockmod, "atomic_write_json", no_write)
+    with pytest.raises(LockError, match="flock is not supported here and the lease .* cannot be "
+                                        "written \\(Read-only file system\\)"):
+        RunLock(run).acquire()
+
+
+def test_a_lease_that_is_not_one_is_replaced(run):
+    (run.root / "watch").mkdir()
+    (run.root / "watch" / "lease.json").write_text(json.dumps({"version": 1, "pid": "x"}))
+    RunLock(run).acquire()
+    assert json.loads((run.root / "watch" / "lease.json").read_text())["pid"] > 0
