@@ -96,3 +96,16 @@ def test_bootstrap_sql_creates_the_user_for_tcp_and_socket() -> None:
 def test_bootstrap_sql_refuses_a_password_that_could_break_out_of_quotes() -> None:
     with pytest.raises(ValueError, match="alphanumeric"):
         render_db_bootstrap_sql("x'; DROP DATABASE mysql; --")
+
+
+def test_a_cluster_may_have_several_partitions_the_first_the_default(spec: ConfSpec) -> None:
+    from slurmft.slurm.devcluster.render import check_partitions
+
+    parts = check_partitions({"train": ["n1", "n2"], "other": ["n3"]}, spec.node_names)
+    lines = render_slurm_conf(replace(spec, partitions=parts)).splitlines()
+    assert lines[-2:] == ["PartitionName=train Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP",
+                          "PartitionName=other Nodes=n3 Default=NO MaxTime=INFINITE State=UP"]
+    for bad, message in [({"x y": ["n1"]}, "partition name 'x y'"), ({"a": ["n9"]}, "partition a"),
+                         ({"a": []}, "partition a"), ({}, "at least one partition")]:
+        with pytest.raises(ValueError, match=message):
+            check_partitions(bad, spec.node_names)

@@ -16,7 +16,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 from slurmft.rundir import atomic_write_bytes
 from slurmft.slurm.devcluster import daemons, hosts, query, settle
@@ -29,7 +29,7 @@ from slurmft.slurm.devcluster.release import (
     Binaries, daemon_env_from_environ, mariadb_version, slurm_version,
 )
 from slurmft.slurm.devcluster.render import (
-    DEFAULT_MIN_JOB_AGE_S, DEFAULT_SLURMD_TIMEOUT_S, ConfSpec, check_min_job_age,
+    DEFAULT_MIN_JOB_AGE_S, DEFAULT_SLURMD_TIMEOUT_S, ConfSpec, check_min_job_age, check_partitions,
     check_slurmd_timeout, render_slurm_conf, render_slurmdbd_conf,
 )
 
@@ -162,16 +162,20 @@ class DevCluster:
            port_base: int | None = None, daemon_env: Mapping[str, str] | None = None,
            timeout: float = UP_TIMEOUT_S,
            min_job_age_s: int = DEFAULT_MIN_JOB_AGE_S,
-           slurmd_timeout_s: int = DEFAULT_SLURMD_TIMEOUT_S) -> "DevCluster":
+           slurmd_timeout_s: int = DEFAULT_SLURMD_TIMEOUT_S,
+           partitions: Mapping[str, Sequence[str]] | None = None) -> "DevCluster":
         """Start a cluster of ``nodes`` nodes (n1..nN) in ``dir``; return once all are IDLE.
         ``daemon_env`` is added to every daemon's environment (default: from
         ``$SLURMFT_DEVCLUSTER_DAEMON_ENV``). ``min_job_age_s`` is slurm.conf's MinJobAge: how
         long the controller keeps an ended job before it forgets it; ``slurmd_timeout_s`` its
-        SlurmdTimeout: how long a silent node stays up before it is called DOWN."""
+        SlurmdTimeout: how long a silent node stays up before it is called DOWN; ``partitions``
+        name -> its nodes (the first is the default; default: one ``debug`` of every node)."""
         check_node_count(nodes)
+        node_names = [f"n{i}" for i in range(1, nodes + 1)]
         try:
             check_min_job_age(min_job_age_s)
             check_slurmd_timeout(slurmd_timeout_s)
+            parts = check_partitions(partitions, node_names)
         except ValueError as exc:
             raise DevClusterError(str(exc)) from None
         if daemon_env is None:
@@ -181,7 +185,6 @@ class DevCluster:
         require_root()
         bins = Binaries.find()
         versions = (slurm_version(bins), mariadb_version(bins))
-        node_names = [f"n{i}" for i in range(1, nodes + 1)]
         ports = choose_ports(node_names, port_base)
         with dir_lock(layout):
             if layout.state_file.exists():
@@ -198,7 +201,7 @@ class DevCluster:
                                  daemon_env=dict(daemon_env or {}))
             cluster = cls(layout, state, bins)
             try:
-                cluster._start(versions[1], timeout, min_job_age_s, slurmd_timeout_s)
+                cluster._start(versions[1], timeout, min_job_age_s, slurmd_timeout_s, parts)
             except BaseException:
                 cluster._stop_all()
                 raise
@@ -245,7 +248,7 @@ class DevCluster:
         return proc
 
     def _start(self, mariadb_ver: tuple[int, int, int], timeout: float, min_job_age_s: int,
-               slurmd_timeout_s: int) -> None:
+               slurmd_timeout_s: int, partitions=None) -> None:
         lay, st, bins = self._layout, self._state, self._bins
         deadline = time.monotonic() + timeout
 
@@ -261,7 +264,8 @@ class DevCluster:
         spec = ConfSpec(layout=lay, cluster_name=st.cluster_name, node_names=st.node_names,
                         ports=st.ports, cpus_per_node=CPUS_PER_NODE,
                         memory_mb_per_node=MEMORY_MB_PER_NODE, db_password=password,
-                        min_job_age_s=min_job_age_s, slurmd_timeout_s=slurmd_timeout_s)
+                        min_job_age_s=min_job_age_s, slurmd_timeout_s=slurmd_timeout_s,
+                        partitions=partitions)
         atomic_write_bytes(lay.slurm_conf, render_slurm_conf(spec).encode())
         atomic_write_bytes(lay.slurmdbd_conf, render_slurmdbd_conf(spec).encode(), mode=0o600)
         daemons.write_munge_key(lay)

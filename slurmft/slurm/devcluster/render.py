@@ -8,7 +8,9 @@ socket, ``AccountingStoragePass`` must name that socket or slurmctld 22.05 exits
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from slurmft.slurm.devcluster.layout import Layout, Ports
 
@@ -24,6 +26,30 @@ MIN_JOB_AGE_RANGE_S = (2, 86400)
 # --operator` saves on a real cluster (300 s there by default) asks for more.
 DEFAULT_SLURMD_TIMEOUT_S = 10
 SLURMD_TIMEOUT_RANGE_S = (5, 3600)
+
+
+_PARTITION_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+
+def check_partitions(partitions: Mapping[str, Sequence[str]] | None,
+                     node_names: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    """``partitions`` (name -> its nodes, the first the default) as a checked tuple, else
+    ValueError naming what is wrong. None: one partition, ``debug``, of every node."""
+    if partitions is None:
+        return None
+    if not partitions:
+        raise ValueError("partitions: name at least one partition (or none at all for 'debug')")
+    checked = []
+    for name, nodes in partitions.items():
+        if not isinstance(name, str) or not _PARTITION_RE.fullmatch(name):
+            raise ValueError(f"partition name {name!r}: letters, digits, '_' or '-', at most 32")
+        members = tuple(nodes)
+        unknown = [n for n in members if n not in node_names]
+        if not members or unknown or len(set(members)) != len(members):
+            raise ValueError(f"partition {name}: its nodes {list(members)!r} must be distinct nodes "
+                             f"of the cluster ({', '.join(node_names)})")
+        checked.append((name, members))
+    return tuple(checked)
 
 
 def _whole_seconds(name: str, seconds: int, low: int, high: int) -> int:
@@ -56,10 +82,14 @@ class ConfSpec:
     db_password: str
     min_job_age_s: int = DEFAULT_MIN_JOB_AGE_S
     slurmd_timeout_s: int = DEFAULT_SLURMD_TIMEOUT_S
+    # (name, nodes) per partition, the first the default; None: one partition of every node.
+    partitions: tuple[tuple[str, tuple[str, ...]], ...] | None = None
 
     def __post_init__(self) -> None:
         check_min_job_age(self.min_job_age_s)
         check_slurmd_timeout(self.slurmd_timeout_s)
+        check_partitions(dict(self.partitions) if self.partitions is not None else None,
+                         self.node_names)
 
 
 def render_slurm_conf(spec: ConfSpec) -> str:
@@ -108,8 +138,10 @@ def render_slurm_conf(spec: ConfSpec) -> str:
             f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
             f"Port={spec.ports.nodes[name]} CPUs={spec.cpus_per_node} "
             f"RealMemory={spec.memory_mb_per_node} State=UNKNOWN")
-    lines.append(f"PartitionName={PARTITION} Nodes={','.join(spec.node_names)} Default=YES "
-                 "MaxTime=INFINITE State=UP")
+    partitions = spec.partitions or ((PARTITION, tuple(spec.node_names)),)
+    for i, (name, members) in enumerate(partitions):
+        lines.append(f"PartitionName={name} Nodes={','.join(members)} "
+                     f"Default={'YES' if i == 0 else 'NO'} MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
 
 
