@@ -261,10 +261,11 @@ def admin_drain(obs: RunObservation, memory: Memory, config: WatchConfig,
     nodes (no step lost). Bounded: with no such checkpoint within the run's checkpoint-overdue
     bound (``admin_drain_wait_s`` while the run's interval is unknown), it is requeued anyway.
     ``admin_drain = "ignore"``: left alone (the node's jobs end as the admin planned)."""
-    if config.admin_drain == "ignore":
-        return None
     names = tuple(n for n, _, _ in drained)
     what = "; ".join(e for _, _, e in drained)
+    if config.admin_drain == "ignore":
+        return Finding(NODE_DRAINED, WARN, f"{what}: an admin's drain, left alone (admin_drain = "
+                       "ignore)", names)
     since = min(memory.drained_since.get(n, obs.now) for n in names)
     after = [(t, step) for t, step, *_ in obs.summary.commits if t > since]
     if after:

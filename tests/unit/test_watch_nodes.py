@@ -196,7 +196,8 @@ def test_sweeper_drain_and_down_still_recover_at_once_and_ignore_leaves_admin_dr
     finding = detect.detect_nodes(observe(running(), both, now=T0 + 101), memory, WatchConfig())
     assert finding.action == "recover" and set(finding.nodes) == {"n1", "n2"}
     ignore = WatchConfig(admin_drain="ignore")
-    assert detect.detect_nodes(observe(running(), drained(), now=T0 + 10**6), memory, ignore) is None
+    left = detect.detect_nodes(observe(running(), drained(), now=T0 + 10**6), memory, ignore)
+    assert left.action == "warn" and "left alone" in left.evidence  # said, never acted on
     with pytest.raises(ValueError, match="admin_drain must be one of after_checkpoint, ignore"):
         WatchConfig(admin_drain="now")
 
