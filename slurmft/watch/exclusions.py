@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from slurmft.slurm.client import Job, Node
+from slurmft.slurm.client import Job, JobState, Node
 from slurmft.watch.detect import node_problem
 
 
@@ -76,6 +76,17 @@ def readmit_to_fit(job: Job, nodes: Mapping[str, Node], excluding: list[str],
                 if name in full:
                     pool.add(name)
     return readmit
+
+
+def resubmission_exclusions(nodes: Mapping[str, Node], last_nodes: list[str],
+                            wanted: list[str]) -> tuple[list[str], list[str]]:
+    """``fit_exclusions`` for a job Slurm has forgotten (no Job to read): its size and partitions
+    from its last allocation (the partitions every one of those nodes is in)."""
+    known = [nodes[n].partitions for n in last_nodes if n in nodes]
+    common = frozenset.intersection(*known) if known and len(known) == len(last_nodes) else frozenset()
+    shape = Job(job_id="", name="", state=JobState.PENDING, node_count=max(len(last_nodes), 1),
+                partition=",".join(sorted(common)))
+    return fit_exclusions(shape, nodes, wanted)
 
 
 def fade_faults(node_faults: dict[str, int], clean_since: dict[str, float], serving: Iterable[str],

@@ -27,7 +27,9 @@ from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
 from slurmft.watch.lock import LeaseLost
-from slurmft.watch.exclusions import fade_faults, fit_exclusions, readmit_to_fit
+from slurmft.watch.exclusions import (
+    fade_faults, fit_exclusions, readmit_to_fit, resubmission_exclusions,
+)
 from slurmft.watch.resolve import current_user
 from slurmft.watch.oncetail import load_tail, save_tail, tail_path
 from slurmft.watch.runview import (
@@ -417,8 +419,14 @@ class RunWatch:
             return  # cannot tell whether the last resubmission went through: not again, not yet
         if found is None:
             try:
+                exclude, dropped = resubmission_exclusions(obs.nodes, st.last_nodes,
+                                                           sorted(st.node_faults))
+                if dropped:
+                    self.emit(journal.WATCH_WARNING, what="no_fit", nodes=dropped,
+                              detail=f"not excluding {','.join(dropped)} from the resubmission: "
+                                     "it would no longer fit in the usable nodes of its partition")
                 argv = resubmit.resubmit_argv(record, resubmit.SubmitRecord.paths(self.run_dir)[1],
-                                              self.run_dir.root, sorted(st.node_faults))
+                                              self.run_dir.root, exclude)
             except (resubmit.ResubmitError, SlurmError) as exc:  # SlurmError: a bad node name
                 self._give_up(finding.cause, f"cannot resubmit: {exc}", None)
                 return

@@ -302,3 +302,14 @@ def test_state_refuses_a_node_time_that_is_not_a_number(run):
     atomic_write_json(run.watch_state, data)
     with pytest.raises(StateError, match="clean_since"):
         load_state(run, "7")
+
+
+def test_a_resubmission_excludes_only_what_leaves_the_job_room_in_its_partition():
+    """A forgotten 2-node job last ran on cn1,cn2 of ``normal`` (25.05's published table), where
+    only those two are usable: excluding one for an old fault would leave it nowhere to run."""
+    from slurmft.watch.exclusions import resubmission_exclusions
+
+    nodes = table("25.05/v0.0.43")
+    assert resubmission_exclusions(nodes, ["cn1", "cn2"], ["cn1", "gpu1"]) == (["gpu1"], ["cn1"])
+    # Unknown allocation: the whole table is its pool (room enough, the fault is excluded).
+    assert resubmission_exclusions(nodes, [], ["cn1"]) == (["cn1"], [])
