@@ -46,6 +46,7 @@ class RunFactory:
         self.once = once
         self.explicit = explicit_run_dir
         self.locks: dict[Path, Any] = {}  # run dir -> its RunLock
+        self.failed_code = 0  # a named job taken on late that could not be watched
 
 
     def make(self, job):
@@ -117,6 +118,16 @@ class RunFactory:
         except JobNotFound:
             return None
 
+    def start_later(self, job):
+        """A named job that has now named its run dir; one that cannot be watched is reported
+        (the watcher exits non-zero at the end) and the others go on."""
+        try:
+            return self.make(job)
+        except WatchStartError as exc:
+            print(f"slurmft watch: {exc}", file=sys.stderr, flush=True)
+            self.failed_code = self.failed_code or exc.code
+            return None
+
     def adopt(self, job):
         """``--all``: a new job of the user; one that cannot be watched is logged and skipped."""
         try:
@@ -177,7 +188,7 @@ def watch(
     from slurmft.slurm.config import SlurmConfig
     from slurmft.watch.config import WatchConfig
     from slurmft.watch.loop import Watcher
-    from slurmft.watch.resolve import await_run_dirs, current_user
+    from slurmft.watch.resolve import StartWait, current_user, waiting_for_start
     from slurmft.watch.runwatch import Listener
 
     ids = list(job_ids or [])
@@ -238,23 +249,30 @@ def watch(
         runs = []
         try:
             jobs = [find_job(client, job_id) for job_id in ids]
-            jobs = await_run_dirs(client, jobs, run_dir, cfg.poll_s, once=once, find=find_job,
-                                  startup_s=cfg.startup_grace_s)
         except LookupFailed as exc:
             raise _fail(exc.code, str(exc))
-        except KeyboardInterrupt:
-            raise _fail(EXIT_OK, "interrupted while waiting for the job(s) to start")
+        later = [j.job_id for j in jobs if run_dir is None and waiting_for_start(j)]
+        if later:
+            names = ", ".join(later)
+            print(f"slurmft watch: job(s) {names} have not started (no run dir named yet): "
+                  + ("nothing to watch for them in this cycle" if once else
+                     "watching them once they name it, the others meanwhile (--run-dir skips the wait)"),
+                  file=sys.stderr, flush=True)
         for job in jobs:
+            if job.job_id in later:
+                continue
             try:
                 runs.append(factory.make(job))
             except WatchStartError as exc:
                 raise _fail(exc.code, str(exc))
+        wait = StartWait(later, cfg.startup_grace_s) if later and not once else None
         feed = MetricsFeed(metrics, textfile) if metrics is not None else None
         watcher = Watcher(client, runs, poll_s=cfg.poll_s, user=user,
                           adopt=factory.adopt if all_jobs else None,
                           on_cycle=feed.after_cycle if feed is not None else None,
                           let_go=factory.let_go if all_jobs else None,
-                          forget=feed.forget if feed is not None else None)
+                          forget=feed.forget if feed is not None else None,
+                          waiting=wait, start=factory.start_later)
         try:
             if once:
                 result = watcher.cycle()
@@ -268,6 +286,11 @@ def watch(
         for run in watcher.runs:
             print(f"job {run.job_id}: {run.state.phase}"
                   + (f" ({run.state.reason})" if run.state.reason else ""))
+        refused = wait.refused if wait is not None else []
+        for why in refused:
+            print(f"slurmft watch: not watched: {why}", file=sys.stderr)
+        if refused or factory.failed_code:
+            raise typer.Exit(factory.failed_code or EXIT_USAGE)
     finally:
         factory.release()
         if metrics is not None:

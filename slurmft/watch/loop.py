@@ -17,6 +17,7 @@ from typing import Callable
 
 from slurmft.slurm.client import Job, JobNotFound, JobState, SlurmClient, SlurmError
 from slurmft.slurm.policy import HELD_REASONS
+from slurmft.watch.resolve import READY, WAIT, StartWait
 from slurmft.watch.runwatch import RunWatch
 from slurmft.watch.state import GAVE_UP, WATCHING
 
@@ -50,7 +51,9 @@ class Watcher:
                  user: str | None = None,
                  adopt: Callable[[Job], RunWatch | None] | None = None,
                  let_go: Callable[[RunWatch], None] | None = None,
-                 forget: Callable[[str], None] | None = None) -> None:
+                 forget: Callable[[str], None] | None = None,
+                 waiting: StartWait | None = None,
+                 start: Callable[[Job], RunWatch | None] | None = None) -> None:
         """``user`` + ``adopt``: watch every job of ``user`` too (``--all``); each cycle's one
         query lists the user's jobs and ``adopt`` turns a new one into a RunWatch (or None).
         With ``--all`` a run that ended is let go (``let_go``: its lock) at once, so a new job in
@@ -62,6 +65,10 @@ class Watcher:
         self.adopt = adopt
         self.let_go = let_go
         self.forget = forget
+        # Named jobs that have not named their run dir yet: queried with the others each cycle,
+        # taken on (``start``) once they do; their wait blocks no other run.
+        self.waiting = waiting
+        self.start = start
         self._seen: set[str] = {r.job_id for r in runs}
         self._held: set[str] = set()   # let go after giving up: adopted again once released
         self._gone: set[str] = set()   # let go: forgotten once Slurm no longer lists them
@@ -73,15 +80,18 @@ class Watcher:
     def cycle(self) -> CycleResult:
         started = time.monotonic()
         active = [r for r in self.runs if r.active]
-        if not active and self.user is None:
+        waiting = list(self.waiting.pending) if self.waiting is not None else []
+        if not active and self.user is None and not waiting:
             return CycleResult(True, 0.0)
         try:
             if self.user is not None:
                 jobs = self.client.user_jobs(self.user)
             else:
-                jobs = self.client.jobs([r.job_id for r in active])
+                jobs = self.client.jobs([r.job_id for r in active] + waiting)
             if self.adopt is not None:
                 active += self._adopt_new(jobs)
+            if waiting:
+                active += self._start_waiting(jobs)
             nodes = self.client.nodes() if any(_needs_nodes(r, jobs.get(r.job_id)) for r in active) else {}
         except SlurmError as exc:
             result = CycleResult(False, time.monotonic() - started, str(exc), active)
@@ -109,6 +119,20 @@ class Watcher:
         result = CycleResult(True, time.monotonic() - started, runs=active)
         self._report(result)
         return result
+
+    def _start_waiting(self, jobs: dict[str, Job]) -> list[RunWatch]:
+        started: list[RunWatch] = []
+        assert self.waiting is not None
+        for job_id in list(self.waiting.pending):
+            verdict = self.waiting.judge(job_id, jobs.get(job_id))
+            if verdict == READY and self.start is not None:
+                run = self.start(jobs[job_id])
+                if run is not None:
+                    self.runs.append(run)
+                    started.append(run)
+            elif verdict not in (READY, WAIT):
+                log.error("not watching job %s: %s", job_id, verdict)
+        return started
 
     def _adopt_new(self, jobs: dict[str, Job]) -> list[RunWatch]:
         adopted: list[RunWatch] = []
@@ -168,7 +192,8 @@ class Watcher:
         backoff = self.poll_s
         while True:
             result = self.cycle()
-            if once or (self.user is None and not any(r.active for r in self.runs)) or stop():
+            idle = not any(r.active for r in self.runs) and not (self.waiting and self.waiting.pending)
+            if once or (self.user is None and idle) or stop():
                 return
             backoff = self.poll_s if result.observed else min(backoff * 2, MAX_BACKOFF_S)
             time.sleep(backoff)

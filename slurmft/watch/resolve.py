@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import pwd
 import stat
-import sys
 import time
 from pathlib import Path
 
@@ -79,38 +78,55 @@ def run_dir_for(job: Job, explicit: Path | None) -> Path:
     return Path(os.path.realpath(path))
 
 
-def await_run_dirs(client, jobs: list, explicit: Path | None, poll_s: float, *, once: bool,
-                   find, startup_s: float = 300.0, sleep=None, clock=None) -> list:
-    """Jobs that have not started yet name no run dir (the launcher sets the comment a few seconds
-    after the job starts): wait while they are PENDING, and for up to ``startup_s`` once RUNNING,
-    re-reading them every ``poll_s`` (Slurm bounds the pending wait: the job starts or ends). With
-    ``--once`` such a job is left for the next cycle (dropped from this one). A held job is not
-    waited for: it starts only when someone releases it (it then fails as naming no run dir, with
-    the hint to pass --run-dir). Returns the jobs to watch now."""
-    sleep = sleep or time.sleep
-    clock = clock or time.monotonic
-    running_since: dict[str, float] = {}
+READY, WAIT = "ready", "wait"
 
-    def waiting(job) -> bool:
-        if explicit is not None or job.run_dir is not None:
-            return False
+
+class StartWait:
+    """Named jobs that have not named their run dir yet: the launcher sets the comment a few
+    seconds after the job starts. They ride along in the watcher's cycle query and are taken on
+    as soon as they name it, so one job waiting to start never stops the others from being
+    watched. ``judge`` says, each cycle, READY, WAIT, or why the job cannot be watched: held (it
+    starts only when someone releases it), ended before naming a run dir, RUNNING for
+    ``startup_s`` without naming one, or missing from two answers in a row."""
+
+    def __init__(self, job_ids, startup_s: float, clock=None) -> None:
+        self.clock = clock or time.monotonic
+        self.startup_s = startup_s
+        self._running_since: dict[str, float] = {}
+        self._missed: dict[str, int] = {}
+        self.pending: list[str] = list(job_ids)
+        self.refused: list[str] = []  # why each job that could not be taken on was not
+
+    def judge(self, job_id: str, job) -> str:
+        verdict = self._judge(job_id, job)
+        if verdict != WAIT:
+            self.pending.remove(job_id)
+        if verdict not in (READY, WAIT):
+            self.refused.append(verdict)
+        return verdict
+
+    def _judge(self, job_id: str, job) -> str:
+        hint = "(the template sets the comment SLURMFT_RUN_DIR=... when the job starts): pass --run-dir"
+        if job is None:
+            self._missed[job_id] = self._missed.get(job_id, 0) + 1
+            return WAIT if self._missed[job_id] < 2 else \
+                f"job {job_id} is no longer listed by Slurm and never named a run dir {hint}"
+        self._missed.pop(job_id, None)
+        if job.run_dir is not None:
+            return READY
         if job.state is JobState.PENDING:
-            return job.reason not in HELD_REASONS
-        if job.state is JobState.RUNNING:  # started, the launcher not yet at its comment
-            return clock() - running_since.setdefault(job.job_id, clock()) < startup_s
-        return False
+            return WAIT if job.reason not in HELD_REASONS else \
+                f"job {job_id} is held ({job.reason}) and names no run dir {hint}"
+        if job.state is JobState.RUNNING:
+            since = self._running_since.setdefault(job_id, self.clock())
+            return WAIT if self.clock() - since < self.startup_s else \
+                f"job {job_id} has run {self.startup_s:.0f} s without naming a run dir {hint}"
+        return f"job {job_id} ended ({job.state.value}) without naming a run dir {hint}"
 
-    pending = [j for j in jobs if waiting(j)]
-    if not pending:
-        return jobs
-    names = ", ".join(j.job_id for j in pending)
-    if once:
-        print(f"slurmft watch: job(s) {names} have not started (no run dir named yet): "
-              "nothing to watch in this cycle", file=sys.stderr)
-        return [j for j in jobs if not waiting(j)]
-    print(f"slurmft watch: waiting for job(s) {names} to start (a job names its run dir when it "
-          "starts; --run-dir skips the wait)", file=sys.stderr, flush=True)
-    while any(waiting(j) for j in jobs):
-        sleep(poll_s)
-        jobs = [find(client, j.job_id) if waiting(j) else j for j in jobs]
-    return jobs
+
+def waiting_for_start(job) -> bool:
+    """A job that names no run dir yet and may still name one (pending, not held; running)."""
+    if job.run_dir is not None:
+        return False
+    return (job.state is JobState.PENDING and job.reason not in HELD_REASONS) \
+        or job.state is JobState.RUNNING

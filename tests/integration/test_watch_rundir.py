@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +17,7 @@ from slurmft import exitcodes
 from slurmft.journal import read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
-from slurmft.slurm.client import JobState
+from slurmft.slurm.client import JobNotFound, JobState
 
 from train_job_support import JOB_ENV, TEMPLATE, TINY_ARGS, EXAMPLE, kill_ranks, submit
 from watch_support import WatcherProc, events_until, observe_until, of
@@ -79,6 +81,23 @@ WRAPPER = textwrap.dedent("""\
     """)
 
 
+def _task_end(client, task_id: str, timeout: float, log: Path):
+    """The task's end; a pending array of several tasks is one record (``<id>_[0-1]``) that
+    names no task yet, so "not listed" is waited through."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            job = client.job(task_id)
+            if job.state.finished:
+                return job
+        except JobNotFound:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"task {task_id} did not end within {timeout:.0f} s\n"
+                                 + (log.read_text(errors="replace")[-4000:] if log.exists() else ""))
+        time.sleep(1)
+
+
 def _array(cluster, tmp_path, script, tasks: str, steps: int = 12):
     client = CliSlurmClient(env=cluster.env)
     env = {**os.environ, **cluster.env, **JOB_ENV}
@@ -95,8 +114,7 @@ def test_array_tasks_each_in_the_run_dir_a_wrapper_spells_all_run(slurm_cluster,
     client, array_id = _array(slurm_cluster, tmp_path, script, "0-1")
     for task in (0, 1):
         log = tmp_path / f"task_{task}.out"
-        job = observe_until(client, f"{array_id}_{task}", lambda j: j.state.finished, 240, "end",
-                            context=lambda: log.read_text(errors="replace") if log.exists() else "")
+        job = _task_end(client, f"{array_id}_{task}", 240, log)
         assert job.state is JobState.COMPLETED and job.exit_code == 0, log.read_text()
         claim = json.loads(RunDir(tmp_path / f"task_{task}").claim.read_text())
         assert (claim["job_id"], claim["array_task_id"]) == (f"{array_id}_{task}", str(task))
@@ -114,7 +132,7 @@ def test_two_array_tasks_pointed_at_one_run_dir_the_second_is_refused_in_one_lin
     client, array_id = _array(slurm_cluster, tmp_path, script, "0-1", steps=60)
     ends = {}
     for task in (0, 1):
-        ends[task] = observe_until(client, f"{array_id}_{task}", lambda j: j.state.finished, 240, "end")
+        ends[task] = _task_end(client, f"{array_id}_{task}", 240, tmp_path / f"task_{task}.out")
     codes = sorted(j.exit_code for j in ends.values())
     assert codes == [0, exitcodes.NO_REQUEUE], {t: (j.state, j.exit_code) for t, j in ends.items()}
     loser = next(t for t, j in ends.items() if j.exit_code == exitcodes.NO_REQUEUE)
@@ -127,3 +145,22 @@ def test_two_array_tasks_pointed_at_one_run_dir_the_second_is_refused_in_one_lin
     # Nothing of the refused task's reached the run dir's journal.
     journaled = {e.get("job_id") for e in read_events(RunDir(shared).events)}
     assert journaled and not journaled & ends[loser].ids, journaled
+
+
+@pytest.mark.timeout(120)
+def test_a_one_task_array_is_known_by_its_task_id_while_it_pends(slurm_cluster, tmp_path):
+    """What the watcher relies on after resubmitting a forgotten array task alone
+    (``--array=<task>``): it follows ``<new id>_<task>``, which Slurm must list while the job
+    pends, or the watcher would take it for forgotten."""
+    script = tmp_path / "one.sbatch"
+    script.write_text("#!/bin/bash\nsleep 1\n")
+    client = CliSlurmClient(env=slurm_cluster.env)
+    array_id = client.submit(script, env={**os.environ, **slurm_cluster.env},
+                             sbatch_options=["--array=5", "--hold", f"--chdir={tmp_path}",
+                                             f"--output={tmp_path}/one.out"])
+    try:
+        job = client.job(f"{array_id}_5")
+        assert job.state is JobState.PENDING and job.job_id == f"{array_id}_5"
+        assert f"{array_id}_5" in client.user_jobs(job.user)
+    finally:
+        client.cancel(array_id)

@@ -74,38 +74,73 @@ def test_a_run_dir_whose_parts_are_symlinks_is_refused(tmp_path, name):
         run_dir_for(job(tmp_path / "run"), None)
 
 
-def test_a_job_that_has_not_started_is_waited_for_until_it_names_its_run_dir(tmp_path, capsys):
+def test_a_job_that_has_not_started_is_waited_for_until_it_names_its_run_dir(tmp_path):
     # `sbatch` then `slurmft watch JOBID` at once: the job is PENDING and names no run dir yet
     # (the launcher sets the comment when it starts). The watcher once exited 2 here.
-    from slurmft.watch.resolve import await_run_dirs
+    from slurmft.watch.resolve import READY, WAIT, StartWait
 
-    pending = Job(job_id="5", name="t", state=JobState.PENDING)
-    started = Job(job_id="5", name="t", state=JobState.RUNNING, run_dir=tmp_path)
-    answers = iter([pending, started])
-    slept = []
-    jobs = await_run_dirs(None, [pending], None, 2.0, once=False, find=lambda c, i: next(answers),
-                          sleep=slept.append)
-    assert jobs == [started] and slept == [2.0, 2.0]
-    assert "waiting for job(s) 5 to start" in capsys.readouterr().err
-    assert await_run_dirs(None, [pending], None, 2.0, once=True, find=None) == []   # cron: next cycle
-    assert await_run_dirs(None, [pending], tmp_path, 2.0, once=False, find=None) == [pending]  # --run-dir
-    held = Job(job_id="6", name="t", state=JobState.PENDING, reason="JobHeldUser")
-    assert await_run_dirs(None, [held], None, 2.0, once=False, find=None) == [held]  # not waited for
+    wait = StartWait(["5"], startup_s=300)
+    assert wait.judge("5", Job(job_id="5", name="t", state=JobState.PENDING)) == WAIT
+    assert wait.judge("5", Job(job_id="5", name="t", state=JobState.RUNNING, run_dir=tmp_path)) == READY
+    assert wait.pending == [] and wait.refused == []
 
 
-def test_a_started_job_is_given_a_bounded_time_to_name_its_run_dir(tmp_path):
+@pytest.mark.parametrize("answers, why", [
+    ([Job(job_id="5", name="t", state=JobState.PENDING, reason="JobHeldUser")], "is held"),
+    ([Job(job_id="5", name="t", state=JobState.FAILED)], "ended (FAILED) without naming a run dir"),
+    ([None, None], "no longer listed by Slurm"),
+])
+def test_a_job_that_can_no_longer_name_a_run_dir_is_given_up_naming_why(answers, why):
+    from slurmft.watch.resolve import WAIT, StartWait
+
+    wait = StartWait(["5"], startup_s=300)
+    verdicts = [wait.judge("5", a) for a in answers]
+    assert verdicts[:-1] == [WAIT] * (len(answers) - 1) and why in verdicts[-1]
+    assert "pass --run-dir" in verdicts[-1] and wait.refused == [verdicts[-1]] and wait.pending == []
+
+
+def test_a_started_job_is_given_a_bounded_time_to_name_its_run_dir():
     # RUNNING, but the launcher has not set the comment yet (python start-up, two scontrol calls).
-    from slurmft.watch.resolve import await_run_dirs
+    from slurmft.watch.resolve import WAIT, StartWait
 
-    running = Job(job_id="5", name="t", state=JobState.RUNNING)
-    named = Job(job_id="5", name="t", state=JobState.RUNNING, run_dir=tmp_path)
-    answers = iter([running, named])
     now = [0.0]
+    wait = StartWait(["5"], startup_s=10.0, clock=lambda: now[0])
+    running = Job(job_id="5", name="t", state=JobState.RUNNING)
+    assert wait.judge("5", running) == WAIT
+    now[0] = 9.0
+    assert wait.judge("5", running) == WAIT
+    now[0] = 10.0
+    assert "has run 10 s without naming a run dir" in wait.judge("5", running)
 
-    def sleep(s):
-        now[0] += s
-    assert await_run_dirs(None, [running], None, 2.0, once=False, find=lambda c, i: next(answers),
-                          sleep=sleep, clock=lambda: now[0]) == [named]
-    never = await_run_dirs(None, [running], None, 2.0, once=False, find=lambda c, i: running,
-                           startup_s=10.0, sleep=sleep, clock=lambda: now[0])
-    assert never == [running]   # gave it 10 s; the caller then says it names no run dir
+
+def test_a_job_waiting_to_start_blocks_no_other_job_from_being_watched(tmp_path):
+    """Today: `slurmft watch 5 6` with 6 pending watches nothing, 5 included, until 6 starts."""
+    from slurmft.watch.loop import Watcher
+    from slurmft.watch.resolve import StartWait
+
+    running = Job(job_id="5", name="t", state=JobState.RUNNING, run_dir=tmp_path)
+    listing = {"5": running, "6": Job(job_id="6", name="t", state=JobState.PENDING)}
+    stepped: list[str] = []
+
+    class Client:
+        def jobs(self, ids):
+            return {i: listing[i] for i in ids if i in listing}
+
+        def nodes(self):
+            return {}
+
+    class Run:
+        def __init__(self, job_id):
+            self.job_id, self.active, self.state = job_id, True, None
+
+        def step(self, job, nodes, now):
+            stepped.append(job.job_id)
+
+    started = []
+    w = Watcher(Client(), [Run("5")], poll_s=1, waiting=StartWait(["6"], 300),
+                start=lambda job: started.append(job.job_id) or Run(job.job_id))
+    w.cycle()
+    assert stepped == ["5"] and started == []
+    listing["6"] = Job(job_id="6", name="t", state=JobState.RUNNING, run_dir=tmp_path / "b")
+    w.cycle()
+    assert started == ["6"] and stepped == ["5", "5", "6"] and w.waiting.pending == []
