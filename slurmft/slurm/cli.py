@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from slurmft import steppoint
-from slurmft.slurm import policy, validate
+from slurmft.slurm import parse_steps, policy, validate
 from slurmft.slurm.client import (
     InvalidArgument, Job, JobNotFound, Node, OutcomeUnknown, SlurmError, SlurmInfo,
 )
@@ -152,6 +152,18 @@ class CliSlurmClient:
             ).stdout
             records = parse_sacct_text(out)
         return [job for job in records if job.job_id == job_id]
+
+    def failed_launch_node(self, job: Job) -> str | None:
+        """The node the job's newest run failed to launch on, from accounting's step records
+        (``parse_steps``); None while accounting has none."""
+        raw = validate.job_id(job.raw_job_id or job.job_id)
+        out = self._run(["sacct", "-P", "--noheader", "-D", "-j", raw,
+                         "-o", ",".join(parse_steps.STEP_FIELDS)]).stdout
+        return parse_steps.failed_launch_host(out, raw)
+
+    def release_launch_hold(self, job_id: str) -> None:
+        job_id = validate.job_id(job_id)
+        policy.release_launch_hold(lambda: self.job(job_id), lambda: self.release(job_id))
 
     def nodes(self, names: Sequence[str] | None = None) -> dict[str, Node]:
         """Nodes by name; with ``names``, only those (unknown names are absent)."""

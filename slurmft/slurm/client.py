@@ -82,6 +82,10 @@ class Job:
     # When the time limit ends this run: Slurm's start + limit, for a RUNNING job with a finite
     # limit only (end_time stays None until the job has finished). None where unknown.
     time_limit_end: datetime | None = None
+    # Slurm's words for the reason where it has more than ``reason`` (squeue's state_description):
+    # a job Slurm held after a failed launch reads reason JobHeldUser, detail "launch failed
+    # requeued held" (22.05, measured). Empty where a backend does not say.
+    reason_detail: str = ""
 
     @property
     def ids(self) -> frozenset[str]:
@@ -184,6 +188,14 @@ class SlurmClient(Protocol):
 
     def job_history(self, job_id: str) -> list[Job]:
         """Accounting records (sacct -D) of every run of the job, oldest first."""
+
+    def failed_launch_node(self, job: Job) -> str | None:
+        """The node on which the job's newest run failed to launch (its batch step's node in
+        accounting), or None while accounting has no such record."""
+
+    def release_launch_hold(self, job_id: str) -> None:
+        """``scontrol release`` a job Slurm held after a failed launch, re-read first: a job held
+        by its user or an admin, or cancelled, is refused (JobCancelled / SlurmError)."""
 
     def nodes(self, names: Sequence[str] | None = None) -> dict[str, Node]:
         """Nodes by name (all nodes when ``names`` is None)."""

@@ -165,6 +165,7 @@ def job_from_squeue(rec: Mapping[str, Any], where: Where) -> Job:
         run_dir=run_dir_from_comment(comment),
         requeue_allowed=bool(requeue) if isinstance(requeue, bool) else True,
         time_limit_end=limit_end,
+        reason_detail=text(rec, "state_description", where),
     )
 
 

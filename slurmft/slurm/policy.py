@@ -196,6 +196,30 @@ def requeue_by_state(fetch: Callable[[], Job], requeue: Callable[[bool], None], 
 # How the re-read state shows that a change that got no answer happened.
 HELD_REASONS = frozenset({"JobHeldAdmin", "JobHeldUser"})
 
+# What Slurm says of a job it requeued held because its batch launch failed on a node (slurmd
+# could not start it): reason JobHeldUser, state_description this (22.05.8, measured; see
+# tests/fixtures/slurm/2205/README.md). A user's or an admin's hold reads JobHeldUser or
+# JobHeldAdmin with no such description (an admin's hold clears it).
+LAUNCH_FAILED_HELD = "launch failed requeued held"
+
+
+def held_after_failed_launch(job: Job) -> bool:
+    """Whether Slurm itself holds ``job`` after a failed launch (never a user's or admin's hold)."""
+    return (job.state is JobState.PENDING and job.reason in HELD_REASONS
+            and job.reason_detail.strip().lower().startswith(LAUNCH_FAILED_HELD))
+
+
+def release_launch_hold(fetch: Callable[[], Job], release: Callable[[], None]) -> None:
+    """Release the job ``fetch`` returns only if Slurm itself still holds it after a failed launch
+    (re-read just before: a cancel or an admin's hold since the watcher's last look wins)."""
+    job = fetch()
+    if job.state is JobState.CANCELLED:
+        raise JobCancelled(f"job {job.job_id} was cancelled: a cancel is final, not released")
+    if not held_after_failed_launch(job):
+        raise SlurmError(f"job {job.job_id} is not held by Slurm after a failed launch "
+                         f"(state {job.state.value}, reason {job.reason or 'none'}): not released")
+    release()
+
 
 def gone_or_ending(jobs: Callable[[Sequence[str]], Mapping[str, Job]], job_id: str) -> bool:
     """A cancel happened: the controller forgot the job, or shows it finished or completing."""

@@ -74,6 +74,7 @@ def job_from_pyslurm(obj: Any) -> Job:
         work_dir=Path(obj.working_directory) if obj.working_directory else None,
         run_dir=run_dir_from_comment(obj.comment or ""),
         requeue_allowed=bool(obj.is_requeueable),
+        reason_detail=str(getattr(obj, "state_description", "") or ""),
         time_limit_end=(timestamp_value(obj.end_time, where.key("end_time"))
                         if state is JobState.RUNNING and getattr(obj, "time_limit", None) else None),
     )
@@ -184,6 +185,12 @@ class PyslurmClient:
 
     def job_history(self, job_id: str) -> list[Job]:
         return self._cli.job_history(job_id)
+
+    def failed_launch_node(self, job: Job) -> str | None:
+        return self._cli.failed_launch_node(job)
+
+    def release_launch_hold(self, job_id: str) -> None:
+        self._cli.release_launch_hold(job_id)
 
     def nodes(self, names: Sequence[str] | None = None) -> dict[str, Node]:
         wanted = None if names is None else set(validate.node_names(names))

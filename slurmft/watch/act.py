@@ -62,6 +62,11 @@ class Actor:
         return str(self._do("resubmit", cause, (),
                             lambda: self.client.resubmit(argv, cwd=cwd, env=env), ""))
 
+    def release(self, job_id: str, cause: str) -> None:
+        """Release a job Slurm held after a failed launch (re-read first: never a user's or an
+        admin's hold, never a cancelled job)."""
+        self._do("release", cause, (), lambda: self.client.release_launch_hold(job_id), job_id)
+
     def hold(self, job_id: str, cause: str) -> None:
         self._do("hold", cause, (), lambda: self.client.hold(job_id), job_id)
 

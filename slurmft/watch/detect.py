@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 
 from slurmft import exitcodes
 from slurmft.slurm.client import Job, JobState, Node
+from slurmft.slurm.policy import held_after_failed_launch
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.runview import Beat, JournalSummary, done_for
 
@@ -35,6 +36,7 @@ BOOT_FAIL = "boot_fail"
 OUT_OF_MEMORY = "out_of_memory"
 REQUEUED = "requeued"              # requeued by Slurm or an admin, cause unknown
 REQUEUE_REQUEST = "requeue_request"  # the launcher asked for a requeue it could not do itself
+LAUNCH_FAILED = "launch_failed"    # Slurm requeued it held: its launch failed on a node
 FORGOTTEN = "forgotten"            # Slurm no longer knows the job and the run is not DONE
 NO_REQUEUE = "no_requeue"          # the job exited "do not requeue" (86)
 FINISHED = "finished"
@@ -54,7 +56,7 @@ RESUBMIT = "resubmit"  # Slurm forgot the job: submit it again from what was sav
 PLANNED = frozenset({TIMEOUT, PREEMPTED, PREFLIGHT})
 # Causes that count toward max_restarts, max_restarts_per_cause and the crash-loop rule.
 FAULTS = frozenset({NODE_FAIL, NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED, HANG, CRASH, BOOT_FAIL,
-                    OUT_OF_MEMORY, REQUEUED, REQUEUE_REQUEST, FORGOTTEN})
+                    OUT_OF_MEMORY, REQUEUED, REQUEUE_REQUEST, FORGOTTEN, LAUNCH_FAILED})
 
 
 def planned(cause: str) -> bool:
@@ -187,6 +189,11 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
         return Finding(CRASH, RECOVER, f"the job {job.state.value} with exit {code}{signal}",
                        (), end)
     # Pending or running.
+    if held_after_failed_launch(job):
+        # Slurm's own hold, never a user's or an admin's: the recovery finds the node from
+        # accounting's record of the failed run, excludes it and releases the job.
+        return Finding(LAUNCH_FAILED, EXPEDITE, f"Slurm requeued the job held: its launch failed "
+                       f"({job.reason_detail.strip()})", ())
     previous = memory.last_restart_count
     requeued = job.state is JobState.PENDING and (
         (previous is not None and restart > previous) or (previous is None and restart > 0))

@@ -78,6 +78,9 @@ class WatchMetrics:
         self.registry = reg = CollectorRegistry()
         self.faults = Counter("slurmft_watch_faults", "Faults the watcher detected", [JOB, "cause"],
                               registry=reg)
+        self.node_faults = Counter("slurmft_watch_node_faults", "Faults whose evidence named a node "
+                                   "(the node a launch failed on, a DOWN or drained node...)",
+                                   ["node", "cause"], registry=reg)
         self.restarts = Counter("slurmft_watch_restarts", "Runs running again after a fault",
                                 [JOB, "cause"], registry=reg)
         self.detect = Histogram("slurmft_watch_detect_seconds", "Time from a fault to its detection",
@@ -173,6 +176,10 @@ class WatchMetrics:
             self.watching(job)
         elif kind == journal.FAULT_DETECTED:
             self.record_fault(job, event.get("cause") or "unknown", since_fault(event.get("time")))
+            nodes = event.get("nodes")
+            for node in nodes if isinstance(nodes, list) else ():
+                if isinstance(node, str) and node:
+                    self.node_faults.labels(node, str(event.get("cause") or "unknown")).inc()
         elif kind == journal.JOB_RUNNING:
             self.record_recovery(job, event.get("cause") or "unknown",
                                  since_fault(event.get("start_time") or event.get("time")))

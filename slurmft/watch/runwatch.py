@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
@@ -22,6 +23,7 @@ from slurmft.rundir import RUN_DIR_ENV, RunDir
 from slurmft.slurm.client import (
     InvalidArgument, Job, JobCancelled, JobState, Node, PermissionDenied, SlurmError,
 )
+from slurmft.slurm.policy import held_after_failed_launch
 from slurmft.watch import detect, resubmit
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
@@ -84,6 +86,7 @@ class RunWatch:
         self._job: Job | None = None
         self.recorder = recorder
         self._capture_tries = 0
+        self._launch_lookups = 0  # cycles spent waiting for accounting's record of a failed launch
         self._started = False
         self.once = once
         self.lock = lock  # its RunLock: the lease is kept before each cycle acts
@@ -247,6 +250,11 @@ class RunWatch:
             self._detected(acting, obs)
             self._give_up(acting.cause, acting.evidence, obs.job)
             return
+        if acting.cause == detect.LAUNCH_FAILED:
+            found = self._failed_launch(acting, obs)
+            if found is None:
+                return  # accounting has no record of the failed run yet: next cycle
+            acting = found
         self._start_recovery(acting, obs)
 
     def _warn(self, finding: Finding, obs: RunObservation) -> None:
@@ -320,7 +328,8 @@ class RunWatch:
             detect_time=obs.now,
             restart_count=job.restart_count - 1 if expedite else job.restart_count,
             exclude=exclude, requeue=SKIP if expedite else TODO,
-            exclude_step=TODO if exclude else SKIP)
+            exclude_step=TODO if exclude else SKIP,
+            release=TODO if finding.cause == detect.LAUNCH_FAILED else SKIP)
         st.restarts += 1
         st.restarts_by_cause[finding.cause] = st.restarts_by_cause.get(finding.cause, 0) + 1
         for name in finding.nodes:
@@ -333,6 +342,29 @@ class RunWatch:
         self._save()
         if finding.action != detect.SET_DOWN:  # else Slurm requeues it now: seen next cycle
             self._advance(obs)
+
+    def _failed_launch(self, finding: Finding, obs: RunObservation) -> Finding | None:
+        """The launch-failure finding with the node it failed on, from accounting's record of the
+        failed run (the controller's record of the requeued job names no node); None to wait a
+        cycle for accounting (it lags by seconds), at most ``CAPTURE_TRIES`` cycles: then the
+        job is released without an exclusion, said in a warning."""
+        assert obs.job is not None
+        self._launch_lookups += 1
+        try:
+            node = self.actor.client.failed_launch_node(obs.job)
+        except SlurmError as exc:
+            log.error("job %s: could not read accounting for its failed launch: %s", self.job_id, exc)
+            node = None
+        if node is None and self._launch_lookups < CAPTURE_TRIES:
+            return None
+        self._launch_lookups = 0
+        if node is None:
+            self.emit(journal.WATCH_WARNING, what="launch_node_unknown", nodes=[],
+                      detail="accounting names no node for the failed launch: released without "
+                             "an exclusion")
+            return finding
+        return replace(finding, nodes=(node,), evidence=f"{finding.evidence} on {node} "
+                       "(accounting's record of the failed run)")
 
     def _known_bad(self) -> list[str]:
         """Nodes that were the evidence in enough earlier faults to be excluded on sight."""
@@ -551,6 +583,33 @@ class RunWatch:
             except SlurmError as exc:  # no operator rights: Slurm's own timeout will do it
                 log.error("job %s: could not set %s DOWN: %s", self.job_id, name, exc)
 
+    def _release(self, rec: Recovery, job: Job) -> bool:
+        """Release the job Slurm held after a failed launch, its node excluded: True once done.
+        Never a job held since by its user or an admin, or cancelled (the client re-reads it):
+        the recovery then ends, the job left as they put it."""
+        rec.release = DOING
+        self._save()
+        try:
+            self.actor.release(job.job_id, rec.cause)
+        except JobCancelled as exc:
+            self._cancelled(job, str(exc))
+            return False
+        except SlurmError as exc:
+            rec.release_attempts += 1
+            if rec.release_attempts < MAX_EXCLUDE_ATTEMPTS and held_after_failed_launch(job):
+                rec.release = TODO  # e.g. no answer: tried again next cycle, a bounded number of times
+                return False
+            # Held since by its user or an admin (the client's re-read refused it), or refused
+            # again and again: left as it is, said once.
+            self.emit(journal.WATCH_WARNING, what="not_released", nodes=[],
+                      detail=f"not releasing the job: {exc}")
+            self.state.phase, self.state.recovery = WATCHING, None
+            self.state.last_restart_count = job.restart_count
+            return False
+        rec.release = DONE
+        self._save()
+        return True
+
     def _readmit(self, rec: Recovery, job: Job, obs: RunObservation, excluding: list[str]) -> None:
         """Every cycle the requeued job pends: readmit our repaired exclusions it needs to fit
         (``excluding``: what this cycle just excluded, not yet in the job as read)."""
@@ -600,6 +659,8 @@ class RunWatch:
         else:
             excluding = []
         self._readmit(rec, job, obs, excluding)
+        if rec.release in (TODO, DOING) and not self._release(rec, job):
+            return
         if rec.start_now == TODO and "EXPEDITING" in job.flags:
             # 26.05, job submitted with --requeue=expedite: Slurm restarts it at once by itself.
             rec.start_now = SKIP

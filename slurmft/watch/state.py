@@ -57,6 +57,8 @@ class Recovery:
     requeue: str = TODO
     exclude_step: str = TODO
     start_now: str = TODO
+    release: str = SKIP         # a job Slurm held after a failed launch: released once excluded
+    release_attempts: int = 0
     requeued_at: float | None = None
     pending_since: float | None = None
     start_now_attempts: int = 0

@@ -61,7 +61,8 @@ def test_recorded_evidence_names_what_was_seen():
 def test_job_records_round_trip():
     line = (FIXTURES / "node_death" / "records.jsonl").read_text().splitlines()[0]
     data = json.loads(line)["job"]
-    assert job_to_json(job_from_json(data)) == {"raw_job_id": "", "time_limit_end": None, **data}  # recorded before they existed
+    assert job_to_json(job_from_json(data)) == {"raw_job_id": "", "time_limit_end": None, "reason_detail": "",
+                                                **data}  # recorded before they existed
 
 
 # -- edge cases -----------------------------------------------------------------------------

@@ -289,9 +289,9 @@ class DevCluster:
     def _wait_service(service: daemons.Service, proc: ProcId, timeout: float) -> None:
         daemons.wait_until(service.name, proc, service.ready, timeout, service.logs, service.what)
 
-    def _spawn_slurmd(self, node: str) -> ProcId:
+    def _spawn_slurmd(self, node: str, stepd: str | None = None) -> ProcId:
         key = slurmd_key(node)
-        argv = daemons.slurmd_argv(self._bins, self._layout, node)
+        argv = daemons.slurmd_argv(self._bins, self._layout, node, stepd)
         proc = daemons.spawn(self._layout, key, argv, self._daemon_env(node))
         self._record(key, proc)
         return proc
@@ -336,11 +336,14 @@ class DevCluster:
             reap_if_child(proc.pid)
         return proc is not None and is_alive(proc)
 
-    def start_node(self, name: str, wait_timeout: float | None = 30.0) -> None:
+    def start_node(self, name: str, wait_timeout: float | None = 30.0, *,
+                   stepd: str | None = None) -> None:
         """Restart the node's slurmd (no-op if it runs); wait until the controller hears from it
-        again (with ReturnToService=1 a DOWN node then returns to service by itself)."""
+        again (with ReturnToService=1 a DOWN node then returns to service by itself). ``stepd``:
+        launch jobs with this program instead of slurmstepd (``slurmd -d``): a path that cannot
+        run makes a node that answers pings but fails every launch."""
         if not self.node_alive(name):
-            self._spawn_slurmd(name)
+            self._spawn_slurmd(name, stepd)
         if wait_timeout is not None:
             self._wait_nodes(lambda n: n.name != name or "NOT_RESPONDING" not in n.flags,
                              wait_timeout, f"node {name} responding")

@@ -179,8 +179,10 @@ def bootstrap_database(bins: Binaries, layout: Layout, password: str,
         raise DaemonFailed(f"creating the slurm database user failed: {done.stderr.strip()}")
 
 
-def slurmd_argv(bins: Binaries, layout: Layout, node: str) -> list[str]:
-    return [bins.slurmd, "-D", "-N", node, "-f", str(layout.slurm_conf)]
+def slurmd_argv(bins: Binaries, layout: Layout, node: str, stepd: str | None = None) -> list[str]:
+    """``stepd``: the slurmstepd this slurmd launches jobs with (``slurmd -d``); None: Slurm's."""
+    return [bins.slurmd, "-D", "-N", node, "-f", str(layout.slurm_conf),
+            *(["-d", stepd] if stepd is not None else [])]
 
 
 @dataclass(frozen=True)
