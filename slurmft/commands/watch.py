@@ -27,9 +27,10 @@ log = logging.getLogger("slurmft.watch")
 class WatchStartError(Exception):
     """A job cannot be watched; ``code`` is the exit code, the message says why."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, *, busy: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.busy = busy  # the run dir is another job's or watcher's now: may be free later
 
 
 def _fail(code: int, message: str) -> "typer.Exit":
@@ -47,6 +48,7 @@ class RunFactory:
         self.explicit = explicit_run_dir
         self.locks: dict[Path, Any] = {}  # run dir -> its RunLock
         self.failed_code = 0  # a named job taken on late that could not be watched
+        self._told: set[str] = set()  # --all: jobs whose refusal was logged
 
 
     def make(self, job):
@@ -55,7 +57,7 @@ class RunFactory:
         from slurmft.watch.runwatch import RunWatch
         from slurmft.slurm.client import SlurmError
         from slurmft.watch.state import (
-            FOLLOW, NEW_EPOCH, RESUBMISSION, LockError, RunLock, StateError, load_state, released_after_giving_up,
+            FOLLOW, NEW_EPOCH, RESUBMISSION, LockError, RunBusy, RunLock, StateError, load_state, released_after_giving_up,
             save_state, take_on,
         )
 
@@ -65,13 +67,14 @@ class RunFactory:
         except ResolveError as exc:
             raise WatchStartError(EXIT_USAGE, str(exc)) from None
         if path in self.locks:
-            raise WatchStartError(EXIT_USAGE, f"two of the jobs write the same run dir {path}")
+            raise WatchStartError(EXIT_USAGE, f"two of the jobs write the same run dir {path}",
+                                  busy=True)
         rd = RunDir(path)
         lock = RunLock(rd, lease_s=self.cfg.lease_s)
         try:
             lock.acquire()
         except LockError as exc:
-            raise WatchStartError(EXIT_LOCKED, str(exc)) from None
+            raise WatchStartError(EXIT_LOCKED, str(exc), busy=True) from None
         try:
             state = load_state(rd, job.job_id)
             saved = state.to_json()  # as on disk: what take_on changes is written at the first save
@@ -79,7 +82,7 @@ class RunFactory:
         except StateError as exc:
             lock.release()
             raise WatchStartError(EXIT_USAGE, f"{path}: {exc}" if str(path) not in str(exc)
-                                  else str(exc)) from None
+                                  else str(exc), busy=isinstance(exc, RunBusy)) from None
         except SlurmError as exc:
             lock.release()
             raise WatchStartError(EXIT_SLURM, f"cannot tell whether job {state.job_id}, the run dir "
@@ -129,12 +132,21 @@ class RunFactory:
             return None
 
     def adopt(self, job):
-        """``--all``: a new job of the user; one that cannot be watched is logged and skipped."""
+        """``--all``: a new job of the user; one that cannot be watched is logged and skipped,
+        one whose run dir is busy (its current job still alive, another watcher) asked for again
+        next cycle (``AdoptLater``), said once."""
+        from slurmft.watch.loop import AdoptLater
+
         try:
             run = self.make(job)
         except WatchStartError as exc:
-            log.warning("not watching job %s: %s", job.job_id, exc)
+            if job.job_id not in self._told:
+                self._told.add(job.job_id)
+                log.warning("not watching job %s%s: %s", job.job_id, " yet" if exc.busy else "", exc)
+            if exc.busy:
+                raise AdoptLater(str(exc)) from None
             return None
+        self._told.discard(job.job_id)
         log.warning("watching job %s (run dir %s)", job.job_id, run.run_dir.root)
         return run
 

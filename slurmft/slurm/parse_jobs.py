@@ -109,6 +109,11 @@ def _job_id(rec: Mapping[str, Any], where: Where) -> str:
     else:
         parent = number(rec, "array_job_id", where)
         task = number(rec, "array_task_id", where)
+        text = rec.get("array_task_string")
+        # A pending array of ONE task is its own record with no task id yet, only the string
+        # ("5"): it is that task (sbatch --array=5, as a forgotten task is resubmitted).
+        if task is None and isinstance(text, str) and text.isascii() and text.isdigit() and len(text) < 10:
+            task = int(text)
     if task is not None and parent:
         return f"{parent}_{task}"
     return str(job_id)

@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 60.0
 
 
+class AdoptLater(Exception):
+    """``adopt`` cannot take the job on now (its run dir is busy): ask again next cycle."""
+
+
 @dataclass
 class CycleResult:
     observed: bool
@@ -146,7 +150,11 @@ class Watcher:
             if job_id in self._seen or job.state.finished or job.run_dir is None:
                 continue
             self._seen.add(job_id)
-            run = self.adopt(job)
+            try:
+                run = self.adopt(job)
+            except AdoptLater:  # its run dir is busy now (the job before it still ends)
+                self._seen.discard(job_id)
+                continue
             if run is not None:
                 self.runs.append(run)
                 adopted.append(run)

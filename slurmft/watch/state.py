@@ -44,6 +44,10 @@ class StateError(RuntimeError):
     """The state file cannot be used; the message names the file."""
 
 
+class RunBusy(StateError):
+    """The run dir's current job is still alive: another job there cannot be taken on yet."""
+
+
 @dataclass
 class Recovery:
     """One fault being recovered from."""
@@ -258,7 +262,7 @@ def take_on(state: RunState, job_id: str, now: float,
     current = current_job()
     if current is not None and not current.state.finished:
         held = " (held)" if current.reason in HELD_REASONS else ""
-        raise StateError(f"the run dir belongs to job {state.job_id}, which is still "
+        raise RunBusy(f"the run dir belongs to job {state.job_id}, which is still "
                          f"{current.state.value}{held}: cancel it (or wait for it to end) before "
                          f"watching job {job_id} in the same run dir")
     state.new_epoch(job_id, now)

@@ -37,6 +37,15 @@ def test_2205_running_failed_completed():
     assert done.exit_code == 0 and done.end_time is not None
 
 
+def test_2205_a_pending_one_task_array_is_known_by_its_task_id():
+    """sbatch --array=5 (how the watcher resubmits a forgotten array task alone): pending, the
+    record has no array_task_id, only array_task_string "5"; its task id is 1_5. An array of
+    several tasks (0-1) stays one record under the array's id until Slurm splits it."""
+    jobs = {j.job_id: j for j in parse_squeue(read(CAP / "squeue_array_pending.json"))}
+    assert set(jobs) == {"1_5", "2"}
+    assert jobs["1_5"].state is JobState.PENDING and jobs["1_5"].raw_job_id == "1"
+
+
 def test_2205_running_job_with_a_time_limit_says_when_it_ends():
     # end_time stays None until the job finished; the limit's end is its own field (the launcher
     # judges an early USR2 by it). An unlimited job (start + 1 year in Slurm's end_time) has none.

@@ -238,3 +238,23 @@ def test_all_adopts_again_a_run_it_gave_up_on_once_its_job_is_released(run):
     w.cycle()
     assert [r.state.phase for r in w.runs] == [WATCHING] and w.runs[0].state.restarts == 0
     f.release()
+
+
+def test_all_takes_on_a_job_seen_while_the_run_dirs_last_job_still_ended(run):
+    """The next job (e.g. submitted with the run dir in its --comment, or started the moment the
+    last one ended) shows up while the run is still watched for the job before it: it is asked
+    for again each cycle, not dropped for good."""
+    from slurmft.watch.loop import Watcher
+
+    client = UserClient({"100": job("100", run_dir=run.root)})
+    f = factory(client)
+    w = Watcher(client, [], poll_s=1, user=current_user(), adopt=f.adopt, let_go=f.let_go)
+    w.cycle()
+    client.jobs["200"] = job("200", JobState.PENDING, run_dir=run.root)
+    w.cycle()  # 100 still runs: 200 waits
+    assert [r.job_id for r in w.runs] == ["100"]
+    client.jobs["100"] = job("100", JobState.COMPLETED, run_dir=run.root)
+    w.cycle()  # 100 ends (let go at the end of the cycle); 200 was refused at its start
+    w.cycle()
+    assert [r.job_id for r in w.runs] == ["200"]
+    f.release()
