@@ -313,3 +313,11 @@ def test_a_resubmission_excludes_only_what_leaves_the_job_room_in_its_partition(
     assert resubmission_exclusions(nodes, ["cn1", "cn2"], ["cn1", "gpu1"]) == (["gpu1"], ["cn1"])
     # Unknown allocation: the whole table is its pool (room enough, the fault is excluded).
     assert resubmission_exclusions(nodes, [], ["cn1"]) == (["cn1"], [])
+
+
+@pytest.mark.parametrize("path, command", [("2205/sinfo_drain_down.json", "sinfo --json"),
+                                           ("2411/scontrol_nodes_drain.json", "scontrol --json show nodes"),
+                                           ("2605/scontrol_nodes_drain.json", "scontrol --json show nodes")])
+def test_our_own_captures_name_each_nodes_partition(path, command):
+    nodes = parse_nodes((PUB.parent / path).read_text(), command)
+    assert nodes and all(node.partitions == frozenset({"debug"}) for node in nodes.values())
