@@ -33,6 +33,8 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
+from slurmft import numbers
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -191,6 +193,15 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], section: str, *,
     return obj
 
 
+def _is_numeric(value: Any) -> bool:
+    """A number, or text Python reads as one (``inf`` and ``nan`` included)."""
+    try:
+        float(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
 def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
     """Convert a TOML/env value to the annotated type, or raise ConfigError naming ``where``.
 
@@ -235,28 +246,31 @@ def coerce(value: Any, hint: Any, where: str, *, from_env: bool = False) -> Any:
         if spelled in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return spelled in ("1", "true", "yes", "on")
         raise ConfigError(f"{where} must be a boolean, got {value!r}")
+    # Numbers go through slurmft.numbers: an int fits int64; a float is finite (TOML's inf and
+    # nan, an environment's "1e400", an int too large for a float are refused) and at most
+    # MAX_SECONDS in size, so no setting can overflow a wait or a timeout; each section's
+    # __post_init__ checks its own range within that.
     if hint is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if from_env and isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where} must be an integer, got {value!r}")
+        try:
+            if from_env and isinstance(value, str):
+                return numbers.parse_integer(value, where, lo=-numbers.MAX_INT64)
+            return numbers.integer(value, where, lo=-numbers.MAX_INT64)
+        except numbers.InvalidNumber as exc:
+            raise ConfigError(str(exc)) from None
     if hint is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if from_env and isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where} must be a number, got {value!r}")
+        try:
+            if from_env and isinstance(value, str):
+                number = numbers.parse_number(value, where)
+            else:
+                number = numbers.number(value, where)
+        except numbers.InvalidNumber as exc:
+            numeric = (isinstance(value, (int, float)) and not isinstance(value, bool)) or \
+                (from_env and isinstance(value, str) and _is_numeric(value))
+            raise ConfigError(str(exc).replace("must be a number", "must be a finite number")
+                              if numeric else str(exc)) from None
+        if abs(number) > numbers.MAX_SECONDS:
+            raise ConfigError(f"{where} must be at most {numbers.MAX_SECONDS:g} in size, got {numbers.shown(value)}")
+        return number
     if hint is str:
         if isinstance(value, str):
             return value

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from slurmft import journal
+from slurmft import journal, numbers
 from slurmft.journal import Event
 from slurmft.status import Report
 
@@ -34,14 +34,24 @@ class IntervalError(ValueError):
     """An input is missing or not usable; the message names it."""
 
 
-def positive(name: str, value: float | int | None, unit: str = "seconds") -> float | None:
-    """``value`` as a float, or IntervalError naming ``name`` when it is not a positive number."""
+# The largest MTBF taken (~31,700 years: a per-node figure from a datasheet can be centuries);
+# a checkpoint cost or a step time is at most numbers.MAX_SECONDS (~11.6 days).
+MAX_MTBF_S = 1e12
+MAX_NODES = 1_000_000
+
+
+def positive(name: str, value: float | int | None, unit: str = "seconds",
+             most: float = numbers.MAX_SECONDS) -> float | None:
+    """``value`` as a float, or IntervalError naming ``name`` when it is not a positive number
+    of at most ``most``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value <= 0:
-        raise IntervalError(f"{name} must be a positive number of {unit}, got {value!r}")
-    return float(value)
+    number = numbers.finite(value)
+    if number is None or number <= 0:
+        raise IntervalError(f"{name} must be a positive number of {unit}, got {numbers.shown(value)}")
+    if number > most:
+        raise IntervalError(f"{name} must be at most {most:g} {unit}, got {numbers.shown(value)}")
+    return number
 
 
 def young(cost_s: float, mtbf_s: float) -> float:
@@ -74,9 +84,8 @@ class Measured:
 
 
 def measure(events: Sequence[Event], report: Report) -> Measured:
-    blocking = [e.get("blocking_s") for e in events if e.kind == journal.CHECKPOINT_COMMITTED]
-    blocking = [float(b) for b in blocking
-                if isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) and b >= 0]
+    blocking = [b for b in (e.seconds("blocking_s") for e in events
+                            if e.kind == journal.CHECKPOINT_COMMITTED) if b is not None]
     failures = sum(1 for f in report.faults if f.cause not in NOT_FAILURES)
     step_s = next((s.median_step_s for s in reversed(report.segments) if s.median_step_s), None)
     nodes = next((s.num_nodes for s in reversed(report.segments) if s.num_nodes), None)
@@ -96,7 +105,8 @@ class Interval:
 
     def steps(self, seconds: float) -> int | None:
         """``seconds`` of compute in whole steps (at least 1), when a step time is known."""
-        return None if not self.step_s else max(1, round(seconds / self.step_s))
+        steps = numbers.finite(seconds / self.step_s, 0, numbers.MAX_INT64) if self.step_s else None
+        return None if steps is None else max(1, round(steps))
 
 
 def compute(*, cost_s: float | None, mtbf_s: float | None, nodes: int | None,
@@ -104,10 +114,12 @@ def compute(*, cost_s: float | None, mtbf_s: float | None, nodes: int | None,
             step_s: float | None = None) -> Interval:
     """The interval from what was given, filling the gaps from ``measured`` (a run dir)."""
     cost_s = positive("--cost", cost_s)
-    mtbf_s = positive("--mtbf", mtbf_s)
-    node_mtbf_s = positive("--node-mtbf", node_mtbf_s)
-    if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
-        raise IntervalError(f"--nodes must be a whole number >= 1, got {nodes!r}")
+    mtbf_s = positive("--mtbf", mtbf_s, most=MAX_MTBF_S)
+    node_mtbf_s = positive("--node-mtbf", node_mtbf_s, most=MAX_MTBF_S)
+    if nodes is not None and numbers.whole(nodes, 1, None) is None:
+        raise IntervalError(f"--nodes must be a whole number >= 1, got {numbers.shown(nodes)}")
+    if nodes is not None and nodes > MAX_NODES:
+        raise IntervalError(f"--nodes must be at most {MAX_NODES}, got {numbers.shown(nodes)}")
     if mtbf_s is not None and (nodes is not None or node_mtbf_s is not None):
         raise IntervalError("give either --mtbf, or --nodes with --node-mtbf, not both")
     if nodes is not None and node_mtbf_s is None:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from slurmft import numbers
 from slurmft.config import load_section
 from slurmft.rundir import RunDir
 from slurmft.safeio import UnsafeFileError, open_regular, refusal
@@ -105,6 +106,39 @@ class Event:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
+
+    # Typed reads of the event's fields (the line is the run owner's: any JSON value can be there).
+    # Each gives the plain value when the field holds one fit for its use, else None / "" / [].
+
+    def count(self, key: str) -> int | None:
+        """A step, restart count, byte count: a whole number from 0 to int64's top."""
+        return numbers.count(self.fields.get(key))
+
+    def integer(self, key: str) -> int | None:
+        """Any whole number that fits int64 (an exit code may be negative)."""
+        return numbers.whole(self.fields.get(key), -numbers.MAX_INT64)
+
+    def seconds(self, key: str) -> float | None:
+        """A duration in seconds (0 to ``numbers.MAX_SECONDS``)."""
+        return numbers.seconds(self.fields.get(key))
+
+    def when(self, key: str) -> float | None:
+        """A point in time, in unix seconds."""
+        return numbers.unix_time(self.fields.get(key))
+
+    def text(self, key: str, limit: int = 1000) -> str:
+        """A string field (a number is shown as text), cut to ``limit`` characters; "" otherwise."""
+        value = self.fields.get(key)
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            return ""
+        return (value if isinstance(value, str) else numbers.shown(value, limit))[:limit]
+
+    def names(self, key: str, limit: int = 1024) -> list[str]:
+        """A list of names (nodes): the string items of a list field, at most ``limit``."""
+        value = self.fields.get(key)
+        if not isinstance(value, list):
+            return []
+        return [v for v in value if isinstance(v, str)][:limit]
 
 
 def encode_event(kind: str, fields: Mapping[str, Any], *, now: float | None = None) -> bytes:
@@ -261,22 +295,24 @@ class Journal:
 
 def parse_line(line: str) -> Event | None:
     """One line -> Event, or None when it is not a journal event this version understands
-    (anything unparseable: too long, not JSON, nested too deeply, a number too long to convert)."""
+    (anything unparseable: too long, not JSON, nested too deeply, a number too long to convert,
+    ``NaN`` or ``Infinity`` anywhere, a time ``t`` that is not a unix time from 1970 to 9999)."""
     if len(line) > MAX_LINE_BYTES:
         return None
     try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):
+        record = numbers.loads(line)
+    except ValueError:
         return None
     if not isinstance(record, dict):
         return None
-    version, kind, when = record.get("v"), record.get("kind"), record.get("t")
-    if not isinstance(version, int) or version > JOURNAL_VERSION or not isinstance(kind, str):
+    version, kind = numbers.whole(record.get("v"), 1), record.get("kind")
+    if version is None or version > JOURNAL_VERSION or not isinstance(kind, str):
         return None
-    if not isinstance(when, (int, float)):
+    when = numbers.unix_time(record.get("t"))
+    if when is None:
         return None
     fields = {k: v for k, v in record.items() if k not in _RESERVED}
-    return Event(kind=kind, time=float(when), fields=fields, version=version)
+    return Event(kind=kind, time=when, fields=fields, version=version)
 
 
 def read_events(path: Path, kinds: Iterable[str] | None = None) -> list[Event]:
@@ -331,7 +367,7 @@ def segment_outcome(events: Iterable[Event], job_id: str, restart_count: int) ->
     found = None
     for event in events:
         if (event.kind == SEGMENT_END and str(event.get("job_id")) == str(job_id)
-                and event.get("restart_count") == restart_count):
+                and event.count("restart_count") == restart_count):
             found = event
     return found
 
@@ -366,8 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             event = segment_outcome(read_events(RunDir(args.run_dir).events), args.job_id,
                                     args.restart_count)
-            if event is not None and isinstance(event.get("exit_code"), int):
-                print(event.get("exit_code"))
+            code = None if event is None else event.integer("exit_code")
+            if code is not None:
+                print(code)
     except (JournalError, OSError) as exc:
         print(f"slurmft.journal: {exc}", file=sys.stderr)
         return 2

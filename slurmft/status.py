@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from slurmft import exitcodes, journal
+from slurmft import exitcodes, journal, numbers
 from slurmft.journal import Event, parse_line
 from slurmft.slurm.client import Job
-from slurmft.status_state import run_state, waiting_from_watcher, watcher_view
+from slurmft.status_state import run_state, segment_key, waiting_from_watcher, watcher_view
 from slurmft.watch.detect import PLANNED as PLANNED_CAUSES
 
 # A weeks-long run journals one loss line (~150 bytes) per step: this bounds about 3 M steps.
@@ -74,21 +74,6 @@ def read_journal(path: Path) -> list[Event]:
     return events
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if value == value and abs(value) != float("inf") else None
-
-
-def _key(event: Event) -> tuple[str, int] | None:
-    job, restart = event.get("job_id"), _int(event.get("restart_count"))
-    if not isinstance(job, (str, int)) or restart is None:
-        return None
-    return str(job), restart
 
 
 @dataclass
@@ -116,7 +101,7 @@ class Segment:
     def load_bandwidth(self) -> float | None:
         """Bytes per second of the checkpoint load, when the segment journaled both."""
         if self.load_s and self.load_bytes is not None and self.load_s > 0:
-            return self.load_bytes / self.load_s
+            return numbers.finite(self.load_bytes / self.load_s)
         return None
 
 
@@ -189,7 +174,7 @@ def _steps(events: Sequence[Event]) -> tuple[dict[tuple[str, int], list[tuple[in
     for index, event in enumerate(events):
         if event.kind != journal.LOSS:
             continue
-        step, key = _int(event.get("step")), _key(event)
+        step, key = event.count("step"), segment_key(event)
         if step is None or key is None:
             continue
         per_seg.setdefault(key, []).append((step, event.time, index))
@@ -207,20 +192,21 @@ def _steps(events: Sequence[Event]) -> tuple[dict[tuple[str, int], list[tuple[in
 def _segments(events: Sequence[Event], steps) -> list[Segment]:
     segments: dict[tuple[str, int], Segment] = {}
     for event in events:
-        key = _key(event)
+        key = segment_key(event)
         if key is None:
             continue
         if event.kind == journal.SEGMENT_START and key not in segments:
             segments[key] = Segment(
                 job_id=key[0], restart_count=key[1], start=event.time,
-                world_size=_int(event.get("world_size")), num_nodes=_int(event.get("num_nodes")),
-                nodelist=str(event.get("nodelist") or ""),
-                restored_step=_int(event.get("restored_step")),
-                load_s=_num(event.get("load_s")), load_bytes=_int(event.get("load_bytes")))
+                world_size=numbers.whole(event.get("world_size"), 1),
+                num_nodes=numbers.whole(event.get("num_nodes"), 1),
+                nodelist=event.text("nodelist"),
+                restored_step=event.count("restored_step"),
+                load_s=event.seconds("load_s"), load_bytes=event.count("load_bytes"))
         elif event.kind == journal.SEGMENT_END and key in segments:
             seg = segments[key]
-            seg.end, seg.exit_code = event.time, _int(event.get("exit_code"))
-            seg.outcome, seg.reason = str(event.get("outcome") or ""), str(event.get("reason") or "")
+            seg.end, seg.exit_code = event.time, event.integer("exit_code")
+            seg.outcome, seg.reason = event.text("outcome"), event.text("reason")
     for key, seg in segments.items():
         rows = steps.get(key, [])
         if rows:
@@ -234,7 +220,7 @@ def _segments(events: Sequence[Event], steps) -> list[Segment]:
 def _cause_without_watcher(events: Sequence[Event], seg: Segment) -> str:
     """What ended a segment when no watcher journaled a detection: the job's own words."""
     key = (seg.job_id, seg.restart_count)
-    if any(e.kind == journal.PREEMPTION and _key(e) == key for e in events):
+    if any(e.kind == journal.PREEMPTION and segment_key(e) == key for e in events):
         return "preempted"
     if seg.exit_code == exitcodes.HANG:
         return "hang"
@@ -242,7 +228,7 @@ def _cause_without_watcher(events: Sequence[Event], seg: Segment) -> str:
         return "preempted"
     if seg.exit_code is not None and seg.exit_code != exitcodes.OK:
         return "crash"
-    if any(e.kind == journal.REQUEUE_REQUEST and _key(e) == key for e in events):
+    if any(e.kind == journal.REQUEUE_REQUEST and segment_key(e) == key for e in events):
         return "requeue_request"
     return "unknown"
 
@@ -260,16 +246,16 @@ def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) ->
     if nxt is None and not detections and (seg.end is None or seg.exit_code == exitcodes.OK):
         return None
     detection = detections[0] if detections else None
-    fault_time = _num(detection.get("fault_time")) if detection else None
+    fault_time = detection.when("fault_time") if detection else None
     if fault_time is None:  # no estimate: the segment's end, unless the recovery ended it
         known = [t for t in (seg.end, detection.time if detection else None) if t is not None]
         fault_time = min(known) if known else None
     fault = Fault(
-        cause=str(detection.get("cause") or "unknown") if detection else _cause_without_watcher(events, seg),
+        cause=(detection.text("cause", 200) or "unknown") if detection else _cause_without_watcher(events, seg),
         job_id=seg.job_id, restart_count=seg.restart_count, fault_time=fault_time,
         detected=detection.time if detection else None,
-        evidence=str(detection.get("evidence") or "") if detection else seg.reason,
-        nodes=[str(n) for n in (detection.get("nodes") or [])] if detection else [])
+        evidence=detection.text("evidence") if detection else seg.reason,
+        nodes=detection.names("nodes") if detection else [])
     after = detection.time if detection else seg.start
     for e in window:
         if e.time < after:
@@ -278,10 +264,10 @@ def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) ->
                 and e.get("action") in ("requeue", "resubmit") and e.get("ok")):
             fault.requeued = e.time
         elif fault.running is None and e.kind == journal.JOB_RUNNING:
-            fault.running = _num(e.get("start_time")) or e.time
+            fault.running = e.when("start_time") or e.time
     if fault.requeued is None:  # the job requeued itself (preemption)
         own = [e for e in window if e.kind == journal.TEMPLATE and e.get("action") == "requeue"
-               and _key(e) == (seg.job_id, seg.restart_count)]
+               and segment_key(e) == (seg.job_id, seg.restart_count)]
         fault.requeued = own[0].time if own else None
     # Every loss event of the segment came before the fault that ended it.
     rows = steps.get((seg.job_id, seg.restart_count), [])
@@ -317,7 +303,7 @@ def _run_start(events: Sequence[Event], segments: Sequence[Segment], job: Job | 
     first = segments[0].start if segments else None
     if first is None:
         return None
-    submitted = [t for t in (_num(e.get("job_submit_time")) for e in events
+    submitted = [t for t in (e.when("job_submit_time") for e in events
                              if e.kind == journal.WATCH_STARTED) if t is not None]
     if job is not None and job.submit_time is not None:
         submitted.append(job.submit_time.timestamp())
@@ -325,9 +311,9 @@ def _run_start(events: Sequence[Event], segments: Sequence[Segment], job: Job | 
 
 
 def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
-                 watch_state: Mapping[str, Any] | None = None) -> Report:
+                 watch_state: Mapping[str, Any] | Exception | None = None) -> Report:
     """The run's report from its journal events (file order) and, when known, its Slurm job and
-    the watcher's saved state (the JSON of ``watch/state.json``)."""
+    the watcher's saved state (the JSON of ``watch/state.json``, or why it could not be read)."""
     steps, superseded = _steps(events)
     segments = _segments(events, steps)
     others = [e for e in events if e.kind != journal.LOSS]  # a weeks-long run: mostly losses
@@ -352,8 +338,8 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
         end = now
     wall = max(end - first, 0.0) if first is not None else 0.0
     commits = [e for e in events if e.kind == journal.CHECKPOINT_COMMITTED
-               and _int(e.get("step")) is not None]
-    blocking = [b for b in (_num(e.get("blocking_s")) for e in commits) if b is not None]
+               and e.count("step") is not None]
+    blocking = [b for b in (e.seconds("blocking_s") for e in commits) if b is not None]
     causes: dict[str, int] = {}
     for f in faults:
         if f.restarted:
@@ -365,8 +351,8 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
         if watcher["phase"] == "lost" and not state.startswith(("finished", "gave up")):
             state = f"lost: {watcher['reason'] or 'Slurm no longer knows the job'}"
             waiting = "a person: resubmit the job (its run dir resumes from the newest checkpoint)"
-    warnings = [{"time": e.time, "what": e.get("what"), "detail": e.get("detail"),
-                 "nodes": e.get("nodes") or []}
+    warnings = [{"time": e.time, "what": e.text("what", 100), "detail": e.text("detail"),
+                 "nodes": e.names("nodes")}
                 for e in events if e.kind == journal.WATCH_WARNING][-RECENT_WARNINGS:]
     return Report(
         job_id=job.job_id if job else (segments[-1].job_id if segments else None),
@@ -376,7 +362,7 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
         steps_done=max((r[0] for rows in steps.values() for r in rows), default=None),
         steps_redone=redone, redone_s=redone_s,
         checkpoints=len(commits),
-        last_checkpoint_step=_int(commits[-1].get("step")) if commits else None,
+        last_checkpoint_step=commits[-1].count("step") if commits else None,
         last_checkpoint_time=commits[-1].time if commits else None,
         mean_checkpoint_blocking_s=statistics.fmean(blocking) if blocking else None,
         state=state, waiting_for=waiting, warnings=warnings,

@@ -11,13 +11,10 @@ from slurmft.journal import Event
 from slurmft.slurm.client import Job
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _key(event: Event) -> tuple[str, int] | None:
-    job, restart = event.get("job_id"), _int(event.get("restart_count"))
-    if not isinstance(job, (str, int)) or restart is None:
+def segment_key(event: Event) -> tuple[str, int] | None:
+    """(job id, restart count) of an event that names both: the segment it belongs to."""
+    job, restart = event.get("job_id"), event.count("restart_count")
+    if isinstance(job, bool) or not isinstance(job, (str, int)) or restart is None:
         return None
     return str(job), restart
 
@@ -40,25 +37,25 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
     current = last if last is not None and (seg is None or seg.start < last.time) else None
     over = "nothing: the run is over"
     if last is not None and last.kind == journal.RUN_FINISHED:
-        how = last.get("state") or last.get("how")
-        code = last.get("exit_code")
+        how = last.text("state", 100) or last.text("how", 100)
+        code = last.integer("exit_code")
         return f"finished ({how}{'' if code is None else f', exit {code}'}){slurm}", over
     if last is not None and last.kind == journal.GAVE_UP:
         held = " and held the job" if last.get("held") else ""
-        return (f"gave up{held}: {last.get('reason')}{slurm}",
+        return (f"gave up{held}: {last.text('reason')}{slurm}",
                 "a person: fix the cause, `scontrol release` the job, and watch it again")
     if seg is not None and seg.exit_code == exitcodes.OK and seg.end is not None:
         return f"finished at step {seg.last_step}{slurm}", over
     if current is not None and current.kind == journal.JOB_RESUBMITTED:
-        new_id = current.get("new_job_id")
-        return (f"resubmitted as job {new_id} (Slurm had forgotten job {current.get('old_job_id')}){slurm}",
+        new_id = current.text("new_job_id", 64)
+        return (f"resubmitted as job {new_id} (Slurm had forgotten job {current.text('old_job_id', 64)}){slurm}",
                 f"Slurm to start job {new_id}; it resumes from the newest checkpoint")
     if current is not None and current.kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION):
         detected_at = max(e.time for e in watcher if e.kind == journal.FAULT_DETECTED) \
             if any(e.kind == journal.FAULT_DETECTED for e in watcher) else 0.0
-        done = {e.get("action") for e in watcher
+        done = {e.text("action", 64) for e in watcher
                 if e.kind == journal.RECOVERY_ACTION and e.get("ok") and e.time >= detected_at}
-        cause = faults[-1].cause if faults else current.get("cause")
+        cause = faults[-1].cause if faults else current.text("cause", 200)
         if "start_now" in done:
             wait = "Slurm to start the job (its start time is set to now)"
         elif "requeue" in done or (current.kind == journal.FAULT_DETECTED and current.get("action") == "expedite"):
@@ -76,7 +73,7 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
         return f"training at step {seg.last_step}{slurm}", "the next fault (if a watcher runs)"
     if seg is not None:
         own = any(e.kind == journal.TEMPLATE and e.get("action") == "requeue"
-                  and _key(e) == (seg.job_id, seg.restart_count) for e in events)
+                  and segment_key(e) == (seg.job_id, seg.restart_count) for e in events)
         if own:
             return (f"requeued by the job itself ({seg.outcome}){slurm}",
                     "Slurm to start it again (~120 s unless `slurmft watch` starts it now)")
@@ -85,18 +82,29 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
     return f"not started{slurm}", "the job to start training"
 
 
-def watcher_view(saved: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The parts of the watcher's saved state (``watch/state.json``) a person needs, read
-    defensively (the file is the run owner's)."""
-    if not isinstance(saved, Mapping) or not isinstance(saved.get("phase"), str):
+def watcher_view(saved: Mapping[str, Any] | Exception | None) -> dict[str, Any] | None:
+    """The parts of the watcher's saved state (``watch/state.json``; an exception: why it could
+    not be read) a person needs. The file is the run owner's: it is checked whole, by the
+    watcher's own reader, before any of it is shown; one that does not check is shown as phase
+    ``unreadable`` with the field that failed."""
+    from pathlib import Path
+
+    from slurmft.watch.state import RunState, StateError
+
+    if saved is None:
         return None
-    rec = saved.get("recovery") if isinstance(saved.get("recovery"), Mapping) else None
-    view: dict[str, Any] = {"phase": saved["phase"], "restarts": _int(saved.get("restarts")),
-                            "reason": str(saved.get("reason") or "")}
+    try:
+        if isinstance(saved, Exception):
+            raise StateError(str(saved))
+        state = RunState.from_json(saved, Path("watch/state.json"))
+    except StateError as exc:
+        return {"phase": "unreadable", "restarts": None, "reason": str(exc)[:300]}
+    view: dict[str, Any] = {"phase": state.phase, "restarts": state.restarts, "reason": state.reason}
+    rec = state.recovery
     if rec is not None:
-        view["recovery"] = {k: rec.get(k) for k in ("cause", "requeue", "exclude_step", "start_now",
-                                                    "start_now_attempts")}
-        view["recovery"]["exclude"] = [str(n) for n in rec.get("exclude") or []][:64]
+        view["recovery"] = {"cause": rec.cause, "requeue": rec.requeue, "exclude_step": rec.exclude_step,
+                            "start_now": rec.start_now, "start_now_attempts": rec.start_now_attempts,
+                            "exclude": list(rec.exclude[:64])}
     return view
 
 

@@ -4,13 +4,14 @@ Exit codes: 0 printed; 2 bad or missing input (the message names the option)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from slurmft import numbers
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
@@ -60,7 +61,7 @@ def interval(
     except IntervalError as exc:
         raise _fail(str(exc))
     if as_json:
-        print(json.dumps({
+        print(numbers.dumps({
             "cost_s": result.cost_s, "mtbf_s": result.mtbf_s, "young_s": result.young_s,
             "daly_s": result.daly_s, "step_s": result.step_s,
             "young_steps": result.steps(result.young_s), "daly_steps": result.steps(result.daly_s),

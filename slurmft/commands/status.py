@@ -12,7 +12,6 @@ a JOBID.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Optional
 
 import typer
 
+from slurmft import numbers
 from slurmft.config import ConfigError, load_section
 
 EXIT_OK, EXIT_USAGE, EXIT_SLURM = 0, 2, 4
@@ -45,6 +45,18 @@ def _events_of(run_dir: Path):
         return read_journal(events_path)
     except JournalUnreadable as exc:
         raise _fail(EXIT_USAGE, f"cannot read the run's journal: {exc}")
+
+
+def _watch_state(run_dir: Path):
+    """The watcher's saved state as JSON (None when there is none), or the StateError saying
+    why it cannot be read (shown as unreadable)."""
+    from slurmft.rundir import RunDir
+    from slurmft.watch.state import StateError, read_saved
+
+    try:
+        return read_saved(RunDir(run_dir))
+    except StateError as exc:
+        return exc
 
 
 def _lookup_job(client, job_id: str):
@@ -123,11 +135,7 @@ def status(
         except ResolveError as exc:
             raise _fail(EXIT_USAGE, f"{exc} (or give the run dir instead of the job id)")
         events = _events_of(run_dir)
-    from slurmft.rundir import RunDir
-    from slurmft.watch.runview import read_small_json
-
-    report = build_report(events, job, now=time.time(),
-                          watch_state=read_small_json(RunDir(run_dir).watch_state))
+    report = build_report(events, job, now=time.time(), watch_state=_watch_state(run_dir))
     if plot is not None:
         from slurmft.status_plot import PlotUnavailable, write_plot
 
@@ -139,7 +147,7 @@ def status(
         out = report_dict(report)
         out["run_dir"] = str(run_dir.resolve())
         out["note"] = note
-        print(json.dumps(out, sort_keys=True, allow_nan=False))
+        print(numbers.dumps(out, sort_keys=True))
     else:
         from slurmft.status_render import render
 

@@ -1,8 +1,9 @@
 """``slurmft watch JOBID...``: the requeue daemon, run in the foreground by the job's owner.
 
 Exit codes: 0 every watched run ended (finished, gave up, or was forgotten by Slurm) or, with
-``--once``, the cycle ran; 2 bad input (nothing acted on); 3 another watcher holds a run;
-4 Slurm could not be reached to start watching (or, with ``--once``, during the cycle).
+``--once``, the cycle ran; 1 with ``--once``, a run's cycle failed (its files could not be used;
+one line per run names it and why); 2 bad input (nothing acted on); 3 another watcher holds a
+run; 4 Slurm could not be reached to start watching (or, with ``--once``, during the cycle).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import typer
 
 from slurmft.config import ConfigError, load_section
 
-EXIT_OK, EXIT_USAGE, EXIT_LOCKED, EXIT_SLURM = 0, 2, 3, 4
+EXIT_OK, EXIT_CYCLE_FAILED, EXIT_USAGE, EXIT_LOCKED, EXIT_SLURM = 0, 1, 2, 3, 4
 log = logging.getLogger("slurmft.watch")
 
 
@@ -285,11 +286,13 @@ def watch(
                           let_go=factory.let_go if all_jobs else None,
                           forget=feed.forget if feed is not None else None,
                           waiting=wait, start=factory.start_later)
+        failed: dict[str, str] = {}
         try:
             if once:
                 result = watcher.cycle()
                 if not result.observed:
                     raise _fail(EXIT_SLURM, f"could not observe Slurm: {result.error}")
+                failed = result.failed
             else:
                 watcher.run()
         except KeyboardInterrupt:
@@ -298,11 +301,15 @@ def watch(
         for run in watcher.runs:
             print(f"job {run.job_id}: {run.state.phase}"
                   + (f" ({run.state.reason})" if run.state.reason else ""))
+        for job_id, why in sorted(failed.items()):
+            print(f"slurmft watch: job {job_id}: this cycle failed: {why}", file=sys.stderr)
         refused = wait.refused if wait is not None else []
         for why in refused:
             print(f"slurmft watch: not watched: {why}", file=sys.stderr)
         if refused or factory.failed_code:
             raise typer.Exit(factory.failed_code or EXIT_USAGE)
+        if failed:
+            raise typer.Exit(EXIT_CYCLE_FAILED)
     finally:
         factory.release()
         if metrics is not None:

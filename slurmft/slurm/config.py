@@ -10,7 +10,11 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from slurmft.numbers import integer, number
+
 _PARSER_RE = re.compile(r"^v0\.0\.[0-9]{2}$")
+MAX_CALL_S = 3600.0  # one Slurm call's timeout and a backoff between retries: an hour at most
+MAX_RETRIES = 100
 
 
 @dataclass(frozen=True)
@@ -28,11 +32,13 @@ class SlurmConfig:
     backend: Literal["auto", "cli", "pyslurm"] = "auto"
 
     def __post_init__(self) -> None:
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be > 0, got {self.timeout}")
-        if self.retries < 0:
-            raise ValueError(f"retries must be >= 0, got {self.retries}")
-        if self.backoff < 0 or self.max_backoff < self.backoff:
+        # Finite and bounded (``SLURMFT_SLURM_TIMEOUT=inf``, ``nan`` or ``1e300`` once gave a
+        # traceback in every command): a call's timeout becomes a wait Python must accept.
+        number(self.timeout, "timeout", lo=0.0, hi=MAX_CALL_S, above=True)
+        integer(self.retries, "retries", lo=0, hi=MAX_RETRIES)
+        number(self.backoff, "backoff", lo=0.0, hi=MAX_CALL_S)
+        number(self.max_backoff, "max_backoff", lo=0.0, hi=MAX_CALL_S)
+        if self.max_backoff < self.backoff:
             raise ValueError(f"need 0 <= backoff <= max_backoff, got {self.backoff} and {self.max_backoff}")
         if self.data_parser and not _PARSER_RE.fullmatch(self.data_parser):
             raise ValueError(f"data_parser must look like v0.0.42, got {self.data_parser!r}")

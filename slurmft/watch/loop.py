@@ -35,6 +35,7 @@ class CycleResult:
     duration_s: float
     error: str = ""
     runs: list = field(default_factory=list)  # the runs stepped this cycle
+    failed: dict[str, str] = field(default_factory=dict)  # job id -> why its step raised
 
 
 def _needs_nodes(run: RunWatch, job: Job | None) -> bool:
@@ -108,6 +109,7 @@ class Watcher:
             log.warning("Slurm answers again")
         self.controller_ok = True
         now = self.clock()
+        failed: dict[str, str] = {}
         for run in active:
             job = jobs.get(run.job_id)
             if job is None:
@@ -118,9 +120,10 @@ class Watcher:
                 run.step(job, nodes, now)
             except Exception as exc:  # one run's trouble (its disk full, its files) is not the others'
                 run.failed(exc)
+                failed[run.job_id] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         if self.user is not None:
             self._let_go_ended(jobs)
-        result = CycleResult(True, time.monotonic() - started, runs=active)
+        result = CycleResult(True, time.monotonic() - started, runs=active, failed=failed)
         self._report(result)
         return result
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import time
 from collections import deque
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurmft import exitcodes, journal, safeio
+from slurmft import exitcodes, journal, numbers, safeio
 from slurmft.journal import Event, parse_line
 from slurmft.rundir import RunDir
 
@@ -45,8 +44,8 @@ def read_small_json(path: Path) -> Any:
     if data is None:
         return None
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
+        return numbers.loads(data)  # no NaN or Infinity: a record holds finite numbers or is invalid
+    except ValueError:
         return None
 
 
@@ -62,16 +61,6 @@ class Beat:
     recent_step_s: float | None
     busy_s: float | None
     every: int | None = None  # steps between beats (older heartbeats do not say)
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an int of hundreds of digits
-        return None
-    return number if math.isfinite(number) else None
 
 
 # A directory or file whose mtime is this close to now may change again within the same mtime
@@ -152,7 +141,7 @@ def _read_beat(entry: os.DirEntry) -> Beat | None:
     data = read_small_json(Path(entry.path))
     if not isinstance(data, dict):
         return None
-    when = _number(data.get("time"))
+    when = numbers.unix_time(data.get("time"))
     node = data.get("node")
     if when is None or not isinstance(node, str) or f"{node}.json" != entry.name:
         return None
@@ -165,8 +154,8 @@ def _read_beat(entry: os.DirEntry) -> Beat | None:
         restart_count=restart if isinstance(restart, int) and not isinstance(restart, bool) else None,
         step=step if isinstance(step, int) and not isinstance(step, bool) else None,
         time=when,
-        recent_step_s=_number(data.get("recent_step_s")),
-        busy_s=_number(data.get("busy_s")),
+        recent_step_s=numbers.seconds(data.get("recent_step_s")),
+        busy_s=numbers.seconds(data.get("busy_s")),
         every=every if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= MAX_EVERY
         else None,
     )
@@ -251,7 +240,7 @@ class JournalSummary:
         elif kind == journal.CHECKPOINT_COMMITTED:
             step = event.get("step")
             if isinstance(step, int) and not isinstance(step, bool):
-                self.commits.append((event.time, step, _number(event.get("blocking_s"))))
+                self.commits.append((event.time, step, event.seconds("blocking_s")))
         elif key is None:
             return
         elif kind == journal.SEGMENT_START:

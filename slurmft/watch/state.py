@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from slurmft import numbers, records
+from slurmft.numbers import Seconds, UnixTime
 from slurmft.rundir import RunDir, atomic_write_json
 from slurmft.slurm.client import Job, JobState
 from slurmft.slurm.policy import HELD_REASONS
 from slurmft.watch.lock import LockError, RunLock  # noqa: F401  (the lock lives in lock.py)
-from slurmft.watch.runview import read_small_json
+from slurmft.watch.runview import MAX_SMALL_FILE, read_regular
 
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: before epochs (the state of one job)
@@ -54,8 +55,8 @@ class Recovery:
 
     cause: str
     evidence: str
-    fault_time: float
-    detect_time: float
+    fault_time: UnixTime
+    detect_time: UnixTime
     restart_count: int          # the job's restart count when the fault was seen
     exclude: list[str] = field(default_factory=list)
     requeue: str = TODO
@@ -63,15 +64,15 @@ class Recovery:
     start_now: str = TODO
     release: str = SKIP         # a job Slurm held after a failed launch: released once excluded
     release_attempts: int = 0
-    requeued_at: float | None = None
-    pending_since: float | None = None
+    requeued_at: UnixTime | None = None
+    pending_since: UnixTime | None = None
     start_now_attempts: int = 0
-    start_now_at: float | None = None
+    start_now_at: UnixTime | None = None
     exclude_attempts: int = 0
     readmit_attempts: int = 0
     warned_pending: bool = False
     set_down: list[str] = field(default_factory=list)  # operator mode: nodes set DOWN mid-recovery
-    silent_since: dict[str, float] = field(default_factory=dict)  # NOT_RESPONDING first seen
+    silent_since: dict[str, UnixTime] = field(default_factory=dict)  # NOT_RESPONDING first seen
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Epoch:
     and, for a job the watcher submitted in place of a forgotten one, that job's id."""
 
     job_id: str
-    since: float | None = None
+    since: UnixTime | None = None
     resubmitted_from: str | None = None
 
 
@@ -100,19 +101,19 @@ class RunState:
     last_restart_count: int | None = None
     last_nodes: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # nodes this watcher excluded, oldest first
-    max_step_s: float | None = None
-    max_beat_gap_s: float | None = None
+    max_step_s: Seconds | None = None
+    max_beat_gap_s: Seconds | None = None
     recovery: Recovery | None = None
     warned: list[str] = field(default_factory=list)
     reason: str = ""
-    resubmit_started: float | None = None  # intent: a resubmission may be in flight since then
+    resubmit_started: UnixTime | None = None  # intent: a resubmission may be in flight since then
     announced: bool = False  # a watch_started event was journaled for this run
     # Per node, when first seen so: NOT_RESPONDING (operator mode's corroboration), drained by
     # an admin (maintenance, waited on until a checkpoint commits), serving the job with no fault
     # since (its faults fade, one per node_fault_fade_s).
-    silent_since: dict[str, float] = field(default_factory=dict)
-    drained_since: dict[str, float] = field(default_factory=dict)
-    clean_since: dict[str, float] = field(default_factory=dict)
+    silent_since: dict[str, UnixTime] = field(default_factory=dict)
+    drained_since: dict[str, UnixTime] = field(default_factory=dict)
+    clean_since: dict[str, UnixTime] = field(default_factory=dict)
     epochs: list[Epoch] = field(default_factory=list)  # oldest first; the last is job_id's
 
     def __post_init__(self) -> None:
@@ -155,6 +156,8 @@ class RunState:
             recovery = raw.pop("recovery", None)
             epochs = raw.pop("epochs", None)
             state = cls(**raw)
+            if recovery is not None and not isinstance(recovery, dict):
+                raise TypeError(f"recovery must be an object, got {type(recovery).__name__}")
             state.recovery = Recovery(**recovery) if recovery is not None else None
             if data["version"] >= 2:
                 if not isinstance(epochs, list) or not epochs or len(epochs) > MAX_EPOCHS \
@@ -163,9 +166,8 @@ class RunState:
                                      "to start afresh)")
                 state.epochs = [Epoch(**e) for e in epochs]
         except TypeError as exc:
-            raise StateError(f"{where}: unreadable watch state ({exc})") from None
-        if state.phase not in PHASES:
-            raise StateError(f"{where}: unknown phase {state.phase!r}")
+            raise StateError(f"{where}: unreadable watch state ({exc}; remove the file to start "
+                             "afresh)") from None
         _check_types(state, where)
         return state
 
@@ -179,49 +181,24 @@ class RunState:
 
 
 def _check_types(state: RunState, where: Path) -> None:
-    """The state file is in the user's run dir: every field must have its type."""
-    def bad(name: str) -> StateError:
-        return StateError(f"{where}: field {name} has the wrong type (remove the file to start afresh)")
-
-    if not isinstance(state.job_id, str) or not isinstance(state.restarts, int):
-        raise bad("job_id/restarts")
-    for name in ("restarts_by_cause", "node_faults"):
-        value = getattr(state, name)
-        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, int)
-                                                  for k, v in value.items()):
-            raise bad(name)
-    for name in ("last_nodes", "warned", "excluded"):
-        value = getattr(state, name)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise bad(name)
-    for name in ("silent_since", "drained_since", "clean_since"):
-        value = getattr(state, name)
-        if not isinstance(value, dict) or not all(
-                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-                and math.isfinite(v) for k, v in value.items()):
-            raise bad(name)
-    if not isinstance(state.ckpt_at_recovery, list):
-        raise bad("ckpt_at_recovery")
-    for epoch in state.epochs:
-        if not isinstance(epoch.job_id, str) or not isinstance(epoch.resubmitted_from, (str, type(None))) \
-                or isinstance(epoch.since, bool) or not isinstance(epoch.since, (int, float, type(None))):
-            raise bad("epochs")
+    """The state file is in the user's run dir: the whole record is checked, every field against
+    its annotation (``slurmft.records``: times within unix time, durations within
+    ``numbers.MAX_SECONDS``, counts whole and >= 0), before anything acts on it; a field that does
+    not check is a StateError naming it, never a reset."""
+    try:
+        records.check(state, str(where))
+    except records.RecordError as exc:
+        raise StateError(f"{exc} (remove the file to start afresh)") from None
+    if state.phase not in PHASES:
+        raise StateError(f"{where}: unknown phase {state.phase!r}")
     if state.epochs[-1].job_id != state.job_id:
-        raise bad("epochs (the last epoch is not the current job)")
-    for name in ("max_step_s", "max_beat_gap_s"):
-        value = getattr(state, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise bad(name)
+        raise StateError(f"{where}: field epochs has the wrong type (the last epoch is not the "
+                         "current job; remove the file to start afresh)")
     rec = state.recovery
-    if rec is not None and (not isinstance(rec.exclude, list)
-                            or not all(isinstance(n, str) for n in rec.exclude)
-                            or not isinstance(rec.set_down, list)
-                            or not all(isinstance(n, str) for n in rec.set_down)
-                            or not isinstance(rec.silent_since, dict)
-                            or not all(isinstance(n, str) and isinstance(t, (int, float))
-                                       and not isinstance(t, bool) for n, t in rec.silent_since.items())
-                            or not isinstance(rec.restart_count, int)):
-        raise bad("recovery")
+    steps = (rec.requeue, rec.exclude_step, rec.start_now, rec.release) if rec is not None else ()
+    if any(step not in (TODO, DOING, DONE, SKIP) for step in steps):
+        raise StateError(f"{where}: field recovery has an unknown step state (one of "
+                         f"{TODO}, {DOING}, {DONE}, {SKIP}); remove the file to start afresh")
 
 
 def released_after_giving_up(state: RunState, job: Job) -> bool:
@@ -269,16 +246,32 @@ def take_on(state: RunState, job_id: str, now: float,
     return NEW_EPOCH
 
 
-def load_state(run_dir: RunDir, job_id: str) -> RunState:
-    """The run's saved state, or a fresh one for ``job_id`` when there is none. The saved state
-    may be another job's (an earlier epoch's, or a resubmission's): ``adopt_job`` decides."""
+def read_saved(run_dir: RunDir) -> Any:
+    """The JSON of the run's saved state (unchecked), None when there is none; StateError when
+    the file is not a regular file of at most MAX_SMALL_FILE bytes holding JSON (``NaN`` and
+    ``Infinity`` are not JSON)."""
     path = run_dir.watch_state
     if not path.exists() and not path.is_symlink():
-        return RunState(job_id=job_id)
-    data = read_small_json(path)
+        return None
+    raw = read_regular(path, MAX_SMALL_FILE)
+    if raw is None:
+        raise StateError(f"{path}: not a readable regular file of at most {MAX_SMALL_FILE} bytes "
+                         "(remove it to start afresh)")
+    try:
+        return numbers.loads(raw)
+    except ValueError as exc:
+        raise StateError(f"{path}: not valid JSON ({' '.join(str(exc).split())[:120]}; remove it "
+                         "to start afresh)") from None
+
+
+def load_state(run_dir: RunDir, job_id: str) -> RunState:
+    """The run's saved state, checked whole, or a fresh one for ``job_id`` when there is none. The
+    saved state may be another job's (an earlier epoch's, or a resubmission's): ``adopt_job``
+    decides."""
+    data = read_saved(run_dir)
     if data is None:
-        raise StateError(f"{path}: not a readable regular JSON file (remove it to start afresh)")
-    return RunState.from_json(data, path)
+        return RunState(job_id=job_id)
+    return RunState.from_json(data, run_dir.watch_state)
 
 
 def save_state(run_dir: RunDir, state: RunState) -> None:

@@ -254,7 +254,8 @@ def test_a_run_the_watcher_found_forgotten_by_slurm_says_so():
     report = build_report(j.events, now=T0 + 100, watch_state=saved)
     assert report.state == "lost: Slurm forgot job 100 and it is not DONE"
     assert "resubmit" in report.waiting_for
-    assert build_report(j.events, now=T0 + 100, watch_state={"phase": 3}).watcher is None
+    damaged = build_report(j.events, now=T0 + 100, watch_state={"phase": 3}).watcher
+    assert damaged is not None and damaged["phase"] == "unreadable", damaged  # shown, never half-trusted
 
 
 def test_a_run_resubmitted_by_the_watcher_names_the_new_job():
