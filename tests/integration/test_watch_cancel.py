@@ -89,3 +89,30 @@ def test_a_scancel_at_every_point_of_a_recovery_leaves_the_job_cancelled(slurm_c
         events = read_events(RunDir(runs[job_id]).events)
         assert [e.get("how") for e in of(events, "run_finished")] == ["cancelled"], point
         assert not of(events, "gave_up"), point
+
+
+@pytest.mark.timeout(300)
+def test_a_scancel_while_the_launcher_requeues_itself_leaves_the_job_cancelled(slurm_cluster, tmp_path):
+    # The launcher's point: it read its job (RUNNING, this run) and is about to requeue itself
+    # after the time limit's warning; the hook cancels the job from inside it. (On 22.05 a job
+    # being cancelled shows COMPLETING with no base state, so the old policy waited here rather
+    # than requeueing; on 24.11+ it shows CANCELLED+COMPLETING, which the old policy requeued:
+    # the unit tests in tests/unit/test_cancel_final.py cover that shape.)
+    from train_job_support import TINY_ARGS, submit
+
+    plan = tmp_path / "plan.json"
+    hook, fired = _hook(tmp_path, {})
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, [*TINY_ARGS, "--steps", "200", "--step-sleep", "0.1"], nodes=1,
+                 env={steppoint.HOOK_ENV: str(hook)}, watch=True)
+    plan.write_text(json.dumps({job.job_id: "launch.requeue"}))
+    job.wait_step(2, timeout=120)
+    job.client.cancel(job.job_id, signal="USR2", batch_only=True)
+    final = job.wait_finished(timeout=120)
+    time.sleep(5)  # the watcher's cycles after the cancel: nothing brings it back
+    final = job.state()
+    assert fired.read_text() == f"{job.job_id} launch.requeue\n", job.context()
+    assert final.state is JobState.CANCELLED and final.restart_count == 0, job.context()
+    events = job.events()
+    assert [e.get("how") for e in of(events, "run_finished")] == ["cancelled"], job.context()
+    assert not of(events, "recovery_action") and not of(events, "planned_end")
