@@ -321,3 +321,20 @@ def test_a_resubmission_excludes_only_what_leaves_the_job_room_in_its_partition(
 def test_our_own_captures_name_each_nodes_partition(path, command):
     nodes = parse_nodes((PUB.parent / path).read_text(), command)
     assert nodes and all(node.partitions == frozenset({"debug"}) for node in nodes.values())
+
+
+def test_a_requeued_job_submitted_to_two_partitions_may_use_both():
+    """Captured on 22.05: a job submitted with ``-p train,other`` ran in train; requeued, Slurm
+    lists both again, so a recovery counts capacity in either."""
+    from slurmft.slurm.parse_jobs import parse_squeue
+
+    cap = PUB.parent / "2205"
+    [pending] = parse_squeue((cap / "squeue_multi_partition_requeued.json").read_text())
+    assert pending.state is JobState.PENDING and pending.restart_count == 1
+    assert pending.partitions == frozenset({"train", "other"})
+    nodes = parse_nodes((cap / "sinfo_two_partitions.json").read_text(), "sinfo --json")
+    assert {n: set(v.partitions) for n, v in nodes.items()} == {
+        "n1": {"train"}, "n2": {"train"}, "n3": {"other"}}
+    assert fit_exclusions(pending, nodes, ["n1", "n2"]) == (["n1", "n2"], [])  # n3 is left
+    only_train = replace(pending, partition="train")
+    assert fit_exclusions(only_train, nodes, ["n1", "n2"]) == (["n1"], ["n2"])
