@@ -8,6 +8,7 @@ run; 4 Slurm could not be reached to start watching (or, with ``--once``, during
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import logging
 import shlex
@@ -78,7 +79,7 @@ class RunFactory:
             raise WatchStartError(EXIT_LOCKED, str(exc), busy=True) from None
         try:
             state = load_state(rd, job.job_id)
-            saved = state.to_json()  # as on disk: what take_on changes is written at the first save
+            saved = copy.deepcopy(state)  # as on disk: what take_on changes is written at the first save
             how = take_on(state, job.job_id, time.time(), lambda: self._current(state.job_id))
         except StateError as exc:
             lock.release()
@@ -103,7 +104,7 @@ class RunFactory:
                         "new job" if how == NEW_EPOCH else "resubmission", path, len(state.epochs))
             try:
                 save_state(rd, state)
-                saved = state.to_json()
+                saved = copy.deepcopy(state)
             except OSError as exc:
                 lock.release()
                 raise WatchStartError(EXIT_USAGE, f"cannot write {rd.watch_state}: {exc.strerror}") from None

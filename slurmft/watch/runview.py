@@ -20,6 +20,7 @@ from typing import Any
 from slurmft import exitcodes, journal, numbers, safeio
 from slurmft.journal import Event, parse_line
 from slurmft.rundir import RunDir
+from slurmft.watch.filecache import DoneCache, HeartbeatCache, RunFilesCache, settled, signature
 
 MAX_SMALL_FILE = 64 * 1024
 MAX_JOURNAL_CHUNK = 8 * 1024 * 1024
@@ -63,33 +64,8 @@ class Beat:
     every: int | None = None  # steps between beats (older heartbeats do not say)
 
 
-# A directory or file whose mtime is this close to now may change again within the same mtime
-# tick (filesystems with coarse timestamps): its cached reading is not trusted ("racy" entry).
-RACY_S = 2.0
-
-
-def _signature(info: os.stat_result) -> tuple[int, int, int, int]:
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
-
-
-def _settled(info: os.stat_result, now: float) -> bool:
-    return now - info.st_mtime_ns / 1e9 >= RACY_S
-
-
-class HeartbeatCache:
-    """What ``read_heartbeats`` read last time: the heartbeat directory's signature and, per
-    file, its signature and the Beat read from it. Heartbeats are replaced by rename, which
-    changes the directory's mtime, so an unchanged directory costs one ``stat`` per cycle and a
-    changed one a listing, an ``lstat`` per file and a read per changed file. (An inode alone
-    does not tell: the filesystem reuses the one a replaced beat freed.)"""
-
-    def __init__(self) -> None:
-        self.dir_sig: tuple[int, int, int, int] | None = None
-        self.files: dict[str, tuple[tuple[int, int, int, int], Beat | None]] = {}
-        self.beats: dict[str, Beat] | None = None
-
-
-def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None) -> dict[str, Beat] | None:
+def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None, *,
+                    root_exists: bool = False) -> dict[str, Beat] | None:
     """Every readable ``heartbeat/<node>.json``, by node: {} when the job has written none yet,
     None when the directory cannot be read (a filesystem outage on this host is not a hang).
     With a ``cache``, a directory unchanged since the last call is not listed again and a file
@@ -97,7 +73,7 @@ def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None) -> dic
     beats: dict[str, Beat] = {}
     try:
         info = os.stat(run_dir.heartbeat_dir)
-        sig = _signature(info)
+        sig = signature(info)
         if cache is not None and cache.beats is not None and sig == cache.dir_sig:
             return cache.beats
         with os.scandir(run_dir.heartbeat_dir) as it:
@@ -105,7 +81,7 @@ def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None) -> dic
     except FileNotFoundError:
         if cache is not None:
             cache.dir_sig, cache.files, cache.beats = None, {}, None
-        return beats if run_dir.root.is_dir() else None
+        return beats if root_exists or run_dir.root.is_dir() else None
     except OSError:
         return None
     now = time.time()
@@ -118,20 +94,20 @@ def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None) -> dic
                 file_info = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
-            file_sig = _signature(file_info)
+            file_sig = signature(file_info)
             known = cache.files.get(entry.name)
             if known is not None and known[0] == file_sig:
                 beat = known[1]
             else:
                 beat = _read_beat(entry)
-            if _settled(file_info, now):
+            if settled(file_info, now):
                 files[entry.name] = (file_sig, beat)
         else:
             beat = _read_beat(entry)
         if beat is not None:
             beats[beat.node] = beat
     if cache is not None:
-        cache.dir_sig = sig if _settled(info, now) else None
+        cache.dir_sig = sig if settled(info, now) else None
         cache.files, cache.beats = files, beats
     return beats
 
@@ -161,14 +137,6 @@ def _read_beat(entry: os.DirEntry) -> Beat | None:
     )
 
 
-class DoneCache:
-    """The DONE marker's signature and value when last read (``read_done``)."""
-
-    def __init__(self) -> None:
-        self.sig: tuple[int, int, int, int] | None = None
-        self.value: dict[str, Any] | None = None
-
-
 def read_done(run_dir: RunDir, cache: DoneCache | None = None) -> dict[str, Any] | None:
     """The DONE marker: its JSON fields, ``{}`` for a plain-text marker, None when absent. With
     a ``cache``: one ``lstat`` while the marker is absent or unchanged."""
@@ -180,11 +148,11 @@ def read_done(run_dir: RunDir, cache: DoneCache | None = None) -> dict[str, Any]
             return None
         except OSError:
             return None
-        sig = _signature(info)
+        sig = signature(info)
         if sig == cache.sig:
             return cache.value
         value = read_done(run_dir)
-        cache.sig, cache.value = (sig if _settled(info, time.time()) else None), value
+        cache.sig, cache.value = (sig if settled(info, time.time()) else None), value
         return value
     data = read_regular(run_dir.done, MAX_SMALL_FILE)
     if data is None:
@@ -194,6 +162,28 @@ def read_done(run_dir: RunDir, cache: DoneCache | None = None) -> dict[str, Any]
     except (ValueError, RecursionError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def read_run_files(run_dir: RunDir, cache: RunFilesCache) -> tuple[dict[str, Beat] | None,
+                                                                   dict[str, Any] | None]:
+    """The heartbeats (``read_heartbeats``) and the DONE marker (``read_done``) for one cycle,
+    at the cost of a ``stat`` of the run dir and, when it has one, of its heartbeat directory:
+    DONE and the heartbeat directory are created by rename or mkdir in the run dir, which
+    changes its mtime, so while the run dir's signature holds neither is looked up again."""
+    try:
+        info = os.stat(run_dir.root)
+    except OSError:  # gone, or the filesystem does not answer: not observed
+        cache.root_sig = None
+        return None, None
+    sig = signature(info)
+    same = sig == cache.root_sig
+    cache.root_sig = sig if settled(info, time.time()) else None
+    done = cache.done.value if same else read_done(run_dir, cache.done)
+    if same and cache.no_heartbeat_dir:
+        return {}, done
+    beats = read_heartbeats(run_dir, cache.beats, root_exists=True)
+    cache.no_heartbeat_dir = beats == {} and cache.beats.beats is None
+    return beats, done
 
 
 def done_for(done: dict[str, Any] | None, ids) -> bool:

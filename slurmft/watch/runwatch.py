@@ -9,6 +9,7 @@ Every step's intent is saved in the run's state before the step is taken (``stat
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -34,9 +35,8 @@ from slurmft.watch.exclusions import (
 )
 from slurmft.watch.resolve import current_user
 from slurmft.watch.oncetail import load_tail, save_tail, tail_path
-from slurmft.watch.runview import (
-    DoneCache, HeartbeatCache, JournalTail, done_for, read_done, read_heartbeats,
-)
+from slurmft.watch.filecache import RunFilesCache
+from slurmft.watch.runview import JournalTail, done_for, read_run_files
 from slurmft.watch.state import (
     DOING, DONE, FINISHED, GAVE_UP, LOST, RECOVERING, SKIP, TODO, WATCHING, Recovery, RunState,
     save_state,
@@ -66,9 +66,9 @@ class RunWatch:
 
     def __init__(self, run_dir: RunDir, state: RunState, actor_client, config: WatchConfig,
                  listeners: list[Listener] | None = None, recorder=None, *, once: bool = False,
-                 saved: dict[str, Any] | None = None, lock=None) -> None:
-        """``saved``: the state as its file holds it (``RunState.to_json`` of what was loaded),
-        so that a cycle that changes nothing writes nothing; None: written at the first save."""
+                 saved: RunState | None = None, lock=None) -> None:
+        """``saved``: the state as its file holds it (a copy of what was loaded), so that a
+        cycle that changes nothing writes nothing; None: written at the first save."""
         self.run_dir = run_dir
         self.state = state
         self.config = config
@@ -76,7 +76,7 @@ class RunWatch:
         if once:  # a cron line's cycle: carry on where the last one stopped reading
             load_tail(self.tail, tail_path(run_dir))
         self._tail_saved = self.tail.complete_offset
-        self._beats_cache, self._done_cache = HeartbeatCache(), DoneCache()
+        self._files = RunFilesCache()
         self._saved = saved  # what state.json holds: written again only when the state differs
         self._submission_saved_for: str | None = None
         self.listeners = list(listeners or [])
@@ -121,10 +121,10 @@ class RunWatch:
     def _save(self) -> None:
         """Write the state when it differs from what was last written (an idle cycle writes
         nothing; a step's intent is written before the step, as it changed)."""
-        data = self.state.to_json()
-        if data != self._saved:
+        # Field by field (dataclass equality): cheap beside serialising a thousand states a cycle.
+        if self.state != self._saved:
             save_state(self.run_dir, self.state)
-            self._saved = data
+            self._saved = copy.deepcopy(self.state)
 
     def failed(self, exc: Exception) -> None:
         """This run's cycle raised (its disk full, a file it cannot use): log it, say it once in
@@ -138,10 +138,9 @@ class RunWatch:
 
     def observe(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> RunObservation:
         summary = self.tail.poll()
-        beats = read_heartbeats(self.run_dir, self._beats_cache)
+        beats, done = read_run_files(self.run_dir, self._files)
         self._learn(job, beats)
-        return RunObservation(self.job_id, job, nodes, summary, beats,
-                              read_done(self.run_dir, self._done_cache), now)
+        return RunObservation(self.job_id, job, nodes, summary, beats, done, now)
 
     def memory(self) -> Memory:
         st = self.state

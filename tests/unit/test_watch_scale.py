@@ -7,7 +7,9 @@ use it. Unit level: the controller's side is measured on the devcluster by
 
 from __future__ import annotations
 
+import copy
 import os
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -60,8 +62,10 @@ def beat(rd: RunDir, node: str, when: float, step: int) -> None:
 
 
 def settle(rd: RunDir, when: float = OLD) -> None:
-    """Give the heartbeat directory an mtime outside the racy window (as it has between beats)."""
+    """Give the run dir and its heartbeat directory mtimes outside the racy window (as they have
+    between beats)."""
     os.utime(rd.heartbeat_dir, (when, when))
+    os.utime(rd.root, (OLD, OLD))
 
 
 @pytest.fixture
@@ -84,12 +88,14 @@ def rd(tmp_path) -> RunDir:
 
 def watch(rd: RunDir, client=None, *, once=False) -> RunWatch:
     state = load_state(rd, "7")
-    return RunWatch(rd, state, client or Client(), WatchConfig(), once=once, saved=state.to_json())
+    return RunWatch(rd, state, client or Client(), WatchConfig(), once=once, saved=copy.deepcopy(state))
 
 
 def test_an_idle_cycle_of_a_16_node_run_costs_three_stats_and_writes_nothing(rd):
     w = watch(rd)
     w.step(running(), NODE_TABLE, OLD + 5)  # first sight: announced, state written
+    settle(rd)
+    w.step(running(), NODE_TABLE, OLD + 10)  # the run dir's new signature noted
     with FsOps(rd.root) as ops:
         w.step(running(), NODE_TABLE, OLD + 15)
     assert ops.counts["open"] == 0 and ops.counts["fsync"] == 0, ops.paths
@@ -220,3 +226,26 @@ def test_queued_jobs_cost_one_controller_query_per_cycle_not_the_node_table(tmp_
     ctl.answer["1"] = running("1")  # one starts: its nodes matter now
     watcher.cycle()
     assert ctl.asked[2:] == ["jobs", "nodes"]
+
+
+def test_done_and_a_first_heartbeat_are_seen_though_the_run_dir_is_only_stat_ed(tmp_path):
+    """The run dir's own signature stands for DONE and the heartbeat directory: both appear by
+    rename or mkdir in it, which moves its mtime."""
+    from slurmft.rundir import write_done
+    from slurmft.watch.filecache import RunFilesCache
+    from slurmft.watch.runview import read_run_files
+
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    os.utime(rd.root, (OLD, OLD))
+    cache = RunFilesCache()
+    assert read_run_files(rd, cache) == ({}, None)
+    with FsOps(rd.root) as ops:
+        assert read_run_files(rd, cache) == ({}, None)
+    assert ops.metadata_ops == 1  # the run dir's stat: nothing in it changed
+    beat(rd, "n00", OLD + 1, 1)
+    write_done(rd, job_id="7", step=1, total_steps=1)
+    beats, done = read_run_files(rd, cache)
+    assert beats["n00"].step == 1 and done["job_id"] == "7"
+    shutil.rmtree(rd.root)
+    assert read_run_files(rd, cache) == (None, None)  # gone: not observed, not "no heartbeat"
