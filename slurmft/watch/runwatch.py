@@ -14,7 +14,6 @@ import logging
 import os
 import time
 from collections import deque
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
@@ -24,8 +23,7 @@ from slurmft.rundir import RUN_DIR_ENV, RunDir
 from slurmft.slurm.client import (
     InvalidArgument, Job, JobCancelled, JobState, Node, PermissionDenied, SlurmError,
 )
-from slurmft.slurm.policy import held_after_failed_launch
-from slurmft.watch import detect, resubmit
+from slurmft.watch import detect, giveup, resubmit, slurmhold
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
@@ -86,7 +84,7 @@ class RunWatch:
         self._job: Job | None = None
         self.recorder = recorder
         self._capture_tries = 0
-        self._launch_lookups = 0  # cycles spent waiting for accounting's record of a failed launch
+        self.holds = slurmhold.LaunchHolds(self.actor, self.emit, self.job_id, CAPTURE_TRIES)
         self._started = False
         self.once = once
         self.lock = lock  # its RunLock: the lease is kept before each cycle acts
@@ -250,7 +248,8 @@ class RunWatch:
             self._give_up(acting.cause, acting.evidence, obs.job)
             return
         if acting.cause == detect.LAUNCH_FAILED:
-            found = self._failed_launch(acting, obs)
+            assert obs.job is not None
+            found = self.holds.locate(acting, obs.job)
             if found is None:
                 return  # accounting has no record of the failed run yet: next cycle
             acting = found
@@ -273,28 +272,10 @@ class RunWatch:
                   state=job.state.value if job else None, action=finding.action)
 
     def faults(self) -> int:
-        """Restarts for faults: planned ends (``detect.PLANNED``) are not counted."""
-        return sum(n for cause, n in self.state.restarts_by_cause.items() if not detect.planned(cause))
+        return giveup.fault_restarts(self.state)
 
     def _limit_reached(self, cause: str, newest: int | None) -> str | None:
-        """Why the run must be given up rather than restarted for ``cause``, or None. Planned ends
-        (time limit, preemption, pre-flight) never are: a run chunked 100 times by its time limit
-        finishes. Faults count toward max_restarts and their cause's cap, and the crash-loop rule
-        judges progress: ``crash_loop_restarts`` fault restarts in a row with no newer committed
-        checkpoint (a newer one since breaks the loop, whatever the planned ends between)."""
-        st, cfg = self.state, self.config
-        if detect.planned(cause):
-            return None
-        if self.faults() >= cfg.max_restarts:
-            return f"{self.faults()} restarts for faults, the most allowed (max_restarts)"
-        if st.restarts_by_cause.get(cause, 0) >= cfg.max_restarts_per_cause:
-            return f"{st.restarts_by_cause[cause]} restarts for {cause} (max_restarts_per_cause)"
-        if cause in detect.FAULTS:
-            recent = st.ckpt_at_recovery[-cfg.crash_loop_restarts:]
-            if len(recent) >= cfg.crash_loop_restarts and all(s == newest for s in recent):
-                return (f"crash loop: no newer checkpoint than step {newest} across "
-                        f"{cfg.crash_loop_restarts} restarts")
-        return None
+        return giveup.limit_reached(self.state, self.config, cause, newest)
 
     def _start_recovery(self, finding: Finding, obs: RunObservation) -> None:
         job = obs.job
@@ -341,29 +322,6 @@ class RunWatch:
         self._save()
         if finding.action != detect.SET_DOWN:  # else Slurm requeues it now: seen next cycle
             self._advance(obs)
-
-    def _failed_launch(self, finding: Finding, obs: RunObservation) -> Finding | None:
-        """The launch-failure finding with the node it failed on, from accounting's record of the
-        failed run (the controller's record of the requeued job names no node); None to wait a
-        cycle for accounting (it lags by seconds), at most ``CAPTURE_TRIES`` cycles: then the
-        job is released without an exclusion, said in a warning."""
-        assert obs.job is not None
-        self._launch_lookups += 1
-        try:
-            node = self.actor.client.failed_launch_node(obs.job)
-        except SlurmError as exc:
-            log.error("job %s: could not read accounting for its failed launch: %s", self.job_id, exc)
-            node = None
-        if node is None and self._launch_lookups < CAPTURE_TRIES:
-            return None
-        self._launch_lookups = 0
-        if node is None:
-            self.emit(journal.WATCH_WARNING, what="launch_node_unknown", nodes=[],
-                      detail="accounting names no node for the failed launch: released without "
-                             "an exclusion")
-            return finding
-        return replace(finding, nodes=(node,), evidence=f"{finding.evidence} on {node} "
-                       "(accounting's record of the failed run)")
 
     def _known_bad(self) -> list[str]:
         """Nodes that were the evidence in enough earlier faults to be excluded on sight."""
@@ -583,31 +541,18 @@ class RunWatch:
                 log.error("job %s: could not set %s DOWN: %s", self.job_id, name, exc)
 
     def _release(self, rec: Recovery, job: Job) -> bool:
-        """Release the job Slurm held after a failed launch, its node excluded: True once done.
-        Never a job held since by its user or an admin, or cancelled (the client re-reads it):
-        the recovery then ends, the job left as they put it."""
+        """Release the job Slurm held after a failed launch (``slurmhold.release``): True once
+        done; a cancel ends the watch, a hold put on since ends the recovery (left as it is)."""
         rec.release = DOING
         self._save()
-        try:
-            self.actor.release(job.job_id, rec.cause)
-        except JobCancelled as exc:
-            self._cancelled(job, str(exc))
-            return False
-        except SlurmError as exc:
-            rec.release_attempts += 1
-            if rec.release_attempts < MAX_EXCLUDE_ATTEMPTS and held_after_failed_launch(job):
-                rec.release = TODO  # e.g. no answer: tried again next cycle, a bounded number of times
-                return False
-            # Held since by its user or an admin (the client's re-read refused it), or refused
-            # again and again: left as it is, said once.
-            self.emit(journal.WATCH_WARNING, what="not_released", nodes=[],
-                      detail=f"not releasing the job: {exc}")
+        outcome = self.holds.release(rec, job)
+        if outcome == slurmhold.CANCELLED:
+            self._cancelled(job, "cancelled before its release: left cancelled")
+        elif outcome == slurmhold.LEFT:
             self.state.phase, self.state.recovery = WATCHING, None
             self.state.last_restart_count = job.restart_count
-            return False
-        rec.release = DONE
         self._save()
-        return True
+        return outcome == slurmhold.RELEASED
 
     def _readmit(self, rec: Recovery, job: Job, obs: RunObservation, excluding: list[str]) -> None:
         """Every cycle the requeued job pends: readmit our repaired exclusions it needs to fit
