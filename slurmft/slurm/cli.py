@@ -23,6 +23,7 @@ again blindly; the job or node is re-read to learn whether it happened (``policy
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -151,6 +152,8 @@ class CliSlurmClient:
                 env={"SLURM_TIME_FORMAT": "%s"},
             ).stdout
             records = parse_sacct_text(out)
+            if "_" in job_id:  # sacct -j <array>_<task> lists that task alone; the text has its raw id
+                records = [dataclasses.replace(job, job_id=job_id) for job in records]
         return [job for job in records if job.job_id == job_id]
 
     def failed_launch_node(self, job: Job) -> str | None:

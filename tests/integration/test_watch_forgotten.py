@@ -124,3 +124,85 @@ def test_a_job_forgotten_while_no_watcher_ran_is_resubmitted_and_resumes(forgetf
         first.kill()
         if second is not None:
             second.kill()
+
+
+WRAPPER = """#!/bin/bash
+#SBATCH --requeue
+#SBATCH --ntasks-per-node=1
+# One run dir per task, spelled by the wrapper (no %a): what many users do.
+export SLURMFT_RUN_DIR={base}/task_$SLURM_ARRAY_TASK_ID
+exec bash {template} "$@"
+"""
+
+
+@pytest.mark.timeout(360)
+def test_a_forgotten_array_task_is_resubmitted_alone_and_followed_under_either_id(
+        forgetful_cluster, tmp_path):
+    """Today: the whole array is submitted again with SLURMFT_RUN_DIR resolved (every task exits
+    86), and a watcher restarted for the old id exits 2."""
+    from slurmft.slurm.cli import CliSlurmClient
+    from train_job_support import EXAMPLE
+
+    cluster = forgetful_cluster
+    script = tmp_path / "sweep.sbatch"
+    script.write_text(WRAPPER.format(base=tmp_path, template=TEMPLATE))
+    client = CliSlurmClient(env=cluster.env)
+    array_id = client.submit(script, [str(EXAMPLE), *ARGS, "--steps", str(STEPS)],
+                             env={**os.environ, **cluster.env, **JOB_ENV},
+                             sbatch_options=["--nodes=1", "--array=0-1", f"--chdir={tmp_path}",
+                                             f"--output={tmp_path}/task_%a.out"])
+    old, run = f"{array_id}_1", tmp_path / "task_1"
+    log = tmp_path / "task_1.out"
+    watchers: list[WatcherProc] = []
+
+    def ctx() -> str:
+        return (log.read_text(errors="replace")[-3000:] if log.exists() else "") + "".join(
+            f"\n--- watcher {i}\n{w.text()[-2500:]}" for i, w in enumerate(watchers))
+
+    def running_task():  # the one node runs task 0, then task 1
+        try:
+            return client.job(old)
+        except Exception:
+            return None
+
+    try:
+        deadline = time.monotonic() + 150
+        while (j := running_task()) is None or j.run_dir is None:
+            assert time.monotonic() < deadline, f"task 1 never named its run dir\n{ctx()}"
+            time.sleep(1)
+        watchers.append(WatcherProc(cluster, [old], tmp_path / "w0.log", run_dir=run))
+        deadline = time.monotonic() + 60
+        while (record := resubmit.load_record(RunDir(run))) is None or record.job_id != old:
+            assert time.monotonic() < deadline, f"no submission saved for {old}\n{ctx()}"
+            time.sleep(0.5)
+        watchers[0].kill(signal.SIGINT)
+        events_until(run, lambda ev: 5 in _committed(ev), 120, "checkpoint 5", context=ctx)
+        assert kill_ranks(observe_until(client, old, lambda j: True, 10, "task").raw_job_id) >= 1
+        observe_until(client, old, lambda j: j.state.finished, 60, "end", context=ctx)
+        _wait_forgotten(cluster, old, _min_job_age_s(cluster) + 75)
+
+        watchers.append(WatcherProc(cluster, [old], tmp_path / "w1.log", "--run-dir", str(run),
+                                    env=JOB_ENV, run_dir=run))
+        events = events_until(run, lambda ev: of(ev, "job_resubmitted"), 60, "resubmission",
+                              context=ctx)
+        new = of(events, "job_resubmitted")[0].get("new_job_id")
+        assert new.endswith("_1") and new != old, new  # the task alone, under its own index
+        events_until(run, lambda ev: any(e.get("restored_step") is not None
+                                         for e in of(ev, "segment_start")
+                                         if e.get("job_id") in (new, new.split("_")[0])),
+                     150, f"{new} training", context=ctx)
+        # Restarted for the OLD id (the systemd unit's instance), the watcher follows the new job.
+        watchers[1].kill(signal.SIGINT)
+        watchers.append(WatcherProc(cluster, [old], tmp_path / "w2.log", "--run-dir", str(run),
+                                    env=JOB_ENV, run_dir=run))
+        assert watchers[2].wait(180) == 0, ctx()
+        assert f"job {new}: finished" in watchers[2].text(), ctx()
+        assert client.job(new).state is JobState.COMPLETED
+        # Only task 1 was submitted again: no task 0 of the new array, and task 0's run is its own.
+        listed = client.user_jobs(client.job(new).user)
+        assert not [j for j in listed if j.startswith(new.split("_")[0] + "_") and j != new]
+        state = load_state(RunDir(run), new)
+        assert [(e.job_id, e.resubmitted_from) for e in state.epochs][-1] == (new, old)
+    finally:
+        for w in watchers:
+            w.kill()

@@ -171,3 +171,14 @@ def test_set_down_that_got_no_answer_is_read_back():
     c, replay = client("22.05.8", answer)
     c.set_down("n4", "slurmft: watch: silent")
     assert [call[2] for call in replay.calls if call[:2] == ("scontrol", "update")] == ["NodeName=n4"]
+
+
+def test_2205_accounting_finds_an_array_task_by_its_task_id():
+    """22.05's sacct text names an array task by its raw id alone (JobIDRaw 1 for task 1_1): the
+    task Slurm's ``-j 1_1`` returned is that task. Once lost, a watcher restarted for a forgotten
+    array task said 'job 1_1 does not exist'."""
+    text = (FIX / "2205/sacct_text_array_task.txt").read_text()
+    c, replay = client("22.05.8", lambda argv: text if argv[0] == "sacct" else "")
+    [task] = c.job_history("1_1")
+    assert (task.job_id, task.raw_job_id, task.state, task.exit_code) == ("1_1", "1", JobState.FAILED, 1)
+    assert replay.calls[-1][5:7] == ("-j", "1_1")

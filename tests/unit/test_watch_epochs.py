@@ -144,12 +144,13 @@ def test_state_of_version_1_is_read_as_one_epoch(run):
 
 
 @pytest.mark.parametrize("epochs", [[], "100", [{"job_id": 100}], [{"job_id": "9"}],
-                                    [{"job_id": "100", "spy": 1}]])
+                                    [{"job_id": "100", "spy": 1}], [{"job_id": "100", "since": "NaN"}],
+                                    [{"job_id": "100", "since": True}]])
 def test_epochs_that_do_not_fit_the_state_are_a_clear_error(run, epochs):
     save_state(run, RunState(job_id="100"))
     data = json.loads(run.watch_state.read_text())
     data["epochs"] = epochs
-    run.watch_state.write_text(json.dumps(data))
+    run.watch_state.write_text(json.dumps(data).replace('"NaN"', "NaN"))
     with pytest.raises(StateError, match="epochs|unreadable"):
         load_state(run, "100")
 
