@@ -260,7 +260,7 @@ def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) ->
     for e in window:
         if e.time < after:
             continue
-        if (fault.requeued is None and e.kind == journal.RECOVERY_ACTION
+        if (fault.requeued is None and e.kind in (journal.RECOVERY_ACTION, journal.RESTART_ACTION)
                 and e.get("action") in ("requeue", "resubmit") and e.get("ok")):
             fault.requeued = e.time
         elif fault.running is None and e.kind == journal.JOB_RUNNING:

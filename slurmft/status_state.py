@@ -22,8 +22,10 @@ def segment_key(event: Event) -> tuple[str, int] | None:
 def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence[Any],
            job: Job | None) -> tuple[str, str]:
     """(where the run stands, what the watcher or the run is waiting for)."""
+    detections, actions = (journal.FAULT_DETECTED, journal.PLANNED_END), (journal.RECOVERY_ACTION,
+                                                                             journal.RESTART_ACTION)
     watcher = [e for e in events if e.kind in (
-        journal.FAULT_DETECTED, journal.RECOVERY_ACTION, journal.JOB_RUNNING, journal.GAVE_UP,
+        *detections, *actions, journal.JOB_RUNNING, journal.GAVE_UP,
         journal.RUN_FINISHED, journal.JOB_RESUBMITTED)]
     last = watcher[-1] if watcher else None
     slurm = ""
@@ -50,18 +52,20 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
         new_id = current.text("new_job_id", 64)
         return (f"resubmitted as job {new_id} (Slurm had forgotten job {current.text('old_job_id', 64)}){slurm}",
                 f"Slurm to start job {new_id}; it resumes from the newest checkpoint")
-    if current is not None and current.kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION):
-        detected_at = max(e.time for e in watcher if e.kind == journal.FAULT_DETECTED) \
-            if any(e.kind == journal.FAULT_DETECTED for e in watcher) else 0.0
+    if current is not None and current.kind in (*detections, *actions):
+        detected_at = max(e.time for e in watcher if e.kind in detections) \
+            if any(e.kind in detections for e in watcher) else 0.0
         done = {e.text("action", 64) for e in watcher
-                if e.kind == journal.RECOVERY_ACTION and e.get("ok") and e.time >= detected_at}
+                if e.kind in actions and e.get("ok") and e.time >= detected_at}
         cause = faults[-1].cause if faults else current.text("cause", 200)
         if "start_now" in done:
             wait = "Slurm to start the job (its start time is set to now)"
-        elif "requeue" in done or (current.kind == journal.FAULT_DETECTED and current.get("action") == "expedite"):
+        elif "requeue" in done or (current.kind in detections and current.get("action") == "expedite"):
             wait = "the job to be PENDING, then the bad nodes excluded and a start now"
         else:
             wait = "the requeue (the watcher retries it each cycle)"
+        if current.kind in (journal.PLANNED_END, journal.RESTART_ACTION):
+            return f"restarting after a planned end ({cause}){slurm}", wait
         return f"recovering from {cause}{slurm}", wait
     if faults and faults[-1].restarted and not faults[-1].recovered:
         f = faults[-1]

@@ -148,6 +148,10 @@ def test_a_guard_rollback_counts_its_repeated_steps_as_redone():
      "requeued by the job itself", "~120 s unless `slurmft watch`"),
     ([("segment_end", dict(exit_code=1, outcome="exit 1", reason="boom"))],
      "segment ended: exit 1", "is `slurmft watch` running?"),
+    # A planned end (time limit, preemption) is a restart the watcher helps, not a recovery.
+    ([("planned_end", dict(cause="preempted", action="expedite", fault_time=None, nodes=[])),
+      ("restart_action", dict(action="start_now", cause="preempted", ok=True, nodes=[]))],
+     "restarting after a planned end (preempted)", "Slurm to start the job"),
 ])
 def test_where_the_run_stands_and_what_it_waits_for(tail, state, waiting):
     j = J()
