@@ -23,6 +23,7 @@ from slurmft.rundir import RUN_DIR_ENV, RunDir
 from slurmft.slurm.client import (
     InvalidArgument, Job, JobCancelled, JobState, Node, PermissionDenied, SlurmError,
 )
+from slurmft.slurm.policy import held_after_failed_launch
 from slurmft.watch import detect, giveup, resubmit, slurmhold
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
@@ -466,6 +467,12 @@ class RunWatch:
             self._set_silent_nodes_down(rec, job, obs)
         if job.state is JobState.CANCELLED:  # at any step of the recovery: a cancel is final
             self._cancelled(job, "cancelled during its recovery: left cancelled")
+            return
+        if rec.release == SKIP and held_after_failed_launch(job):
+            # The restart this recovery waited for failed to launch (Slurm held the job): a new
+            # fault, recovered as such (its node excluded, the job released) from this cycle on.
+            st.phase, st.recovery = WATCHING, None
+            self._watch(obs)
             return
         if rec.requeue in (TODO, DOING):
             if done_for(obs.done, job.ids):

@@ -134,3 +134,18 @@ def test_the_node_a_fault_names_is_visible_in_the_metrics():
                                         "time": T0, "fault_time": T0})
     assert metrics.registry.get_sample_value(
         "slurmft_watch_node_faults_total", {"node": "n3", "cause": "launch_failed"}) == 1.0
+
+
+def test_a_restart_that_fails_to_launch_mid_recovery_is_recovered_too(run):
+    # A crash, requeued; the new run's launch fails on n2: Slurm holds the job. Before, the
+    # recovery waited for it to run, sending StartTime=now to a held job, for ever.
+    client = LaunchClient(node="n2")
+    w = watcher(run, client, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
+    assert client.calls == [("requeue", "7")]
+    w.step(_launch_held(restart=1), NODES, T0 + 8)
+    assert client.calls[1:] == [("failed_launch_node", "7"), ("exclude", "7", ("n2",)), ("release", "7"),
+                                ("start_now", "7", ())]
+    causes = [e.get("cause") for e in read_events(run.events, ["fault_detected"])]
+    assert causes == ["crash", "launch_failed"]
