@@ -18,7 +18,9 @@ import logging
 import multiprocessing
 import os
 import resource
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -113,7 +115,12 @@ def live(work: Path, n: int, nodes_per_run: int, beat_s: float, cycles: int, mem
     from slurmft.commands.watch import RunFactory
 
     logging.getLogger("slurmft").setLevel(logging.ERROR)  # not a line per adopted job
-    cluster = DevCluster.up(work / "cluster", nodes=2)
+    cluster_dir = Path(tempfile.mkdtemp(prefix="wsb-"))  # short: the cluster's socket paths
+    try:
+        cluster = DevCluster.up(cluster_dir / "cluster", nodes=2)
+    except BaseException:
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+        raise
     ctx = multiprocessing.get_context("spawn")
     paused, stop = ctx.Event(), ctx.Event()
     writer = None
@@ -177,6 +184,7 @@ def live(work: Path, n: int, nodes_per_run: int, beat_s: float, cycles: int, mem
             if writer.is_alive():
                 writer.kill()
         cluster.down()
+        shutil.rmtree(cluster_dir, ignore_errors=True)
 
 
 def _memory(watcher: Watcher, client: CliSlurmClient, cycles: int) -> dict[str, Any]:

@@ -19,7 +19,8 @@
 
 Targets (issue 25): <= 2 controller calls per cycle, < 0.2 s CPU per cycle, <= 3 metadata
 operations per idle run per cycle, no growth in memory; zero actions in the replay. Prints
-markdown tables, or one JSON object with ``--json``. Exit 1 when a target is missed.
+markdown tables, or one JSON object with ``--json``. Exit 1 when a target is missed, 2 when the
+devcluster or a Slurm command failed (one line).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +39,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _bench_watch_replay import replay  # noqa: E402
+
+from slurmft.slurm.client import SlurmError  # noqa: E402
+from slurmft.slurm.devcluster import DevClusterError  # noqa: E402
 
 TARGETS = {"cycle_queries_1000_runs": 2, "cycle_cpu_s_1000_runs": 0.2, "fs_ops_per_idle_run_cycle": 3,
            "memory_growth_ratio": 1.1, "replay_actions_healthy": 0}
@@ -149,6 +154,9 @@ def main() -> int:
             log(f"live: {args.runs} runs and jobs on a devcluster")
             live = run_live(work, args.runs, args.nodes_per_run, args.beat_s, args.cycles,
                             args.memory_cycles, args.spacing_s)
+        except (DevClusterError, SlurmError, subprocess.CalledProcessError) as exc:
+            print(f"watch_scale_bench: {exc}", file=sys.stderr)
+            return 2
         finally:
             shutil.rmtree(work, ignore_errors=True)
     result = summary(live, rep)
