@@ -39,7 +39,7 @@ from slurmft.slurm.devcluster.render import DEFAULT_SLURMD_TIMEOUT_S  # noqa: E4
 
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
 EXAMPLE = REPO / "examples" / "train_gpt.py"
-TRAIN_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "1", "--ckpt-every", "5",
+TRAIN_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5", "--ckpt-every", "5",
               "--step-sleep", "0.1", "--steps", "100000", "--watchdog-timeout", "3600"]
 POLL_S = 1.0
 MODES = {"watch": "slurmft watch", "slurm": "Slurm alone", "operator": "slurmft watch --operator"}

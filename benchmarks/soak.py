@@ -59,7 +59,7 @@ NODES, JOB_NODES, RANKS = 4, "3-4", 3
 # The model's own step takes ~0.1 s here; the sleep stands for a bigger model's compute, so that
 # a step costs what it does on a real cluster relative to a restart. It changes no number.
 STEP_SLEEP_S = 0.5
-BASE_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "2",
+BASE_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5",
              "--watchdog-timeout", "600"]
 WATCH_ARGS = ["--poll", "1", "--hang-timeout", "30"]
 JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,

@@ -56,7 +56,7 @@ ORDER = (faults.NODE_DEATH, faults.HANG, faults.CRASH, faults.CORRUPT_NEWEST, fa
 # timeout is well above the ~28 s the controller took here to call a dead node DOWN
 # (SlurmdTimeout=10): a node death is then found as one, and the dead node excluded, before the
 # stopped heartbeats would make it a hang that names no node.
-TRAIN_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "2", "--ckpt-every", "5",
+TRAIN_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5", "--ckpt-every", "5",
               "--step-sleep", "0.25", "--watchdog-timeout", "600"]
 HANG_TIMEOUT_S = 45
 WATCH_ARGS = ["--poll", "1", "--hang-timeout", str(HANG_TIMEOUT_S)]

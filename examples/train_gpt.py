@@ -123,7 +123,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--micro-batch", type=int, help="per-rank micro-batch (default: no accumulation)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--heartbeat-every", type=int, default=10)
+    p.add_argument("--heartbeat-interval", type=float, default=10.0,
+                   help="seconds between heartbeat writes, at step boundaries (default 10)")
     p.add_argument("--watchdog-timeout", type=float, help="seconds; default: adaptive")
     p.add_argument("--guard-action", choices=("skip", "rollback"), default="rollback")
     p.add_argument("--guard-max-trips", type=int, default=3)
@@ -136,9 +137,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not args.run_dir:
         p.error("no run directory: pass --run-dir or set $SLURMFT_RUN_DIR")
-    for name in ("steps", "ckpt_every", "global_batch", "heartbeat_every"):
+    for name in ("steps", "ckpt_every", "global_batch"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.heartbeat_interval <= 3600:
+        p.error("--heartbeat-interval must be between 0 and 3600 seconds")
     return args
 
 
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     with Run(model, optimizer, sampler=sampler, run_dir=args.run_dir, env=env,
              checkpoint=CheckpointConfig.load(interval=args.ckpt_every),
              guards=GuardConfig(action=args.guard_action, max_trips=args.guard_max_trips),
-             config=RunConfig.load(heartbeat_every=args.heartbeat_every, seed=args.seed, log_every=1,
+             config=RunConfig.load(heartbeat_interval_s=args.heartbeat_interval, seed=args.seed, log_every=1,
                                    watchdog_timeout_s=args.watchdog_timeout),
              info={"global_batch": args.global_batch,
                    "accumulation": sampler.plan.accumulation_steps}) as run:

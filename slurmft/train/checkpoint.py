@@ -62,6 +62,7 @@ from slurmft.train.verified_read import CorruptCheckpoint, VerifyingReader
 from slurmft.train.writer import CommitWriter, FaultPlan
 
 if TYPE_CHECKING:
+    from slurmft.train.heartbeat import Heartbeat
     from slurmft.train.watchdog import StepWatchdog
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,9 @@ class CheckpointManager:
     restart_count: recorded in each manifest (default None). on_commit: called on the
     coordinator as ``on_commit(step, path, stats)`` after each commit (default None).
     watchdog: a :class:`StepWatchdog` that watches saves and loads as phases (default None; the
-    attribute may also be set later).
+    attribute may also be set later). heartbeat: a :class:`Heartbeat` in which the same phases
+    announce themselves to ``slurmft watch`` with the same bound, so a save or load longer than the
+    watcher's hang timeout is waited for (default None; may also be set later).
     """
 
     def __init__(
@@ -198,10 +201,12 @@ class CheckpointManager:
         restart_count: int | None = None,
         on_commit: OnCommit | None = None,
         watchdog: "StepWatchdog | None" = None,
+        heartbeat: "Heartbeat | None" = None,
     ) -> None:
         self.run = RunDir(Path(run_dir))
-        # Saves and loads run as watched phases of this watchdog (may also be set later).
+        # Saves and loads run as watched phases of this watchdog, announced in this heartbeat.
         self.watchdog = watchdog
+        self.heartbeat = heartbeat
         self.config = config or CheckpointConfig()
         self.job_id = job_id
         self.restart_count = restart_count
@@ -322,7 +327,7 @@ class CheckpointManager:
             self._guard(optimizers)
         self._copy = copy
         if block:
-            self.wait()
+            self._wait_unwatched()
             last = self.stats[-1]
             if last.step != step:  # the save thread lost it (logged): never report another save's result
                 raise CheckpointError(f"checkpoint step {step} failed: no result recorded (see the log)")
@@ -388,6 +393,13 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until the save in flight (if any) has committed or failed, at most
         ``save_timeout_s``; past that, :class:`CheckpointError` names the save still in flight."""
+        if not self._in_flight():
+            return
+        with self._watched(f"waiting for the {self._save_thread.in_flight or 'checkpoint save'} in flight"):
+            self._wait_unwatched()
+
+    def _wait_unwatched(self) -> None:
+        """``wait()`` inside a phase already announced (a blocking save's own)."""
         try:
             self._save_thread.wait(self.config.save_timeout_s)
         except SaveWaitTimeout as exc:
@@ -395,11 +407,14 @@ class CheckpointManager:
 
     @contextlib.contextmanager
     def _watched(self, label: str) -> Iterator[None]:
-        """Run the block as a phase of the step watchdog, when the manager has one."""
-        if self.watchdog is None:
-            yield
-            return
-        with self.watchdog.phase(label, self.config.save_timeout_s + 60.0):
+        """Run the block as a phase of the step watchdog and announce it in the heartbeat, for the
+        managers that have them, both bounded by ``save_timeout_s`` + 60 s."""
+        bound = self.config.save_timeout_s + 60.0
+        with contextlib.ExitStack() as stack:
+            if self.watchdog is not None:
+                stack.enter_context(self.watchdog.phase(label, bound))
+            if self.heartbeat is not None:
+                stack.enter_context(self.heartbeat.phase(label, bound))
             yield
 
     def close(self) -> None:

@@ -15,7 +15,9 @@ from it continues with step ``k + 1``. ``run.step`` is the number of completed s
 What ``Run`` owns (each piece stays usable alone: ``run.checkpoints``, ``run.guard``...):
 * start (``with``): job identity (``JobEnv``), run dir check, ``Segment``, ``TrainState``,
   ``CheckpointManager`` and resume from the newest valid checkpoint, journaled as ``segment_start``
-  with ``restored_step``, ``load_s`` and ``load_bytes``; heartbeat, watchdog, signal handlers.
+  with ``restored_step``, ``load_s`` and ``load_bytes``; heartbeat (created first: the load
+  announces itself in it), watchdog, signal handlers. ``phase()``: a long phase of the user's own
+  (an evaluation) with its bound, for the watchdog and the watcher.
 * ``report()``: ONE all-reduce (SUM over ranks) of loss, gradient norm and "a preemption signal
   arrived", so the guard judges the same numbers on every rank and the preemption decision costs
   no extra collective. A verdict other than OK clears the gradients (``zero_grad(set_to_none=True)``)
@@ -34,6 +36,7 @@ launcher that does not read the journal.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -179,9 +182,15 @@ class Run:
         self.rank = dist.get_rank(self.process_group) if self._distributed else 0
         self.device = torch.device(self._device_arg) if self._device_arg else self._collective_device()
         self._started = True
+        # Before the restore: the load announces itself in it, and its first beat says the run beats.
+        self.heartbeat = Heartbeat(self.run_dir, self.env.node, job_id=self.env.job_id,
+                                   restart_count=self.env.restart_count,
+                                   interval_s=self.config.heartbeat_interval_s,
+                                   enabled=self.env.is_node_leader)
         self._checkpoints = CheckpointManager(
             self.run_dir.root, self.checkpoint_config, process_group=self.process_group,
-            job_id=self.env.job_id, restart_count=self.env.restart_count, on_commit=self._on_commit)
+            job_id=self.env.job_id, restart_count=self.env.restart_count, on_commit=self._on_commit,
+            heartbeat=self.heartbeat)
         started = time.perf_counter()
         try:
             restored = self._checkpoints.load_latest(self.state)
@@ -199,9 +208,6 @@ class Run:
         self._forward_timer = (ForwardTimer(self.state.model)
                                if self.config.time_forward and self.env.is_node_leader else None)
         self._busy_steps = 0
-        self.heartbeat = Heartbeat(self.run_dir, self.env.node, job_id=self.env.job_id,
-                                   restart_count=self.env.restart_count,
-                                   every=self.config.heartbeat_every, enabled=self.env.is_node_leader)
         if self.config.watchdog:
             self._watchdog = StepWatchdog(timeout_s=self.config.watchdog_timeout_s,
                                           on_fire=self._on_hang).start()
@@ -281,6 +287,26 @@ class Run:
             step = self._in_step
         return step_generator(self.config.seed, step, self.rank if per_rank else None,
                               device if device is not None else self.device)
+
+    @contextlib.contextmanager
+    def phase(self, label: str, bound_s: float) -> Iterator[None]:
+        """Run a long phase of your own (an evaluation, data-loader start-up, an export) for at
+        most ``bound_s`` seconds: the step watchdog gives it that bound instead of the step's
+        (the step around it is paused), and this node's heartbeat announces it, so ``slurmft
+        watch`` waits that long for the next beat instead of calling the run hung. Its time does
+        not count as step time. Call it on every rank (only node leaders write the heartbeat).
+
+            if step % 500 == 0:
+                with run.phase("evaluation", bound_s=1800):
+                    evaluate(model)
+        """
+        if not self._started:
+            raise RuntimeError("the Run has not started: use `with Run(...) as run:` or run.start()")
+        with contextlib.ExitStack() as stack:
+            if self._watchdog is not None:
+                stack.enter_context(self._watchdog.phase(label, bound_s))
+            stack.enter_context(self.heartbeat.phase(label, bound_s))
+            yield
 
     # ------------------------------------------------------------------ the loop
 
@@ -381,20 +407,22 @@ class Run:
                                 world_size=self.world_size, **self._fields)
             if self._redone is not None:
                 self._check_redone(step, loss)
-        busy: float | None = None
         if self._forward_timer is not None:
             self._busy_steps += 1
-            if self.heartbeat.due(step):
-                forward_s = self._forward_timer.take()
-                busy = None if forward_s is None else forward_s / self._busy_steps
-                self._busy_steps = 0
-        self.heartbeat.beat(step, busy_s=busy)
+        self.heartbeat.beat(step, busy_s=self._busy_per_step if self._forward_timer is not None else None)
         if self._reported and (stop or self._saves_at(step)):
             self._boundary.check(f"after run.report() in step {step}, before its checkpoint", _ADVICE)
         if stop:
             self._preempt(step)
         if self.checkpoints.due(step) and step < total:
             self.checkpoints.save(step, self.state)
+
+    def _busy_per_step(self) -> float | None:
+        """The forward time per step since the last beat (asked for only when a beat is written)."""
+        assert self._forward_timer is not None
+        forward_s = self._forward_timer.take()
+        steps, self._busy_steps = self._busy_steps, 0
+        return None if forward_s is None or not steps else forward_s / steps
 
     def _check_redone(self, step: int, loss: float | None) -> None:
         assert self._redone is not None

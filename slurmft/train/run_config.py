@@ -20,7 +20,8 @@ SECTION = "loop"
 class RunConfig:
     """``[loop]``: how often ``Run`` beats, journals and watches; its seed for ``Run.rng``.
 
-    heartbeat_every: steps between heartbeat writes by each node's local rank 0 (10).
+    heartbeat_interval_s: seconds between heartbeat writes by each node's local rank 0, at step
+        boundaries: every step when steps are longer, and always at a segment's first step (10).
     log_every: steps between ``loss`` events in the journal, rank 0 (10; 0 = none). They are
         buffered and written with the next durable event (``[journal]``), not fsynced each.
     watchdog: run the step-time watchdog (True).
@@ -32,7 +33,7 @@ class RunConfig:
         watcher's straggler rule compares across nodes (True; ``slurmft.train.busy``).
     """
 
-    heartbeat_every: int = 10
+    heartbeat_interval_s: float = 10.0
     log_every: int = 10
     watchdog: bool = True
     watchdog_timeout_s: float | None = None
@@ -41,8 +42,9 @@ class RunConfig:
     time_forward: bool = True
 
     def __post_init__(self) -> None:
-        if self.heartbeat_every < 1:
-            raise ValueError(f"heartbeat_every must be >= 1, got {self.heartbeat_every}")
+        if not 0 <= self.heartbeat_interval_s <= 3600:
+            raise ValueError(f"heartbeat_interval_s must be between 0 and 3600 seconds, got "
+                             f"{self.heartbeat_interval_s}")
         if self.log_every < 0:
             raise ValueError(f"log_every must be >= 0, got {self.log_every}")
         if self.watchdog_timeout_s is not None and self.watchdog_timeout_s <= 0:

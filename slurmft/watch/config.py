@@ -17,13 +17,18 @@ ADMIN_DRAIN = ("after_checkpoint", "ignore")
 class WatchConfig:
     # Seconds between poll cycles.
     poll_s: float = 5.0
-    # A RUNNING job whose every heartbeat is older than this is hung. 0: learn it from the run,
-    # the longest gap between two beats of a node + hang_factor x the longest step seen in its
-    # heartbeats (at least hang_min_s).
+    # A RUNNING job whose every heartbeat is older than this is hung (a phase the job announced,
+    # a checkpoint save or load, an evaluation, adds its own bound). 0: learn it from the run: the
+    # gap between two beats + hang_factor x the median of its recent steps (at least hang_min_s),
+    # + clock_skew_s.
     hang_timeout_s: float = 0.0
     hang_factor: float = 10.0
     hang_min_s: float = 60.0
-    # After a segment starts, no hang is declared before this (checkpoint load, first step).
+    # Heartbeat times come from the compute nodes' clocks: this much disagreement with the
+    # watcher's clock (an NTP step included) is allowed in the learned timeout.
+    clock_skew_s: float = 30.0
+    # After a segment starts, and after its last heartbeat before its first step (a checkpoint
+    # load announced), no hang is declared before this (start-up, first step, compilation).
     startup_grace_s: float = 300.0
     # A node whose per-node busy time is straggler_factor x the median for straggler_window
     # consecutive heartbeats is a straggler: warned about, excluded at the next restart if
@@ -79,7 +84,7 @@ class WatchConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         non_negative = ("checkpoint_overdue_min_s", "node_fault_fade_s", "admin_drain_wait_s",
-                        "hang_timeout_s",
+                        "hang_timeout_s", "clock_skew_s",
                         "startup_grace_s", "pending_warn_s", "start_now_delay_s")
         for name in non_negative:
             if not getattr(self, name) >= 0:

@@ -84,13 +84,19 @@ class Finding:
 
 @dataclass(frozen=True)
 class Memory:
-    """What the watcher remembers of a run between cycles (from its state)."""
+    """What the watcher remembers of a run between cycles (from its state and its own memory).
+
+    step_times: the durations of the run's recent steps as its heartbeats carried them (oldest
+    first, a bounded window: one long step or clock step ages out of it). beat_gap_s: the expected
+    time between two beats of a node outside phases (the newest beats' cadence). beats_seen: the
+    run has written a heartbeat; a run that never does gets no hang detection."""
 
     last_restart_count: int | None = None
     last_nodes: tuple[str, ...] = ()
-    max_step_s: float | None = None
+    step_times: tuple[float, ...] = ()
     node_history: Mapping[str, Sequence[float]] = field(default_factory=dict)
-    max_beat_gap_s: float | None = None  # longest expected time between two beats of a node
+    beat_gap_s: float | None = None
+    beats_seen: bool = False
     # When each node was first seen NOT_RESPONDING (operator mode's corroboration), and when
     # each node of the allocation was first seen drained by an admin (maintenance).
     silent_since: Mapping[str, float] = field(default_factory=dict)
@@ -318,9 +324,12 @@ def silent_nodes(obs: RunObservation, memory: Memory, config: WatchConfig, resta
             continue
         if name not in first_seen or obs.now - first_seen[name] < config.poll_s:
             continue
-        beats = [b.time for b in obs.beats.values() if b.node == name and b.job_id in job.ids
+        beats = [b for b in obs.beats.values() if b.node == name and b.job_id in job.ids
                  and b.restart_count == restart]
-        if beats and obs.now - max(beats) > timeout:
+        newest = max(beats, key=lambda b: b.time) if beats else None
+        # Past the hang timeout, and past the bound of a phase the node announced.
+        if newest is not None and obs.now - newest.time > timeout and (
+                newest.phase_bound_s is None or obs.now > _beat_deadline(newest, memory, config, False)):
             found.append(name)
     return found
 
@@ -354,48 +363,88 @@ def silent_nodes_of_ending_job(obs: RunObservation, memory: Memory, config: Watc
     return silent_nodes(obs, memory, config, restart, first_seen)
 
 
-def hang_timeout(memory: Memory, config: WatchConfig) -> float:
-    """Explicit, else the longest gap between two beats seen plus hang_factor x the longest step
-    (at least hang_min_s). A healthy run's newest beat is up to one beat gap old (the job beats
-    every k steps), so the factor counts steps past the beat that is due, not past the last one."""
+def typical_step_s(memory: Memory) -> float | None:
+    """The run's usual step time: the median of its recent steps (None before the first beat that
+    carries one). A median, not a maximum: an evaluation or a clock step inside one step must not
+    make every later timeout hours long."""
+    return statistics.median(memory.step_times) if memory.step_times else None
+
+
+def hang_timeout(memory: Memory, config: WatchConfig, gap_s: float | None = None) -> float:
+    """How long past a node's newest beat (outside a phase) its next one may be late: explicit
+    (``hang_timeout_s``, taken as is), else the gap between two beats (``gap_s``, default the
+    newest beats' cadence) plus hang_factor x the typical step, at least hang_min_s, plus
+    ``clock_skew_s``: beat times come from the compute nodes' clocks."""
     if config.hang_timeout_s > 0:
         return config.hang_timeout_s
-    longest = memory.max_step_s or 0.0
-    gap = memory.max_beat_gap_s or 0.0
-    return max(config.hang_min_s, gap + config.hang_factor * longest)
+    typical = typical_step_s(memory) or 0.0
+    gap = memory.beat_gap_s if gap_s is None else gap_s
+    return max(config.hang_min_s, (gap or 0.0) + config.hang_factor * typical) + config.clock_skew_s
+
+
+def _beat_deadline(beat: Beat, memory: Memory, config: WatchConfig, starting: bool) -> float:
+    """When a node whose newest beat is ``beat`` counts as silent: its announced phase's bound,
+    else the start-up grace (no step finished yet this segment), else its cadence, each plus the
+    hang timeout."""
+    if beat.phase_bound_s is not None:
+        return beat.time + beat.phase_bound_s + hang_timeout(memory, config, 0.0)
+    if starting:
+        return beat.time + config.startup_grace_s + hang_timeout(memory, config, 0.0)
+    return beat.time + hang_timeout(memory, config, beat.gap_s(typical_step_s(memory) or 0.0))
 
 
 def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Finding | None:
-    """Every heartbeat of this segment older than the hang timeout (after the start-up grace)."""
+    """A RUNNING job none of whose nodes has beaten within its deadline: a node's newest beat
+    plus the hang timeout, or plus the bound of the phase it announced (a checkpoint save or
+    load, an evaluation), or, before the segment's first step, plus the start-up grace.
+
+    No finding (could not observe) when the heartbeats cannot be read, or a file of the job's
+    nodes is there but unreadable; none for a run that has never written a heartbeat (it has no
+    hang detection: ``slurmft watch`` says so)."""
     job = obs.job
     if job is None or job.state is not JobState.RUNNING or job.completing or obs.beats is None:
         return None  # None: the heartbeats could not be read, which says nothing about the job
+    if set(getattr(obs.beats, "unreadable", ())) & set(job.nodes):
+        return None
+    if not obs.beats and not memory.beats_seen:
+        return None
     started = _ts(job, "start_time")
-    timeout = hang_timeout(memory, config)
     beats = [b for b in obs.beats.values() if b.node in job.nodes
              and b.job_id in job.ids and b.restart_count == job.restart_count]
-    if beats:  # the segment trains: the start-up grace is over
-        newest = max(b.time for b in beats)
-    elif started is None:
+    starting = not any(b.step_s is not None for b in beats)  # no step finished this segment yet
+    deadlines = [_beat_deadline(b, memory, config, starting) for b in beats]
+    if starting and started is not None:  # loading, or stuck before its first step
+        deadlines.append(started + config.startup_grace_s + hang_timeout(memory, config, 0.0))
+    if not deadlines:
         return None
-    else:  # loading, or stuck before its first step: judged once the grace is over
-        newest = started + config.startup_grace_s
-    age = obs.now - newest
-    if age <= timeout:
+    deadline = max(deadlines)
+    if obs.now <= deadline:
         return None
+    timeout = hang_timeout(memory, config)
+    newest = max(b.time for b in beats) if beats else None
+    fault_time = newest if newest is not None else (started or obs.now) + config.startup_grace_s
     silent = tuple(n for n in job.nodes if (node := obs.nodes.get(n)) is not None
                    and not node.responding)
     if silent:  # the heartbeats stopped because a node did
-        return Finding(NODE_DOWN, RECOVER, f"newest heartbeat {age:.0f} s old > hang timeout "
-                       f"{timeout:.0f} s and {','.join(silent)} not responding", silent, newest)
+        return Finding(NODE_DOWN, RECOVER, f"no heartbeat in time ({obs.now - deadline:.0f} s past "
+                       f"the deadline, hang timeout {timeout:.0f} s) and {','.join(silent)} not "
+                       "responding", silent, fault_time)
     where = "; cannot attribute it to a node (no per-node evidence)"
-    if beats:
-        what = f"newest heartbeat is {age:.0f} s old > hang timeout {timeout:.0f} s"
+    phased = [b for b in beats if b.phase is not None]
+    if newest is None:
+        assert started is not None
+        what = (f"no heartbeat {obs.now - started:.0f} s after the segment started (start-up grace "
+                f"{config.startup_grace_s:.0f} s + hang timeout {timeout:.0f} s)")
+    elif phased:
+        longest = max(phased, key=lambda b: b.time + (b.phase_bound_s or 0.0))
+        what = (f"{longest.node}'s phase \"{longest.phase}\" announced {obs.now - longest.time:.0f} s "
+                f"ago ran past its bound {longest.phase_bound_s:.0f} s + hang timeout {timeout:.0f} s")
+    elif starting:
+        what = (f"no step finished {obs.now - newest:.0f} s after the segment's newest heartbeat "
+                f"(start-up grace {config.startup_grace_s:.0f} s + hang timeout {timeout:.0f} s)")
     else:
-        what = (f"no heartbeat {obs.now - newest + config.startup_grace_s:.0f} s after the segment "
-                f"started (start-up grace {config.startup_grace_s:.0f} s + hang timeout "
-                f"{timeout:.0f} s)")
-    return Finding(HANG, RECOVER, what + where, (), newest)
+        what = f"newest heartbeat is {obs.now - newest:.0f} s old > hang timeout {timeout:.0f} s"
+    return Finding(HANG, RECOVER, what + where, (), fault_time)
 
 
 def detect_straggler(memory: Memory, config: WatchConfig) -> Finding | None:

@@ -71,8 +71,8 @@ def observation_to_json(obs: RunObservation, memory: Memory, journal_offset: int
         "done": obs.done,
         "journal_offset": journal_offset,
         "memory": {"last_restart_count": memory.last_restart_count,
-                   "last_nodes": list(memory.last_nodes), "max_step_s": memory.max_step_s,
-                   "max_beat_gap_s": memory.max_beat_gap_s,
+                   "last_nodes": list(memory.last_nodes), "step_times": list(memory.step_times),
+                   "beat_gap_s": memory.beat_gap_s, "beats_seen": memory.beats_seen,
                    "node_history": {n: list(h) for n, h in memory.node_history.items()}},
     }
 
@@ -85,13 +85,25 @@ def observation_from_json(data: dict[str, Any], journal: Path) -> tuple[RunObser
     if tail.offset > data["journal_offset"]:
         tail = _tail_upto(journal, data["journal_offset"])
     nodes = {n["name"]: node_from_json(n) for n in data["nodes"]}
-    beats = {b["node"]: Beat(**b) for b in data["beats"]}
+    beats = {b["node"]: _beat_from_json(b) for b in data["beats"]}
     job = job_from_json(data["job"]) if data["job"] is not None else None
     m = data["memory"]
-    memory = Memory(m["last_restart_count"], tuple(m["last_nodes"]), m["max_step_s"],
-                    {n: tuple(h) for n, h in m["node_history"].items()}, m.get("max_beat_gap_s"))
+    if "step_times" in m:
+        steps, gap, seen = tuple(m["step_times"]), m["beat_gap_s"], m["beats_seen"]
+    else:  # recorded by an older watcher: its longest step and beat gap
+        steps = (m["max_step_s"],) if m.get("max_step_s") is not None else ()
+        gap, seen = m.get("max_beat_gap_s"), bool(beats)
+    memory = Memory(m["last_restart_count"], tuple(m["last_nodes"]), steps,
+                    {n: tuple(h) for n, h in m["node_history"].items()}, gap, seen)
     return RunObservation(data["job_id"], job, nodes, tail.summary, beats, data["done"],
                           data["now"]), memory
+
+
+def _beat_from_json(data: dict[str, Any]) -> Beat:
+    values = dict(data)
+    if "recent_step_s" in values:  # recorded by an older watcher
+        values["step_s"] = values.pop("recent_step_s")
+    return Beat(**values)
 
 
 def _tail_upto(journal: Path, offset: int) -> JournalTail:

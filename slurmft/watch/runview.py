@@ -2,7 +2,8 @@
 
 The run dir belongs to the job's user and is untrusted here: every file is opened without
 following a symlink and without blocking on a FIFO, must be a regular file, and is read up to a
-bound; anything else reads as absent. The journal is followed incrementally (``JournalTail``
+bound; anything else reads as absent, except a heartbeat file that is there but fails to read,
+which reads as "could not observe" (``Heartbeats.unreadable``). The journal is followed incrementally (``JournalTail``
 keeps a byte offset), so a cycle costs the new lines, not the whole history of a weeks-long run.
 """
 
@@ -27,6 +28,7 @@ MAX_JOURNAL_CHUNK = 8 * 1024 * 1024
 MAX_LINE = 64 * 1024
 _KEEP_COMMITS = 32
 MAX_EVERY = 1_000_000  # steps between beats; more is not a heartbeat
+MAX_PHASE_LABEL = 200
 MAX_KEPT_LINES = 4096  # journal lines a --once invocation hands to the next
 
 
@@ -52,25 +54,59 @@ def read_small_json(path: Path) -> Any:
 
 @dataclass(frozen=True)
 class Beat:
-    """One node's heartbeat as the job wrote it (fields it lacks are None)."""
+    """One node's heartbeat as the job wrote it (fields it lacks are None).
+
+    Format 2 (``slurmft.train.heartbeat``): ``step_s`` is the duration of the node's last finished
+    step, ``interval_s`` the writer's cadence (a beat at the first step boundary after that many
+    seconds), and ``phase``/``phase_bound_s`` a long phase under way (a checkpoint save or load,
+    an evaluation) that may keep the node from beating for up to that bound. Format 1 (older
+    jobs): ``step_s`` is the mean step since the previous beat and ``every`` the steps between
+    beats.
+    """
 
     node: str
     job_id: str | None
     restart_count: int | None
     step: int | None
     time: float
-    recent_step_s: float | None
+    step_s: float | None
     busy_s: float | None
-    every: int | None = None  # steps between beats (older heartbeats do not say)
+    every: int | None = None
+    interval_s: float | None = None
+    phase: str | None = None
+    phase_bound_s: float | None = None
+
+    def gap_s(self, typical_step_s: float) -> float:
+        """Longest expected time from this beat to the node's next one, outside a phase, when
+        steps take ``typical_step_s``: the cadence, plus the step that crosses it."""
+        if self.interval_s is not None:
+            return self.interval_s + typical_step_s
+        if self.every is not None:
+            return self.every * typical_step_s
+        return typical_step_s
+
+
+class Heartbeats(dict):
+    """``read_heartbeats``' answer: the beats by node, and ``unreadable``: the nodes whose file is
+    there but could not be read this cycle (an I/O or permission error): "could not observe",
+    never "absent"."""
+
+    unreadable: frozenset[str] = frozenset()
+
+
+_UNREADABLE = "unreadable"  # _read_beat's answer for a file that is there but failed to read
 
 
 def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None, *,
-                    root_exists: bool = False) -> dict[str, Beat] | None:
-    """Every readable ``heartbeat/<node>.json``, by node: {} when the job has written none yet,
-    None when the directory cannot be read (a filesystem outage on this host is not a hang).
-    With a ``cache``, a directory unchanged since the last call is not listed again and a file
-    with the same inode is not read again."""
-    beats: dict[str, Beat] = {}
+                    root_exists: bool = False) -> Heartbeats | None:
+    """Every readable ``heartbeat/<node>.json``, by node: empty when the job has written none yet,
+    None when the directory cannot be read (a filesystem outage on this host is not a hang). A
+    file that is there but fails to open or read (EIO, EACCES, a stale NFS handle) is named in
+    ``unreadable`` (and read again next time); one that is not a heartbeat (a link, a FIFO, not
+    JSON) is passed over. With a ``cache``, a directory unchanged since the last call is not
+    listed again and a file with the same inode is not read again."""
+    beats = Heartbeats()
+    unreadable: set[str] = set()
     try:
         info = os.stat(run_dir.heartbeat_dir)
         sig = signature(info)
@@ -96,25 +132,39 @@ def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None, *,
                 continue
             file_sig = signature(file_info)
             known = cache.files.get(entry.name)
+            read: Beat | str | None
             if known is not None and known[0] == file_sig:
-                beat = known[1]
+                read = known[1]
             else:
-                beat = _read_beat(entry)
-            if settled(file_info, now):
-                files[entry.name] = (file_sig, beat)
+                read = _read_beat(entry)
+            if settled(file_info, now) and not isinstance(read, str):
+                files[entry.name] = (file_sig, read)
         else:
-            beat = _read_beat(entry)
-        if beat is not None:
-            beats[beat.node] = beat
-    if cache is not None:
-        cache.dir_sig = sig if settled(info, now) else None
+            read = _read_beat(entry)
+        if isinstance(read, str):  # _UNREADABLE
+            unreadable.add(entry.name[:-len(".json")])
+        elif read is not None:
+            beats[read.node] = read
+    beats.unreadable = frozenset(unreadable)
+    if cache is not None:  # a directory with an unreadable file is listed again next time
+        cache.dir_sig = sig if settled(info, now) and not unreadable else None
         cache.files, cache.beats = files, beats
     return beats
 
 
-def _read_beat(entry: os.DirEntry) -> Beat | None:
-    """One heartbeat file's Beat, or None when it is not one."""
-    data = read_small_json(Path(entry.path))
+def _read_beat(entry: os.DirEntry) -> Beat | str | None:
+    """One heartbeat file's Beat, None when it is not one (a link, a FIFO, not a heartbeat's
+    JSON), ``_UNREADABLE`` when it is there but fails to open or read."""
+    try:
+        raw = safeio.read_regular(Path(entry.path), MAX_SMALL_FILE)
+    except (FileNotFoundError, safeio.UnsafeFileError):
+        return None  # removed since the listing, or not a heartbeat at all
+    except OSError:
+        return _UNREADABLE
+    try:
+        data = numbers.loads(raw)
+    except ValueError:
+        return None
     if not isinstance(data, dict):
         return None
     when = numbers.unix_time(data.get("time"))
@@ -124,16 +174,23 @@ def _read_beat(entry: os.DirEntry) -> Beat | None:
     step = data.get("step")
     restart = data.get("restart_count")
     every = data.get("every")
+    phase = data.get("phase")
+    bound = numbers.finite(data.get("phase_bound_s"), 0.0, numbers.MAX_SECONDS) or None
+    label = phase[:MAX_PHASE_LABEL] if isinstance(phase, str) and phase and bound is not None else None
     return Beat(
         node=node,
         job_id=str(data["job_id"]) if isinstance(data.get("job_id"), (str, int)) else None,
         restart_count=restart if isinstance(restart, int) and not isinstance(restart, bool) else None,
         step=step if isinstance(step, int) and not isinstance(step, bool) else None,
         time=when,
-        recent_step_s=numbers.seconds(data.get("recent_step_s")),
+        step_s=numbers.seconds(data.get("last_step_s", data.get("recent_step_s"))),
         busy_s=numbers.seconds(data.get("busy_s")),
         every=every if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= MAX_EVERY
         else None,
+        interval_s=numbers.seconds(data.get("interval_s")),
+        # A phase without a usable bound says nothing the watcher can wait on.
+        phase=label,
+        phase_bound_s=bound if label is not None else None,
     )
 
 

@@ -51,6 +51,8 @@ MAX_EXCLUDE_ATTEMPTS = 3
 RESUBMIT_CLOCK_SLACK_S = 300.0
 # A job still waiting for its BeginTime this long after StartTime=now gets it again (at most 3x).
 RESEND_START_NOW_S = 10.0
+# Recent steps whose median sets the learned hang timeout.
+STEP_WINDOW = 64
 
 
 def _permanent(exc: SlurmError) -> bool:
@@ -81,7 +83,13 @@ class RunWatch:
         self.listeners = list(listeners or [])
         self.actor = Actor(actor_client, self.emit)
         self._history: dict[str, deque] = {}
-        self._last_beat_time: dict[str, float] = {}
+        self._last_beat_step: dict[str, int | None] = {}
+        # Step times from the heartbeats: a window of recent steps, each (job, restart, step) once.
+        self._step_times: deque[float] = deque(maxlen=STEP_WINDOW)
+        self._sampled: deque[tuple] = deque(maxlen=STEP_WINDOW)
+        self._beat_gap_s: float | None = None
+        self._beats_seen = False
+        self._no_beats_said = False
         self._job: Job | None = None
         self.recorder = recorder
         self._capture_tries = 0
@@ -143,25 +151,37 @@ class RunWatch:
 
     def memory(self) -> Memory:
         st = self.state
-        return Memory(st.last_restart_count, tuple(st.last_nodes), st.max_step_s,
-                      {n: tuple(h) for n, h in self._history.items()}, st.max_beat_gap_s,
-                      silent_since=dict(st.silent_since), drained_since=dict(st.drained_since))
+        return Memory(st.last_restart_count, tuple(st.last_nodes), tuple(self._step_times),
+                      {n: tuple(h) for n, h in self._history.items()}, self._beat_gap_s,
+                      self._beats_seen, silent_since=dict(st.silent_since),
+                      drained_since=dict(st.drained_since))
 
     def _learn(self, job: Job | None, beats) -> None:
-        """Step times (for the learned hang timeout) and per-node busy times (stragglers)."""
+        """Step times and the beat cadence (for the learned hang timeout) and per-node busy times
+        (stragglers), from the segment's heartbeats. Learned afresh by each watcher from the
+        beats (every beat carries its last step's time), so nothing of it is saved."""
+        if beats:
+            self._beats_seen = True
         if job is None or job.state is not JobState.RUNNING or beats is None:
             return
-        for beat in beats.values():
-            if beat.job_id not in job.ids or beat.restart_count != job.restart_count:
-                continue
-            if beat.recent_step_s is not None and beat.recent_step_s > (self.state.max_step_s or 0):
-                self.state.max_step_s = beat.recent_step_s
-            if beat.recent_step_s is not None and beat.every is not None:
-                gap = beat.recent_step_s * beat.every
-                if gap > (self.state.max_beat_gap_s or 0):
-                    self.state.max_beat_gap_s = gap
-            if beat.busy_s is not None and self._last_beat_time.get(beat.node) != beat.time:
-                self._last_beat_time[beat.node] = beat.time
+        segment = [b for b in beats.values()
+                   if b.job_id in job.ids and b.restart_count == job.restart_count]
+        steps: dict[tuple, float] = {}
+        for beat in segment:
+            if beat.step_s is not None and beat.step is not None:
+                key = (beat.job_id, beat.restart_count, beat.step)
+                steps[key] = max(beat.step_s, steps.get(key, 0.0))  # the same step on every node
+        for key in sorted(steps, key=lambda k: k[2]):
+            if key not in self._sampled:
+                self._sampled.append(key)
+                self._step_times.append(steps[key])
+        if segment:
+            typical = detect.typical_step_s(self.memory()) or 0.0
+            self._beat_gap_s = max(b.gap_s(typical) for b in segment)
+        for beat in segment:
+            # Once per step: a phase's beats repeat the busy time of the step before it.
+            if beat.busy_s is not None and self._last_beat_step.get(beat.node) != beat.step:
+                self._last_beat_step[beat.node] = beat.step
                 self._history.setdefault(beat.node, deque(maxlen=16)).append(beat.busy_s)
 
     def step(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> None:
@@ -186,6 +206,7 @@ class RunWatch:
                           job_submit_time=submitted, epoch=len(self.state.epochs))
         obs = self.observe(job, nodes, now)
         self._note_nodes(job, nodes, now)
+        self._note_heartbeats(obs)
         if self.recorder is not None:
             self.recorder(obs, self.memory(), self.tail.offset)
         if job is not None and not job.state.finished:
@@ -221,6 +242,28 @@ class RunWatch:
         if running and st.phase == WATCHING:
             serving = [n for n, p in problems.items() if p is None]
             fade_faults(st.node_faults, st.clean_since, serving, now, self.config.node_fault_fade_s)
+
+    def _note_heartbeats(self, obs: RunObservation) -> None:
+        """Say when hang detection is off: at the first cycle, when the run has no heartbeat yet;
+        in the journal (once), when its job has run past the start-up grace without one."""
+        beats = obs.beats
+        if beats is None or beats or getattr(beats, "unreadable", None) or self._beats_seen:
+            return
+        if not self._no_beats_said:
+            self._no_beats_said = True
+            log.warning("job %s: %s has no heartbeat yet: hang detection starts with its first "
+                        "heartbeat (a run that never writes one, e.g. a CheckpointManager used "
+                        "without Run or Heartbeat, is never judged hung)", self.job_id,
+                        self.run_dir.root)
+        job = obs.job
+        started = job.start_time.timestamp() if job is not None and job.start_time else None
+        if (job is not None and job.state is JobState.RUNNING and started is not None
+                and obs.now - started > self.config.startup_grace_s
+                and self.state.warn_once("no_heartbeat")):
+            self.emit(journal.WATCH_WARNING, what="no_heartbeat", nodes=[],
+                      detail=f"running {obs.now - started:.0f} s and the run has written no "
+                             "heartbeat: no hang detection for it (use slurmft.train.Run, or a "
+                             "Heartbeat beside the CheckpointManager)")
 
     # -- watching -------------------------------------------------------------------------------
 

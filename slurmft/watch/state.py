@@ -33,6 +33,8 @@ from slurmft.watch.runview import MAX_SMALL_FILE, read_regular
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: before epochs (the state of one job)
 MAX_EPOCHS = 1024  # a run of months is a few hundred jobs; the oldest are dropped past this
+# Fields of older watchers, read and dropped (step times are learned from the heartbeats again).
+LEGACY_FIELDS = ("max_step_s", "max_beat_gap_s")
 log = logging.getLogger("slurmft.watch")
 
 WATCHING, RECOVERING, FINISHED, GAVE_UP, LOST = "watching", "recovering", "finished", "gave_up", "lost"
@@ -101,8 +103,6 @@ class RunState:
     last_restart_count: int | None = None
     last_nodes: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # nodes this watcher excluded, oldest first
-    max_step_s: Seconds | None = None
-    max_beat_gap_s: Seconds | None = None
     recovery: Recovery | None = None
     warned: list[str] = field(default_factory=list)
     reason: str = ""
@@ -153,6 +153,8 @@ class RunState:
         try:
             raw = dict(data)
             raw.pop("version")
+            for legacy in LEGACY_FIELDS:
+                raw.pop(legacy, None)
             recovery = raw.pop("recovery", None)
             epochs = raw.pop("epochs", None)
             state = cls(**raw)

@@ -66,7 +66,7 @@ def main() -> None:
     with Run(model, optimizer, scheduler=scheduler, run_dir=args.run_dir,
              checkpoint=CheckpointConfig(interval=args.ckpt_every),
              guards=GuardConfig(action=args.guard_action, max_trips=args.max_trips),
-             config=RunConfig(heartbeat_every=2, log_every=1, watchdog_timeout_s=120, seed=7)) as run:
+             config=RunConfig(heartbeat_interval_s=0, log_every=1, watchdog_timeout_s=120, seed=7)) as run:
         for step in run.steps(args.steps):
             gen = run.rng(step)
             x = torch.randn(4, 8, generator=gen)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 SCRIPT = REPO / "examples" / "train_ddp_minimal.py"
 STEPS = 40
 ARGS = ["--steps", str(STEPS), "--batch-size", "8", "--step-sleep", "0.1"]
-ENV = {"SLURMFT_CHECKPOINT_INTERVAL": "5", "SLURMFT_LOOP_HEARTBEAT_EVERY": "2", "SLURMFT_LOOP_LOG_EVERY": "1"}
+ENV = {"SLURMFT_CHECKPOINT_INTERVAL": "5", "SLURMFT_LOOP_HEARTBEAT_INTERVAL_S": "0.5", "SLURMFT_LOOP_LOG_EVERY": "1"}
 
 
 def _per_segment_losses(events) -> dict[int, dict[int, float]]:

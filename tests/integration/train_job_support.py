@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
 EXAMPLE = REPO / "examples" / "train_gpt.py"
 # Tiny and deterministic: 2 cores run every rank, so one thread per rank.
-TINY_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-every", "2"]
+TINY_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5"]
 # The tests wait for given steps' losses and compare a crashed segment's last steps: every loss
 # line must be on disk at once, not buffered until the next checkpoint (the default).
 JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,

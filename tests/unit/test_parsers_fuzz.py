@@ -207,17 +207,20 @@ def test_any_heartbeat_file_is_a_beat_or_ignored(tmp_path_factory, text, name):
 
 
 @FEW
-@given(step=st.integers(min_value=0, max_value=10**12), every=st.integers(min_value=1, max_value=1000),
+@given(step=st.integers(min_value=0, max_value=10**12),
+       interval=st.floats(min_value=0.5, max_value=3600, allow_nan=False),
        restart=st.integers(min_value=0, max_value=10**6))
-def test_a_written_heartbeat_reads_back(tmp_path_factory, step, every, restart):
+def test_a_written_heartbeat_reads_back(tmp_path_factory, step, interval, restart):
     from slurmft.rundir import RunDir
     from slurmft.train.heartbeat import Heartbeat
     from slurmft.watch.runview import read_heartbeats
 
     run = RunDir(tmp_path_factory.mktemp("run"))
-    Heartbeat(run, "n1", job_id="9_1", restart_count=restart, every=every).beat(step, force=True, busy_s=0.5)
+    Heartbeat(run, "n1", job_id="9_1", restart_count=restart, interval_s=interval).beat(step, force=True, busy_s=0.5)
     beat = read_heartbeats(run)["n1"]
-    assert (beat.step, beat.restart_count, beat.job_id, beat.every, beat.busy_s) == (step, restart, "9_1", every, 0.5)
+    assert (beat.step, beat.restart_count, beat.job_id, beat.interval_s, beat.busy_s) == (
+        step, restart, "9_1", interval, 0.5)
+    assert beat.step_s is not None and beat.step_s >= 0 and beat.phase is None
 
 
 # ----------------------------------------------------------------------------- Slurm output
@@ -303,4 +306,4 @@ def test_heartbeat_numbers_too_big_for_a_float_are_ignored(tmp_path):
         '{"node": "n2", "time": 5.0, "recent_step_s": %s, "every": %s}' % (big, big))
     beats = read_heartbeats(run)
     assert "n1" not in beats   # no usable time: not a beat
-    assert beats["n2"].recent_step_s is None and beats["n2"].every is None
+    assert beats["n2"].step_s is None and beats["n2"].every is None

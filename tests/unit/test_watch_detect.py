@@ -86,17 +86,20 @@ def beat(node: str, when: float, *, step_s=1.0, busy=None) -> Beat:
     return Beat(node, "9", 0, 10, when, step_s, busy)
 
 
-def test_hang_timeout_is_learned_from_the_longest_step_with_a_floor():
-    cfg = WatchConfig(hang_factor=10, hang_min_s=60)
-    assert detect.hang_timeout(Memory(max_step_s=2.0), cfg) == 60
-    assert detect.hang_timeout(Memory(max_step_s=30.0), cfg) == 300
-    assert detect.hang_timeout(Memory(max_step_s=30.0), WatchConfig(hang_timeout_s=45)) == 45
+def test_hang_timeout_is_learned_from_the_median_step_with_a_floor_and_the_skew_allowance():
+    cfg = WatchConfig(hang_factor=10, hang_min_s=60, clock_skew_s=30)
+    assert detect.hang_timeout(Memory(step_times=(2.0,)), cfg) == 60 + 30
+    assert detect.hang_timeout(Memory(step_times=(30.0, 29.0, 31.0, 600.0)), cfg) == 305 + 30
+    assert detect.hang_timeout(Memory(step_times=(30.0,), beat_gap_s=40.0), cfg) == 340 + 30
+    # An explicit timeout is taken as is.
+    assert detect.hang_timeout(Memory(step_times=(30.0,)), WatchConfig(hang_timeout_s=45)) == 45
 
 
 def test_no_hang_during_start_up_grace_but_one_after_it():
-    cfg = WatchConfig(startup_grace_s=300, hang_min_s=60)
-    assert detect.detect_hang(obs(running(), now=T0 + 200), Memory(), cfg) is None
-    finding = detect.detect_hang(obs(running(), now=T0 + 400), Memory(), cfg)
+    cfg = WatchConfig(startup_grace_s=300, hang_min_s=60, clock_skew_s=0)
+    beats = Memory(beats_seen=True)  # the run has beaten before: this segment is stuck starting
+    assert detect.detect_hang(obs(running(), now=T0 + 200), beats, cfg) is None
+    finding = detect.detect_hang(obs(running(), now=T0 + 400), beats, cfg)
     assert finding is not None and "no heartbeat 400 s after the segment started" in finding.evidence
 
 

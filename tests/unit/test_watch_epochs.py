@@ -51,7 +51,7 @@ def worn_state(job_id: str) -> RunState:
     """The state a watcher leaves after a job that had trouble and was given up on."""
     return RunState(job_id=job_id, phase=GAVE_UP, reason="crash loop", restarts=4,
                     restarts_by_cause={"crash": 4}, node_faults={"n2": 2}, ckpt_at_recovery=[10, 10, 10],
-                    last_restart_count=4, last_nodes=["n1", "n2"], excluded=["n2"], max_step_s=3.0,
+                    last_restart_count=4, last_nodes=["n1", "n2"], excluded=["n2"],
                     warned=["straggler:n3"], announced=True)
 
 
@@ -67,8 +67,8 @@ def test_a_later_job_in_the_same_run_dir_starts_a_new_epoch(run):
     # What judged job 100 starts afresh ...
     assert (st.phase, st.reason, st.restarts, st.restarts_by_cause, st.ckpt_at_recovery) == \
         (WATCHING, "", 0, {}, [])
-    assert (st.last_restart_count, st.last_nodes, st.excluded, st.max_step_s, st.warned, st.announced) \
-        == (None, [], [], None, [], False)
+    assert (st.last_restart_count, st.last_nodes, st.excluded, st.warned, st.announced) \
+        == (None, [], [], [], False)
     # ... what the watcher learned about the nodes is kept, and the new epoch is on disk.
     assert st.node_faults == {"n2": 2}
     assert [e.job_id for e in load_state(run, "200").epochs] == ["100", "200"]

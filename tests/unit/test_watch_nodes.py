@@ -99,16 +99,17 @@ def test_operator_mode_never_sets_down_a_node_seen_silent_at_one_poll_only():
 
 
 def test_operator_mode_waits_for_the_runs_learned_hang_timeout_not_30_s():
-    """Steps of 10 s: the learned timeout is 10 x 10 = 100 s. A node silent for two polls whose
-    heartbeat is 40 s old is a busy node with a slow link, not a dead one."""
+    """Steps of 10 s: the learned timeout is 10 x 10 = 100 s (+ the 30 s clock-skew allowance).
+    A node silent for two polls whose heartbeat is 40 s old is a busy node with a slow link, not a
+    dead one."""
     cfg = WatchConfig(operator=True)
-    memory = Memory(max_step_s=10.0, silent_since={"n2": T0})
-    assert detect.hang_timeout(memory, cfg) == 100
+    memory = Memory(step_times=(10.0,), silent_since={"n2": T0})
+    assert detect.hang_timeout(memory, cfg) == 130
     beats = [beat("n1", T0 + 60, 10.0), beat("n2", T0 + 60, 10.0)]
     assert detect.detect_silent_node(observe(running(), SILENT, beats=beats, now=T0 + 100),
                                      memory, cfg) is None
-    late = detect.detect_silent_node(observe(running(), SILENT, beats=beats, now=T0 + 161), memory, cfg)
-    assert late is not None and late.nodes == ("n2",) and "> hang timeout 100 s" in late.evidence
+    late = detect.detect_silent_node(observe(running(), SILENT, beats=beats, now=T0 + 191), memory, cfg)
+    assert late is not None and late.nodes == ("n2",) and "> hang timeout 130 s" in late.evidence
 
 
 def test_operator_mode_judges_the_heartbeats_from_the_silent_node_itself():
@@ -140,7 +141,7 @@ def test_the_recovery_path_uses_the_same_rule():
 
 def test_a_watcher_sets_down_only_after_two_polls_and_the_learned_timeout(run):
     client = Client()
-    w = RunWatch(run, RunState(job_id="7"), client, WatchConfig(operator=True, hang_min_s=60))
+    w = RunWatch(run, RunState(job_id="7"), client, WatchConfig(operator=True, hang_min_s=60, clock_skew_s=0))
     heartbeat(run, "n1", T0 + 5)
     heartbeat(run, "n2", T0 + 5)
     w.step(running(), SILENT, T0 + 40)   # first sight; beats 35 s old

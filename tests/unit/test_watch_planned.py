@@ -146,5 +146,6 @@ def test_an_exit_87_blames_no_node_that_merely_did_not_journal_a_watchdog_hang()
     found = detect.detect_end(o, Memory(last_restart_count=0, last_nodes=("n1", "n2")))
     assert found.cause == detect.HANG and found.nodes == ()
     stale = RunObservation("7", job(), NODES, summary, {}, None, T0 + 10_000)
-    hang = detect.detect_hang(stale, Memory(), WatchConfig(hang_timeout_s=30, startup_grace_s=0))
+    hang = detect.detect_hang(stale, Memory(beats_seen=True),
+                              WatchConfig(hang_timeout_s=30, startup_grace_s=0))
     assert hang is not None and hang.nodes == ()
