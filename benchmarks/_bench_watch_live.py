@@ -57,7 +57,7 @@ def _writers(dirs: list[str], ids: list[str], nodes: int, beat_s: float, paused,
     """The beating writers: every run's every node beats once per ``beat_s``, spread evenly."""
     from slurmft.train.heartbeat import Heartbeat
 
-    beats = [[Heartbeat(RunDir(Path(d)), f"node{k:02d}", job_id=job, restart_count=0, every=1)
+    beats = [[Heartbeat(RunDir(Path(d)), f"node{k:02d}", job_id=job, restart_count=0, interval_s=0)
               for k in range(nodes)] for d, job in zip(dirs, ids)]
     step = [100] * len(dirs)
     gap = beat_s / max(len(dirs), 1)

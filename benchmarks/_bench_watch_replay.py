@@ -27,6 +27,7 @@ would have left).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -79,12 +80,14 @@ PROFILES = (
 )
 
 
-def _phase(hb: Heartbeat, name: str, bound_s: float) -> None:
-    """A long phase about to start, with its bound, where the heartbeat can say so (the
-    issue's "long phases announce themselves"); nothing where this release's writer cannot."""
-    announce = getattr(hb, "phase", None)
-    if callable(announce):
-        announce(name, bound_s)
+@contextlib.contextmanager
+def _phase(beats: list[Heartbeat], name: str, bound_s: float) -> Iterator[None]:
+    """A long phase on every node, announced with its bound (``Heartbeat.phase``: a beat as it
+    starts, one as it ends), as ``Run`` and ``CheckpointManager`` announce theirs."""
+    with contextlib.ExitStack() as stack:
+        for hb in beats:
+            stack.enter_context(hb.phase(name, bound_s))
+        yield
 
 
 class Recorder:
@@ -219,12 +222,11 @@ class SimRun:
     def _segment(self, limit_at: float) -> Iterator[float]:
         p = self.p
         beats = [Heartbeat(self.rd, node, job_id=self.job_id, restart_count=self.restart,
-                           clock=self.node_time) for node in self.nodes]
+                           clock=self.node_time, monotonic=lambda: self.now) for node in self.nodes]
         yield from self._wait(8.0)  # srun, torch import, rendezvous
-        for hb in beats:
-            _phase(hb, "load", p.load_s * 2)
         restored = self.step
-        yield from self._wait(p.load_s)
+        with _phase(beats, "load", p.load_s * 2):
+            yield from self._wait(p.load_s)
         self.record(journal.SEGMENT_START, world_size=16, num_nodes=2, nodelist=",".join(self.nodes),
                     node=self.nodes[0], restored_step=restored or None, load_s=p.load_s)
         signal_at = limit_at - SIGNAL_BEFORE_S
@@ -247,9 +249,8 @@ class SimRun:
                 yield from self._save(beats, p.save_s)
                 next_save = self.now + p.save_every_s
             elif self.now >= next_eval:
-                for hb in beats:
-                    _phase(hb, "eval", p.eval_s * 2)
-                yield from self._wait(p.eval_s)
+                with _phase(beats, "eval", p.eval_s * 2):
+                    yield from self._wait(p.eval_s)
                 next_eval = self.now + p.eval_every_s
         if self.now >= self.days * DAY + self.t0:
             return
@@ -270,9 +271,8 @@ class SimRun:
         self.pending_until = self.now + REQUEUE_DELAY_S + 30.0 * (self.restart % 7)
 
     def _save(self, beats: list[Heartbeat], seconds: float) -> Iterator[float]:
-        for hb in beats:
-            _phase(hb, "save", seconds * 2)
-        yield from self._wait(seconds)
+        with _phase(beats, "save", seconds * 2):
+            yield from self._wait(seconds)
         self.record(journal.CHECKPOINT_COMMITTED, step=self.step, path=f"step_{self.step:09d}",
                     tier="shared", blocking_s=seconds, total_s=seconds)
 

@@ -110,7 +110,7 @@ def read_heartbeats(run_dir: RunDir, cache: HeartbeatCache | None = None, *,
     try:
         info = os.stat(run_dir.heartbeat_dir)
         sig = signature(info)
-        if cache is not None and cache.beats is not None and sig == cache.dir_sig:
+        if cache is not None and isinstance(cache.beats, Heartbeats) and sig == cache.dir_sig:
             return cache.beats
         with os.scandir(run_dir.heartbeat_dir) as it:
             entries = list(itertools.islice(it, 4096))

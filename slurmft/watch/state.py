@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from slurmft import numbers, records
-from slurmft.numbers import Seconds, UnixTime
+from slurmft.numbers import UnixTime
 from slurmft.rundir import RunDir, atomic_write_json
 from slurmft.slurm.client import Job, JobState
 from slurmft.slurm.policy import HELD_REASONS
