@@ -116,3 +116,40 @@ def test_a_scancel_while_the_launcher_requeues_itself_leaves_the_job_cancelled(s
     events = job.events()
     assert [e.get("how") for e in of(events, "run_finished")] == ["cancelled"], job.context()
     assert not of(events, "recovery_action") and not of(events, "planned_end")
+
+
+@pytest.mark.timeout(240)
+def test_a_scancel_before_the_release_of_a_job_slurm_held_leaves_it_cancelled(slurm_cluster, tmp_path):
+    # The release point of a launch-failure recovery (tests/integration/test_watch_launch_failed.py):
+    # the node excluded, the job about to be released; the hook cancels it; the release re-reads
+    # the job and refuses (Slurm itself refuses to release a cancelled job: measured).
+    bad = slurm_cluster.node_names[0]  # where Slurm places a 1-node job on an idle cluster
+    slurm_cluster.kill_node(bad)
+    slurm_cluster.start_node(bad, stepd="/bin/false")
+    client = CliSlurmClient(env=slurm_cluster.env)
+    script = tmp_path / "sleep.sh"
+    script.write_text("#!/bin/bash\nsleep 600\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    watcher = None
+    try:
+        job_id = client.submit(script, env={**os.environ, **slurm_cluster.env},
+                               sbatch_options=["--nodes=1", "--requeue", f"--output={tmp_path}/%j.out",
+                                               f"--comment=SLURMFT_RUN_DIR={run}", f"--chdir={tmp_path}"])
+        hook, fired = _hook(tmp_path, {job_id: "watch.release"})
+        watcher = WatcherProc(slurm_cluster, [job_id], tmp_path / "watch.log",
+                              env={steppoint.HOOK_ENV: str(hook)})
+        events = events_until(run, lambda ev: of(ev, "run_finished"), 120, "the watch ending",
+                              context=watcher.text)
+        time.sleep(5)  # a few more cycles: nothing brings it back
+        final = client.job(job_id)
+    finally:
+        if watcher is not None:
+            watcher.kill()
+        slurm_cluster.kill_node(bad)
+        slurm_cluster.start_node(bad)
+    assert fired.read_text() == f"{job_id} watch.release\n", watcher.text()[-3000:]
+    assert [e.get("cause") for e in of(events, "fault_detected")] == ["launch_failed"]
+    assert final.state is JobState.CANCELLED, (final, watcher.text()[-3000:])
+    assert [e.get("how") for e in of(events, "run_finished")] == ["cancelled"]
+    assert not of(events, "recovery_action", action="release", ok=True)
