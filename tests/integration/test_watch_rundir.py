@@ -18,6 +18,7 @@ from slurmft.journal import read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobNotFound, JobState
+from slurmft.watch.resolve import current_user
 
 from train_job_support import JOB_ENV, TEMPLATE, TINY_ARGS, EXAMPLE, kill_ranks, submit
 from watch_support import WatcherProc, events_until, observe_until, of
@@ -27,37 +28,55 @@ pytestmark = pytest.mark.integration
 ARGS = [*TINY_ARGS, "--ckpt-every", "5", "--step-sleep", "0.1"]
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("watcher", ["one_per_job", "user_all"])
 def test_a_second_job_in_the_same_run_dir_is_a_new_epoch_watched_crashed_and_recovered(
-        slurm_cluster, tmp_path):
+        slurm_cluster, tmp_path, watcher):
+    """one_per_job: `slurmft watch JOB1` ends with its run, then `slurmft watch JOB2` starts fresh
+    on the run dir's state; user_all: one `slurmft watch --user $USER --all` watches both (the
+    first let go when it ends, the second taken on as the run's next epoch)."""
     run = tmp_path / "run"
+    logs: list[WatcherProc] = []
+    if watcher == "user_all":
+        logs.append(WatcherProc(slurm_cluster, [], tmp_path / "w-all.log", "--user", current_user(),
+                                "--all", run_dir=run))
     first = submit(slurm_cluster, run, [*ARGS, "--steps", "10"], nodes=1)
-    w1 = WatcherProc(slurm_cluster, [first.job_id], tmp_path / "w1.log", run_dir=run)
+    if watcher == "one_per_job":
+        logs.append(WatcherProc(slurm_cluster, [first.job_id], tmp_path / "w1.log", run_dir=run))
+
+    def ctx() -> str:
+        return first.context() + "".join(f"\n--- watcher {i} ---\n{w.text()[-4000:]}"
+                                         for i, w in enumerate(logs))
+
     try:
-        assert first.wait_finished(150).state is JobState.COMPLETED, first.context()
-        assert w1.wait(60) == 0, w1.text()
-    finally:
-        w1.kill()
-    # The next sbatch in the same run dir continues the run (today: the watcher exits 2 until
-    # someone deletes watch/state.json).
-    second = submit(slurm_cluster, run, [*ARGS, "--steps", "30"], nodes=2)
-    observe_until(second.client, second.job_id, lambda j: j.run_dir is not None, 90,
-                  "run dir comment", context=second.log_text)
-    w2 = WatcherProc(slurm_cluster, [second.job_id], tmp_path / "w2.log", run_dir=run)
-    ctx = lambda: f"{second.context()}\n--- watcher ---\n{w2.text()[-4000:]}"  # noqa: E731
-    try:
+        assert first.wait_finished(150).state is JobState.COMPLETED, ctx()
+        events_until(run, lambda ev: of(ev, "run_finished", job_id=first.job_id), 60,
+                     "job 1's run_finished", context=ctx)
+        if watcher == "one_per_job":
+            assert logs[0].wait(60) == 0, ctx()
+        # The next sbatch in the same run dir continues the run (today: the watcher exits 2
+        # until someone deletes watch/state.json; --all never lets the first run go).
+        second = submit(slurm_cluster, run, [*ARGS, "--steps", "30"], nodes=2)
+        observe_until(second.client, second.job_id, lambda j: j.run_dir is not None, 90,
+                      "run dir comment", context=second.log_text)
+        if watcher == "one_per_job":
+            logs.append(WatcherProc(slurm_cluster, [second.job_id], tmp_path / "w2.log", run_dir=run))
         events_until(run, lambda ev: any(e.get("job_id") == second.job_id and e.get("step", 0) >= 15
                                          for e in of(ev, "checkpoint_committed")), 150,
                      "job 2's checkpoint at step 15", context=ctx)
         assert kill_ranks(second.job_id) >= 1
-        events = events_until(run, lambda ev: of(ev, "job_running", job_id=second.job_id), 120,
-                              "job 2 running again", context=ctx)
+        events_until(run, lambda ev: of(ev, "job_running", job_id=second.job_id), 120,
+                     "job 2 running again", context=ctx)
         final = observe_until(second.client, second.job_id, lambda j: j.state.finished, 200, "end",
                               context=ctx)
         assert final.state is JobState.COMPLETED, ctx()
-        assert w2.wait(60) == 0, ctx()
+        events_until(run, lambda ev: of(ev, "run_finished", job_id=second.job_id), 60,
+                     "job 2's run_finished", context=ctx)
+        if watcher == "one_per_job":
+            assert logs[-1].wait(60) == 0, ctx()
     finally:
-        w2.kill()
+        for w in logs:
+            w.kill()
     events = second.events()
     started = of(events, "watch_started")
     assert [(e.get("job_id"), e.get("epoch")) for e in started] == [(first.job_id, 1), (second.job_id, 2)]
