@@ -4,7 +4,8 @@
 ``flock`` is node-local on many NFS and Lustre setups: two watchers on two login nodes would
 both get it. The lease holds there: written atomically (temp, fsync, rename), renewed every
 ``lease_s / 4`` by the cycle (``keep``), and taken over only when stale: on the same host when its
-pid is gone (or it is older than ``lease_s``), from another host only when older than ``lease_s``
+process is gone (pid and its start time: a reused pid is not the watcher) or it is older than
+``lease_s``, from another host only when older than ``lease_s``
 (clocks of hosts differ by seconds, the lease by minutes). A watcher whose lease was taken over
 (it stalled longer than ``lease_s``) finds another token at its next renewal, which comes before
 any action, and lets the run go (``LeaseLost``). Where ``flock`` is not supported the lease alone
@@ -46,6 +47,7 @@ class Lease:
     pid: int
     token: str
     time: float
+    started: int | None = None  # the pid's start time (/proc, clock ticks): a reused pid is not it
 
     def describe(self, now: float) -> str:
         return f"pid {self.pid} on {self.host} (lease renewed {max(now - self.time, 0):.0f} s ago)"
@@ -62,10 +64,24 @@ def read_lease(path) -> Lease | None:
             and not isinstance(pid, bool) and isinstance(when, (int, float))
             and not isinstance(when, bool) and when == when and abs(when) < 1e12):
         return None
-    return Lease(host, pid, token, float(when))
+    started = data.get("started")
+    if isinstance(started, bool) or not isinstance(started, (int, type(None))):
+        return None
+    return Lease(host, pid, token, float(when), started)
 
 
-def pid_alive(pid: int) -> bool:
+def start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot); None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read(4096).decode(errors="replace")
+        return int(raw[raw.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pid_alive(pid: int, started: int | None = None) -> bool:
+    """This very process (same pid and, when known, same start time) still exists."""
     if pid <= 0:
         return False
     try:
@@ -73,8 +89,9 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    now_started = start_time(pid)
+    return started is None or now_started is None or now_started == started
 
 
 class RunLock:
@@ -90,6 +107,7 @@ class RunLock:
         self.clock = clock
         self.host = host or socket.gethostname()
         self.pid = os.getpid() if pid is None else pid
+        self.started = start_time(self.pid)
         self.token = secrets.token_hex(8)
         self._fd: int | None = None
         self._renewed: float | None = None
@@ -134,12 +152,13 @@ class RunLock:
 
     def _stale(self, lease: Lease, now: float) -> bool:
         if lease.host == self.host:
-            return not pid_alive(lease.pid) or now - lease.time > self.lease_s
+            return not pid_alive(lease.pid, lease.started) or now - lease.time > self.lease_s
         return now - lease.time > self.lease_s
 
     def _write_lease(self, now: float) -> None:
         atomic_write_json(self.lease_path, {"version": LEASE_VERSION, "host": self.host,
-                                            "pid": self.pid, "token": self.token, "time": now})
+                                            "pid": self.pid, "token": self.token, "time": now,
+                                            "started": self.started})
         self._renewed = now
 
     def acquire(self) -> None:

@@ -115,3 +115,19 @@ def test_a_lease_that_is_not_one_is_replaced(run):
     (run.root / "watch" / "lease.json").write_text(json.dumps({"version": 1, "pid": "x"}))
     RunLock(run).acquire()
     assert json.loads((run.root / "watch" / "lease.json").read_text())["pid"] > 0
+
+
+def test_a_lease_whose_pid_now_belongs_to_another_process_is_taken_over(run, node_local_flock):
+    """A watcher killed, its pid reused by some other process on the login node before systemd
+    restarts it: the lease names the pid's start time, so the restart is not refused for 300 s."""
+    import os
+
+    stale = {"version": 1, "host": "login1", "pid": os.getpid(), "token": "dead", "time": 1_000.0,
+             "started": (lockmod.start_time(os.getpid()) or 0) + 1}
+    (run.root / "watch").mkdir()
+    (run.root / "watch" / "lease.json").write_text(json.dumps(stale))
+    RunLock(run, host="login1", pid=os.getpid() + 1, clock=Clock(1_010.0)).acquire()
+    stale["started"] = lockmod.start_time(os.getpid())  # the very process: still alive, refused
+    (run.root / "watch" / "lease.json").write_text(json.dumps(stale))
+    with pytest.raises(LockError, match="already watched by pid"):
+        RunLock(run, host="login1", pid=os.getpid() + 1, clock=Clock(1_010.0)).acquire()
