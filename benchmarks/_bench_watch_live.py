@@ -20,6 +20,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +38,10 @@ from slurmft.watch.resolve import current_user
 from slurmft.watch.filecache import RACY_S
 
 SCRIPT = "#!/bin/bash\n#SBATCH --requeue\nsleep 1\n"
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _rss_kib() -> int:
@@ -146,6 +151,7 @@ def live(work: Path, n: int, nodes_per_run: int, beat_s: float, cycles: int, mem
             dirs.append(str(rd.root))
             ids.append(job_id)
         submit_s = time.monotonic() - submit_started
+        log(f"{n} jobs submitted in {submit_s:.0f} s; first cycle (adopting every run)")
         writer = ctx.Process(target=_writers, args=(dirs, ids, nodes_per_run, beat_s, paused, stop),
                              daemon=True)
         writer.start()
@@ -159,6 +165,7 @@ def live(work: Path, n: int, nodes_per_run: int, beat_s: float, cycles: int, mem
         watcher.cycle()
         first = {"controller_calls": counting.calls, "cpu_s": _cpu()[0] - c0,
                  "wall_s": time.monotonic() - w0, "runs_watched": len(watcher.runs)}
+        log(f"first cycle: {first['controller_calls']} controller calls, {first['wall_s']:.0f} s")
         settle = 0
         while settle < 12:  # submissions captured (accounting may lag): then a cycle is one query
             before = counting.calls
@@ -170,8 +177,12 @@ def live(work: Path, n: int, nodes_per_run: int, beat_s: float, cycles: int, mem
         time.sleep(RACY_S + 1.0)  # the writers' last files settle
         watcher.cycle()
         idle = _measure(watcher, counting, runs_root, cycles, spacing_s, n)
+        log(f"idle: {idle['controller_calls_per_cycle']:.2f} calls, {idle['cpu_s_per_cycle']:.3f} s CPU, "
+            f"{idle['fs_ops_per_run_cycle']:.2f} fs ops per run per cycle")
         paused.clear()
         beating = _measure(watcher, counting, runs_root, cycles, spacing_s, n)
+        log(f"beating: {beating['fs_ops_per_run_cycle']:.2f} fs ops per run per cycle; "
+            f"memory over {memory_cycles} cycles")
         memory = _memory(watcher, client, memory_cycles)
         return {"runs": n, "nodes_per_run": nodes_per_run, "beat_s": beat_s,
                 "slurm_version": ".".join(map(str, cluster.slurm_version)), "submit_s": submit_s,
@@ -201,6 +212,7 @@ def _memory(watcher: Watcher, client: CliSlurmClient, cycles: int) -> dict[str, 
         if i == warm or i == cycles or i % max(cycles // 10, 1) == 0:
             gc.collect()
             samples.append((i, _rss_kib()))
+            log(f"memory: cycle {i}, RSS {samples[-1][1]} KiB")
     base = next(rss for i, rss in samples if i == warm)
     end = samples[-1][1]
     return {"cycles": cycles, "answers": "recorded (the real controller's last squeue answer)",
