@@ -59,7 +59,7 @@ from slurmft.train.staging import Stager
 from slurmft.train.state import RNG, TrainState
 from slurmft.train.torch_compat import set_element
 from slurmft.train.verified_read import CorruptCheckpoint, VerifyingReader
-from slurmft.train.writer import CommitWriter, FaultPlan
+from slurmft.train.writer import LOAD_PHASE, CommitWriter, FaultPlan
 
 if TYPE_CHECKING:
     from slurmft.train.heartbeat import Heartbeat
@@ -720,6 +720,7 @@ class CheckpointManager:
         """Load ``path`` into ``state``, checksumming as it reads; the problems that made every
         rank refuse it (state untouched), or [] once loaded. ``manifest`` (agreed, else the
         coordinator reads it) and ``also`` (more directories holding its files): the local tier."""
+        self._faults.at(LOAD_PHASE, step)  # a test's slow storage ($SLURMFT_CKPT_FAULT_SLOW)
         groups = self._groups
         if manifest is None:
             manifest = groups.broadcast(read_manifest(path) if groups.is_coordinator else None)

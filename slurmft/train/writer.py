@@ -17,7 +17,10 @@
 Fault injection for crash tests (read when a writer is created, never at import):
 ``SLURMFT_CKPT_FAULT=<phase>[@<step>]`` pauses the process forever at that phase (after creating
 the file named by ``SLURMFT_CKPT_FAULT_MARK``) so a test can kill -9 it exactly there;
-``SLURMFT_CKPT_FAULT_DELAY=<seconds>`` sleeps a random time up to that at every phase.
+``SLURMFT_CKPT_FAULT_DELAY=<seconds>`` sleeps a random time up to that at every phase;
+``SLURMFT_CKPT_FAULT_SLOW=<phase>[@<step>]=<seconds>[,...]`` sleeps exactly that long at that phase
+(``load``: every rank, before a checkpoint's files are read), standing for slow storage in tests of
+what waits on a long save or load.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ TIER_PHASES = ("shared_copy",)
 FAULT_ENV = "SLURMFT_CKPT_FAULT"
 FAULT_MARK_ENV = "SLURMFT_CKPT_FAULT_MARK"
 FAULT_DELAY_ENV = "SLURMFT_CKPT_FAULT_DELAY"
+FAULT_SLOW_ENV = "SLURMFT_CKPT_FAULT_SLOW"
+LOAD_PHASE = "load"
 _FILES_FQN = "__slurmft_files__"
 
 
@@ -68,6 +73,7 @@ class FaultPlan:
     pause_step: int | None = None
     mark: Path | None = None
     max_delay_s: float = 0.0
+    slow: tuple[tuple[str, int | None, float], ...] = ()  # (phase, step or any, seconds)
 
     @classmethod
     def from_env(cls) -> "FaultPlan":
@@ -77,11 +83,15 @@ class FaultPlan:
             raise ValueError(f"${FAULT_ENV}: unknown phase {phase!r}; phases: {', '.join(PHASES + TIER_PHASES)}")
         mark = os.environ.get(FAULT_MARK_ENV)
         return cls(phase or None, int(step) if step else None, Path(mark) if mark else None,
-                   float(os.environ.get(FAULT_DELAY_ENV, "0") or 0))
+                   float(os.environ.get(FAULT_DELAY_ENV, "0") or 0),
+                   _slow_spec(os.environ.get(FAULT_SLOW_ENV, "")))
 
     def at(self, phase: str, step: int) -> None:
         if self.max_delay_s > 0:
             time.sleep(random.uniform(0, self.max_delay_s))
+        for where, at_step, seconds in self.slow:
+            if where == phase and at_step in (None, step):
+                time.sleep(seconds)
         if phase == self.pause_phase and (self.pause_step is None or self.pause_step == step):
             if self.mark is not None:
                 fd = os.open(self.mark, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -89,6 +99,25 @@ class FaultPlan:
                 os.close(fd)
             while True:  # paused for the test's kill -9
                 time.sleep(60)
+
+
+def _slow_spec(spec: str) -> tuple[tuple[str, int | None, float], ...]:
+    """``<phase>[@<step>]=<seconds>,...`` (``$SLURMFT_CKPT_FAULT_SLOW``) parsed and checked."""
+    phases = PHASES + TIER_PHASES + (LOAD_PHASE,)
+    found = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        where, _, seconds = item.partition("=")
+        phase, _, step = where.partition("@")
+        try:
+            delay = float(seconds)
+            at_step = int(step) if step else None
+        except ValueError:
+            raise ValueError(f"${FAULT_SLOW_ENV}: {item!r} is not <phase>[@<step>]=<seconds>") from None
+        if phase not in phases or not 0 <= delay <= 3600:
+            raise ValueError(f"${FAULT_SLOW_ENV}: {item!r}: the phase must be one of {', '.join(phases)} "
+                             "and the seconds between 0 and 3600")
+        found.append((phase, at_step, delay))
+    return tuple(found)
 
 
 class _HashingFileSystem(FileSystem):

@@ -91,3 +91,14 @@ def test_phase_outside_a_started_run_is_an_error(tmp_path):
 def test_a_heartbeat_interval_out_of_range_is_refused(bad):
     with pytest.raises(ValueError, match="heartbeat_interval_s"):
         RunConfig(heartbeat_interval_s=bad)
+
+
+def test_the_slow_storage_knob_for_tests_parses_and_refuses_bad_input(monkeypatch):
+    from slurmft.train.writer import FAULT_SLOW_ENV, FaultPlan
+
+    monkeypatch.setenv(FAULT_SLOW_ENV, "load@4=65, write=1.5")
+    assert FaultPlan.from_env().slow == (("load", 4, 65.0), ("write", None, 1.5))
+    for bad in ("load@x=1", "nowhere=1", "write=-1", "write"):
+        monkeypatch.setenv(FAULT_SLOW_ENV, bad)
+        with pytest.raises(ValueError, match=FAULT_SLOW_ENV):
+            FaultPlan.from_env()

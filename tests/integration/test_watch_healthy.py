@@ -1,0 +1,79 @@
+"""Healthy runs that are slow in the ways real ones are, under the real ``slurmft watch`` with its
+default hang settings (issue 25): nothing is detected, nothing is done to them. The template runs
+examples/train_gpt.py with its default heartbeat cadence; slow steps come from the example's
+``--step-sleep``, a slow save and a slow load from the checkpoint manager's slow-storage knob for
+tests (``SLURMFT_CKPT_FAULT_SLOW``: a sleep at that phase of that step, on every rank). The watcher
+polls every second (``WatcherProc``): more chances to misjudge, not fewer."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmft.rundir import RunDir, read_json
+from slurmft.slurm.client import JobState
+
+from train_job_support import submit
+from watch_support import WatcherProc, observe_until, of
+
+pytestmark = pytest.mark.integration
+
+# The example at its defaults but for size: no --heartbeat-interval (10 s by default).
+SMALL = ["--tiny", "--global-batch", "12"]
+HANG_MIN_S = 60.0  # [watch] hang_min_s's default, which a blocking phase here outlasts
+
+
+def _start(cluster, tmp_path, args, name, env=None):
+    run = tmp_path / name
+    job = submit(cluster, run, args, nodes=2, env=env)
+    observe_until(job.client, job.job_id, lambda j: j.run_dir is not None, 120, "run dir comment",
+                  context=job.log_text)
+    watcher = WatcherProc(cluster, [job.job_id], tmp_path / f"{name}-watch.log", run_dir=run)
+    context = lambda: f"--- job log\n{job.log_text()[-3000:]}\n--- watcher\n{watcher.text()[-3000:]}"  # noqa: E731
+    return run, job, watcher, context
+
+
+def _finished_untouched(job, watcher, context, timeout: float):
+    assert watcher.wait(timeout) == 0, context()
+    final = job.client.job(job.job_id)
+    assert final.state is JobState.COMPLETED and final.restart_count == 0, (final, context())
+    events = job.events()
+    assert not of(events, "fault_detected") and not of(events, "recovery_action"), context()
+    assert [e.get("how") for e in of(events, "run_finished")] == ["finished"], context()
+    return events
+
+
+@pytest.mark.timeout(480)
+def test_steps_of_several_seconds_with_the_default_heartbeat_cadence_are_left_alone(slurm_cluster, tmp_path):
+    # 6.5 s steps: the old cadence (a beat every 10 steps, the first without a step time) called
+    # this run hung 61 s after its first beat, 131 s in, before the second beat at 130 s + load.
+    args = [*SMALL, "--steps", "21", "--ckpt-every", "100", "--step-sleep", "6.5"]
+    run, job, watcher, context = _start(slurm_cluster, tmp_path, args, "slow_steps")
+    try:
+        events = _finished_untouched(job, watcher, context, 420)
+        steps = sorted(e.get("step") for e in of(events, "loss"))
+        assert steps == list(range(1, 22)), context()
+        beats = [read_json(p) for p in sorted(RunDir(run).heartbeat_dir.glob("*.json"))]
+        assert len(beats) == 2 and all(b["interval_s"] == 10 and b["last_step_s"] >= 6.5 for b in beats), beats
+    finally:
+        watcher.kill()
+
+
+@pytest.mark.timeout(480)
+def test_a_save_and_a_load_longer_than_hang_min_s_are_waited_for(slurm_cluster, tmp_path):
+    # A NaN at step 6 rolls back to step 4, whose load takes 65 s; the final save (blocking, the
+    # job ends with it) takes 65 s. Both announce themselves in the heartbeat with their bound.
+    args = [*SMALL, "--steps", "10", "--ckpt-every", "4", "--step-sleep", "0.5", "--inject-nan-at", "6"]
+    slow = {"SLURMFT_CKPT_FAULT_SLOW": "load@4=65,write@10=65"}
+    run, job, watcher, context = _start(slurm_cluster, tmp_path, args, "slow_ckpt", env=slow)
+    try:
+        events = _finished_untouched(job, watcher, context, 420)
+        trip, = of(events, "guard_trip")
+        rollback, = of(events, "rollback")
+        assert rollback.get("to_step") == 4 and rollback.time - trip.time > HANG_MIN_S, context()
+        final = [e for e in of(events, "checkpoint_committed") if e.get("step") == 10]
+        assert final and final[0].get("total_s") > HANG_MIN_S, context()
+        last_step = [e for e in of(events, "loss") if e.get("step") == 10][-1]
+        end, = of(events, "segment_end")
+        assert end.time - last_step.time > HANG_MIN_S, context()  # the loop waited on the save
+    finally:
+        watcher.kill()
