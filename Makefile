@@ -40,16 +40,22 @@ demo: venv
 # pytest exits 5 when it collected nothing: that is a failure for us, not a pass. Then the Slurm
 # client's tests on Debian's newer Slurm releases (matrix/run.sh, see test-matrix); 22.05, the
 # host's own, has just run in the suite. TEST_MATRIX_SUITES= leaves the matrix out.
+# pytest runs in TEST_WORKERS parallel workers (pytest-xdist; TEST_WORKERS=0: one process), each
+# with its own devcluster, in a random order (pytest-randomly prints its seed;
+# PYTEST_ARGS=--randomly-seed=N repeats an order, PYTEST_ARGS="-p no:randomly" keeps the files').
+# loadgroup: the tests of one xdist_group (a module-scoped world, tests/conftest.py) go to one worker.
 TEST_MATRIX_SUITES ?= trixie sid
+TEST_WORKERS ?= 4
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 test: venv lint
-	$(PY) -m pytest -q --durations=40 $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) --durations=40 $(PYTEST_ARGS)
 	$(if $(strip $(TEST_MATRIX_SUITES)),matrix/run.sh $(TEST_MATRIX_SUITES))
 
 test-unit: venv
-	$(PY) -m pytest -q -m "not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not integration" $(PYTEST_ARGS)
 
 test-integration: venv
-	$(PY) -m pytest -q -m integration $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m integration $(PYTEST_ARGS)
 
 # The Slurm integration tests on Debian's 22.05 (bookworm), 24.11 (trixie) and 26.05 (sid), each in
 # a debootstrapped rootfs cached outside the repo (matrix/run.sh says how). MATRIX_SUITES=trixie

@@ -1,12 +1,23 @@
-"""Shared pytest fixtures: ONE real devcluster (n1..n4) for the whole test run.
+"""Shared pytest fixtures and the suite's scheduling: one real devcluster (n1..n4) per pytest
+session, that is per xdist worker (``make test`` runs ``pytest -n N --dist loadgroup``).
 
-``devcluster`` (session) starts it in a temp dir on first use and always takes it down: in the
-fixture's ``finally`` and, should the run be interrupted before that runs, from ``atexit``.
+``devcluster`` (session) starts the worker's own cluster in the worker's temp dir on first use
+(a worker that runs no integration test starts none) and always takes it down: in the fixture's
+``finally`` and, should the run be interrupted before that runs, from ``atexit``. Clusters of
+different workers run side by side (own ports, dirs, MariaDB, /etc/hosts block).
 ``slurm_cluster`` (function) is the same cluster after ``reset()``: no jobs, every node IDLE.
 ``forgetful_cluster`` (function) is a dedicated 1-node cluster of its own whose controller forgets
 an ended job within seconds (a short MinJobAge), taken down after the test.
 Integration tests are skipped only when this machine cannot run a devcluster at all (not root,
 or Slurm/munge/MariaDB programs missing); any other failure to start is an error.
+
+Scheduling (``pytest_collection_modifyitems``): the order is random (pytest-randomly shuffles
+it with a seed it prints: ``--randomly-seed=N`` repeats an order, ``-p no:randomly``
+keeps the file order), then the tests are sorted by their bound, longest first (their
+``timeout`` mark; unmarked ones count as UNMARKED_BOUND_S): xdist hands tests out in that order,
+so the long ones start early instead of ending the run alone. Tests that share a module-scoped fixture of their own module
+(an expensive world built once) are put in one xdist group: one worker builds it once.
+tests/integration/conftest.py has the rules an integration test follows under xdist.
 """
 
 from __future__ import annotations
@@ -25,11 +36,57 @@ SESSION_NODES = 4
 # MinJobAge of forgetful_cluster. Measured on 22.05.8, from the end of a job to the controller's
 # "Invalid job id": 3.7-4.4 s with MinJobAge=2, 5-13 s with 5, 14 s with 10, 44 s with 25.
 FORGETFUL_MIN_JOB_AGE_S = 5
+# A test without a timeout mark runs under pytest.ini's (300 s) but is usually a quick one: it
+# is scheduled as if its bound were this.
+UNMARKED_BOUND_S = 30.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--keep-devcluster", action="store_true", default=False,
                      help="leave the session devcluster running after the tests (prints where)")
+
+
+def worker_id() -> str:
+    """``gw0``, ``gw1``... under xdist, ``main`` without it."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def _bound(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("timeout")
+    if mark is None:
+        return UNMARKED_BOUND_S
+    value = mark.args[0] if mark.args else mark.kwargs.get("timeout", UNMARKED_BOUND_S)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return UNMARKED_BOUND_S
+
+
+def _own_module_scoped_fixtures(item: pytest.Item) -> list[str]:
+    """Names of the module/class/package-scoped fixtures ``item`` uses that its own module
+    defines (not the conftests': those are cheap or per worker by design)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    module = item.nodeid.split("::", 1)[0]
+    found = []
+    for name, defs in info.name2fixturedefs.items():
+        for fixdef in defs:
+            if fixdef.scope in ("module", "class", "package") and fixdef.baseid.startswith(module):
+                found.append(name)
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After pytest-randomly's shuffle (a hook wrapper: it runs before every plain hook) and
+    before xdist reads the groups (a plain hook, after this tryfirst one)."""
+    del config
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and _own_module_scoped_fixtures(item):
+            item.add_marker(pytest.mark.xdist_group(name=item.nodeid.split("::", 1)[0]))
+    # Longest bound first (sorted() is stable: the random order stays within each bound).
+    items[:] = sorted(items, key=lambda i: -_bound(i))
 
 
 def devcluster_unavailable() -> str | None:
@@ -57,7 +114,7 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory,
     reason = devcluster_unavailable()
     if reason is not None:
         pytest.skip(f"no devcluster on this machine: {reason}")
-    cluster = DevCluster.up(tmp_path_factory.mktemp("devcluster"), nodes=SESSION_NODES)
+    cluster = DevCluster.up(tmp_path_factory.mktemp(f"devcluster-{worker_id()}"), nodes=SESSION_NODES)
     keep = request.config.getoption("--keep-devcluster")
     if not keep:
         atexit.register(_down_quietly, cluster)

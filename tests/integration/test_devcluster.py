@@ -171,10 +171,12 @@ def test_reset_cleans_jobs_drains_and_dead_daemons(slurm_cluster: DevCluster, tm
     assert is_alive(slurm_cluster.processes()["slurmctld"])
     assert slurm_cluster.jobs() == []
     assert all(n.idle for n in slurm_cluster.nodes().values())
-    clean = time.monotonic()
+    # reset() of a clean cluster touches nothing (how long it takes is benchmarks/devcluster_bench.py's
+    # reset_clean_s, not a test's business).
+    before = slurm_cluster.processes()
     slurm_cluster.reset()
-    assert time.monotonic() - clean < 2.0, "reset of a clean cluster must be cheap"
-    assert clean - started < 30
+    assert slurm_cluster.processes() == before
+    print(f"reset after a controller kill: {time.monotonic() - started:.1f} s")
 
 
 @pytest.mark.timeout(90)

@@ -115,8 +115,10 @@ def test_hung_rank_is_ended_by_the_watchdog_with_stacks_in_the_log(slurm_cluster
     assert "Thread" in log and "in main" in log  # faulthandler's all-thread dump
     hang = job.events(["hang"])
     assert hang and all(e.get("rank") in (0, 1) for e in hang)
+    # The watchdog's 6 s, not the job's end, ended it: a liveness bound with room for a loaded
+    # box (how precisely the watchdog keeps its timeout is tests/unit/test_watchdog.py's).
     elapsed = hang[0].time - max(e.time for e in job.events(["loss"]))
-    assert elapsed < 6 + 5
+    assert elapsed < 6 + 30, elapsed
 
 
 @pytest.mark.timeout(60)

@@ -63,3 +63,21 @@ def test_hostname_mapped_only_by_another_cluster_is_mapped_by_ours_too(hosts_fil
 def test_unterminated_block_is_kept_as_ordinary_text() -> None:
     text = BASE + "# BEGIN slurmft-devcluster sfta /d/a\n127.0.0.1 n1\n"
     assert without_block(text, "sfta") == text
+
+
+def test_a_cluster_whose_up_is_under_way_is_not_stale(tmp_path: Path) -> None:
+    """Between ``up`` saving its state (no daemon yet) and its first daemon, another cluster's
+    ``up`` pruned its block as stale (parallel test workers lost /etc/hosts blocks): a directory
+    whose lock is held is being started, not dead."""
+    from slurmft.slurm.devcluster.cluster import _block_is_stale
+    from slurmft.slurm.devcluster.dirlock import dir_lock
+    from slurmft.slurm.devcluster.layout import ClusterState, Layout
+    from slurmft.slurm.devcluster.ports import ports_from_base
+
+    layout = Layout(tmp_path / "dc")
+    block = Block("sftstart", str(layout.root), ("n1",))
+    with dir_lock(layout):
+        ClusterState(cluster_name="sftstart", node_names=["n1"], ports=ports_from_base(20000, ["n1"]),
+                     slurm_version=(22, 5, 8)).save(layout)
+        assert not _block_is_stale(block)
+    assert _block_is_stale(block)  # lock released and still no daemon: a dead cluster's block

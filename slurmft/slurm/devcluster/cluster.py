@@ -9,17 +9,16 @@ step daemons and job processes of every node, and keeps only ``log/`` for post-m
 
 from __future__ import annotations
 
-import fcntl
 import os
 import secrets
 import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from slurmft.rundir import atomic_write_bytes
 from slurmft.slurm.devcluster import daemons, hosts, query, settle
+from slurmft.slurm.devcluster.dirlock import dir_busy, dir_lock
 from slurmft.slurm.devcluster.errors import DevClusterError
 from slurmft.slurm.devcluster.layout import ClusterState, Layout, load_state
 from slurmft.slurm.devcluster.nodeprocs import kill_node_tree
@@ -79,15 +78,6 @@ def check_dir(layout: Layout) -> None:
                               f"{SOCKET_PATH_MAX} bytes; use a shorter directory")
     if layout.root.exists() and not layout.root.is_dir():
         raise DevClusterError(f"--dir {text}: exists and is not a directory")
-
-
-@contextmanager
-def dir_lock(layout: Layout) -> Iterator[None]:
-    """Serialise up/down on one directory (two ``up`` racing on D must not both start)."""
-    layout.root.mkdir(parents=True, exist_ok=True)
-    with open(layout.lock_file, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        yield
 
 
 def live_processes(state: ClusterState) -> dict[str, ProcId]:
@@ -417,9 +407,14 @@ class DevCluster:
 
 
 def _block_is_stale(block: hosts.Block) -> bool:
-    """A hosts block whose directory no longer records that cluster as running."""
+    """A hosts block whose directory no longer records that cluster as running. A cluster whose
+    ``up`` is still under way (its lock held: state saved, block added, no daemon yet) is not:
+    pruning it there took the block of a cluster starting beside ours (parallel test workers)."""
+    layout = Layout(Path(block.directory))
+    if dir_busy(layout):
+        return False
     try:
-        state = load_state(Layout(Path(block.directory)))
+        state = load_state(layout)
     except DevClusterError:
         return True
     return state.cluster_name != block.cluster or not live_processes(state)
