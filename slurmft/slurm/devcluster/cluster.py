@@ -14,7 +14,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from slurmft.rundir import atomic_write_bytes
 from slurmft.slurm.devcluster import daemons, hosts, query, settle
