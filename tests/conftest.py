@@ -1,10 +1,11 @@
 """Shared pytest fixtures and the suite's scheduling: one real devcluster (n1..n4) per pytest
 session, that is per xdist worker (``make test`` runs ``pytest -n N --dist loadgroup``).
 
-``devcluster`` (session) starts the worker's own cluster in the worker's temp dir on first use
-(a worker that runs no integration test starts none) and always takes it down: in the fixture's
-``finally`` and, should the run be interrupted before that runs, from ``atexit``. Clusters of
-different workers run side by side (own ports, dirs, MariaDB, /etc/hosts block).
+``devcluster`` (session) is the worker's own cluster, started in the worker's temp dir just
+before the worker's first test that uses it (a worker that runs none starts none), outside that
+test's timeout and one worker at a time (``pytest_runtest_protocol``), and always taken down: in
+the fixture's ``finally`` and, should the run be interrupted before that runs, from ``atexit``.
+Clusters of different workers run side by side (own ports, dirs, MariaDB, /etc/hosts block).
 ``slurm_cluster`` (function) is the same cluster after ``reset()``: no jobs, every node IDLE.
 ``forgetful_cluster`` (function) is a dedicated 1-node cluster of its own whose controller forgets
 an ended job within seconds (a short MinJobAge), taken down after the test.
@@ -15,17 +16,20 @@ Scheduling (``pytest_collection_modifyitems``): the order is random (pytest-rand
 it with a seed it prints: ``--randomly-seed=N`` repeats an order, ``-p no:randomly``
 keeps the file order), then the tests are sorted by their bound, longest first (their
 ``timeout`` mark; unmarked ones count as UNMARKED_BOUND_S): xdist hands tests out in that order,
-so the long ones start early instead of ending the run alone. Tests that share a module-scoped fixture of their own module
-(an expensive world built once) are put in one xdist group: one worker builds it once.
+so the long ones start early instead of ending the run alone. Tests that share a module-scoped
+fixture of their own module (an expensive world built once) are put in one xdist group: one
+worker builds it once.
 tests/integration/conftest.py has the rules an integration test follows under xdist.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import functools
 import os
-from typing import Iterator
+from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -39,6 +43,9 @@ FORGETFUL_MIN_JOB_AGE_S = 5
 # A test without a timeout mark runs under pytest.ini's (300 s) but is usually a quick one: it
 # is scheduled as if its bound were this.
 UNMARKED_BOUND_S = 30.0
+# The bound of a test cluster's start: a liveness bound for a loaded box (DevCluster.up's default,
+# 120 s, is the interactive one).
+UP_TIMEOUT_S = 300.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -100,6 +107,17 @@ def devcluster_unavailable() -> str | None:
     return None
 
 
+def _up_one_at_a_time(factory: pytest.TempPathFactory, directory: Path, **kwargs: Any) -> DevCluster:
+    """``DevCluster.up`` holding a lock shared by this run's xdist workers: 4 clusters starting at
+    once on a loaded 2-core box (4 MariaDB installs) ran past the start's bound; one at a time,
+    each starts in its usual time while the other workers run tests."""
+    root = factory.getbasetemp()
+    shared = root.parent if worker_id() != "main" else root  # xdist: basetemp/popen-gwN
+    with open(shared / "devcluster-up.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        return DevCluster.up(directory, timeout=UP_TIMEOUT_S, **kwargs)
+
+
 def _down_quietly(cluster: DevCluster) -> None:
     if cluster.is_running():
         try:
@@ -108,13 +126,34 @@ def _down_quietly(cluster: DevCluster) -> None:
             print(f"devcluster teardown: {exc}")
 
 
+_SESSION: dict[str, Any] = {}  # this worker's cluster ("cluster"), or why it could not start ("error")
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Start the worker's cluster before its first test that uses it, outside that test's
+    timeout (this wrapper is outside pytest-timeout's): the start has its own bound, and a quick
+    test must not pay for it, least of all on a loaded box."""
+    del nextitem
+    wants = "devcluster" in getattr(item, "fixturenames", ())
+    if wants and not _SESSION and devcluster_unavailable() is None:
+        factory = item.config._tmp_path_factory  # type: ignore[attr-defined]
+        try:
+            _SESSION["cluster"] = _up_one_at_a_time(factory, factory.mktemp(f"devcluster-{worker_id()}"),
+                                                    nodes=SESSION_NODES)
+        except DevClusterError as exc:
+            _SESSION["error"] = exc
+    yield
+
+
 @pytest.fixture(scope="session")
-def devcluster(tmp_path_factory: pytest.TempPathFactory,
-               request: pytest.FixtureRequest) -> Iterator[DevCluster]:
+def devcluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
     reason = devcluster_unavailable()
     if reason is not None:
         pytest.skip(f"no devcluster on this machine: {reason}")
-    cluster = DevCluster.up(tmp_path_factory.mktemp(f"devcluster-{worker_id()}"), nodes=SESSION_NODES)
+    if "error" in _SESSION:
+        raise _SESSION["error"]
+    cluster: DevCluster = _SESSION["cluster"]
     keep = request.config.getoption("--keep-devcluster")
     if not keep:
         atexit.register(_down_quietly, cluster)
@@ -140,8 +179,8 @@ def forgetful_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevC
     reason = devcluster_unavailable()
     if reason is not None:
         pytest.skip(f"no devcluster on this machine: {reason}")
-    cluster = DevCluster.up(tmp_path_factory.mktemp("forgetful"), nodes=1,
-                            min_job_age_s=FORGETFUL_MIN_JOB_AGE_S)
+    cluster = _up_one_at_a_time(tmp_path_factory, tmp_path_factory.mktemp("forgetful"), nodes=1,
+                                min_job_age_s=FORGETFUL_MIN_JOB_AGE_S)
     stop = functools.partial(_down_quietly, cluster)  # its own: unregister leaves the session's
     atexit.register(stop)
     try:
