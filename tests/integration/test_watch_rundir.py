@@ -183,3 +183,30 @@ def test_a_one_task_array_is_known_by_its_task_id_while_it_pends(slurm_cluster, 
         assert f"{array_id}_5" in client.user_jobs(job.user)
     finally:
         client.cancel(array_id)
+
+
+@pytest.mark.timeout(300)
+def test_a_job_waiting_to_start_does_not_stop_the_others_from_being_watched(slurm_cluster, tmp_path):
+    """`slurmft watch A B`, B not started (BeginTime an hour ahead): A is watched at once, to its
+    end; B, cancelled before it ever named a run dir, is reported and the watcher exits 2. Today
+    nothing is watched until B starts."""
+    run = tmp_path / "run"
+    a = submit(slurm_cluster, run, [*ARGS, "--steps", "10"], nodes=1)
+    b = submit(slurm_cluster, tmp_path / "later", [*ARGS, "--steps", "10"], nodes=1,
+               sbatch_options=["--begin=now+3600"])
+    observe_until(a.client, a.job_id, lambda j: j.run_dir is not None, 90, "A's run dir comment",
+                  context=a.log_text)
+    w = WatcherProc(slurm_cluster, [a.job_id, b.job_id], tmp_path / "w.log", run_dir=run)
+    try:
+        events_until(run, lambda ev: of(ev, "watch_started", job_id=a.job_id), 90,
+                     "A watched while B waits", context=w.text)
+        assert a.wait_finished(150).state is JobState.COMPLETED, a.context()
+        events_until(run, lambda ev: of(ev, "run_finished", job_id=a.job_id), 60,
+                     "A's run_finished", context=w.text)
+        assert w.proc.poll() is None, w.text()  # still waiting for B
+        b.client.cancel(b.job_id)
+        assert w.wait(60) == 2, w.text()
+    finally:
+        w.kill()
+    assert f"job {b.job_id} ended (CANCELLED) without naming a run dir" in w.text()
+    assert f"job(s) {b.job_id} have not started" in w.text()
