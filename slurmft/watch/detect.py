@@ -50,12 +50,13 @@ SET_DOWN = "set_down"  # operator mode: mark the silent node DOWN, then recover
 RESUBMIT = "resubmit"  # Slurm forgot the job: submit it again from what was saved
 
 # Planned ends: the run stopped because the cluster's rules said so (a time limit, a
-# preemption) or its launcher chose to before training (pre-flight). They are restarts, never
+# preemption, an admin's drain for maintenance, acted on after a checkpoint) or its launcher chose
+# to before training (pre-flight). They are restarts, never
 # faults: they count toward no restart limit and no crash loop (journaled as ``planned_end``,
 # their actions as ``restart_action``). A pre-flight's bad nodes are still counted against them.
-PLANNED = frozenset({TIMEOUT, PREEMPTED, PREFLIGHT})
+PLANNED = frozenset({TIMEOUT, PREEMPTED, PREFLIGHT, NODE_DRAINED})
 # Causes that count toward max_restarts, max_restarts_per_cause and the crash-loop rule.
-FAULTS = frozenset({NODE_FAIL, NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED, HANG, CRASH, BOOT_FAIL,
+FAULTS = frozenset({NODE_FAIL, NODE_DOWN, NODE_UNHEALTHY, HANG, CRASH, BOOT_FAIL,
                     OUT_OF_MEMORY, REQUEUED, REQUEUE_REQUEST, FORGOTTEN, LAUNCH_FAILED})
 
 

@@ -65,10 +65,11 @@ def test_an_admin_drain_waits_for_the_next_checkpoint_and_loses_no_step(slurm_cl
         victim = job.client.job(job.job_id).nodes[1]
         scontrol(slurm_cluster, "update", f"nodename={victim}", "state=drain", "reason=maintenance")
         # The watcher says it waits, and acts only once a checkpoint committed after the drain.
-        events = events_until(run, lambda ev: of(ev, "fault_detected"), 120,
+        # Maintenance, not a fault: journaled as a planned end, its actions as restart actions.
+        events = events_until(run, lambda ev: of(ev, "planned_end"), 120,
                               "the drain's recovery", context=ctx)
         [warned] = of(events, "watch_warning", what="node_drained")
-        [fault] = of(events, "fault_detected")
+        [fault] = of(events, "planned_end")
         assert fault.get("cause") == "node_drained" and fault.get("nodes") == [victim]
         after = [e for e in of(events, "checkpoint_committed") if e.time > warned.time]
         assert after and after[0].time <= fault.time, "requeued before a checkpoint after the drain"
@@ -87,7 +88,8 @@ def test_an_admin_drain_waits_for_the_next_checkpoint_and_loses_no_step(slurm_cl
         assert restored == max(first) and restored >= after[0].get("step"), (restored, first)
         trained = losses(events)  # asserts that no step was journaled twice
         assert sorted(trained) == list(range(1, steps + 1))
-        assert len(of(events, "recovery_action", action="requeue")) == 1
+        assert len(of(events, "restart_action", action="requeue")) == 1
+        assert not of(events, "fault_detected") and not of(events, "recovery_action")
     finally:
         watcher.kill()
 

@@ -220,6 +220,20 @@ def test_a_watched_run_trains_through_an_admin_drain_until_its_next_checkpoint(r
     w.step(replace(running(restart=1), state=JobState.PENDING, nodes=()), drained(), T0 + 80)
     assert ("exclude", "7", ("n2",)) in client.calls
     assert w.state.node_faults == {}  # maintenance is not the node's fault
+    # ... nor the run's: a planned end, journaled as one, counted toward no restart limit.
+    kinds = [e.kind for e in read_events(run.events)]
+    assert "fault_detected" not in kinds and "recovery_action" not in kinds
+    [end] = [e for e in read_events(run.events) if e.kind == journal.PLANNED_END]
+    assert end.get("cause") == "node_drained"
+    assert w.faults() == 0
+
+
+def test_admin_drains_count_toward_no_restart_limit(run):
+    from slurmft.watch import giveup
+    state = RunState(job_id="7", restarts_by_cause={"node_drained": 40})
+    config = WatchConfig(max_restarts=1, max_restarts_per_cause=1, crash_loop_restarts=1)
+    assert giveup.limit_reached(state, config, "node_drained", None) is None
+    assert giveup.fault_restarts(state) == 0
 
 
 # -- exclusions bounded by the job's partitions ----------------------------------------------
