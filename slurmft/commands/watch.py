@@ -188,6 +188,8 @@ def watch(
     textfile: Optional[Path] = typer.Option(None, "--textfile", help="Write the metrics to this "
                                             "node_exporter textfile (*.prom) every cycle."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every event to stderr."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print no line per event and no live "
+                               "status (warnings and the end still go to stderr/stdout)."),
     record: Optional[Path] = typer.Option(None, "--record", hidden=True,
                                           help="Append every observation to this JSONL file "
                                                "(detector test fixtures)."),
@@ -253,6 +255,11 @@ def watch(
                 metrics.serve(metrics_port)
             except MetricsError as exc:
                 raise _fail(EXIT_USAGE, str(exc))
+    from slurmft.watch.console import console_for
+
+    console = console_for(quiet, sys.stdout)
+    if console is not None:
+        listeners.append(console.on_event)
     recorder = None
     if record is not None:
         from slurmft.watch.record import Recorder
@@ -281,9 +288,14 @@ def watch(
                 raise _fail(exc.code, str(exc))
         wait = StartWait(later, cfg.startup_grace_s) if later and not once else None
         feed = MetricsFeed(metrics, textfile) if metrics is not None else None
+        hooks = [h.after_cycle for h in (feed, console) if h is not None]
+
+        def after_cycle(result) -> None:
+            for hook in hooks:
+                hook(result)
         watcher = Watcher(client, runs, poll_s=cfg.poll_s, user=user,
                           adopt=factory.adopt if all_jobs else None,
-                          on_cycle=feed.after_cycle if feed is not None else None,
+                          on_cycle=after_cycle if hooks else None,
                           let_go=factory.let_go if all_jobs else None,
                           forget=feed.forget if feed is not None else None,
                           waiting=wait, start=factory.start_later)
@@ -297,8 +309,12 @@ def watch(
             else:
                 watcher.run()
         except KeyboardInterrupt:
+            if console is not None:
+                console.close()
             print("slurmft watch: interrupted; state is saved, start it again to carry on",
                   file=sys.stderr)
+        if console is not None:
+            console.close()
         for run in watcher.runs:
             print(f"job {run.job_id}: {run.state.phase}"
                   + (f" ({run.state.reason})" if run.state.reason else ""))
@@ -312,6 +328,8 @@ def watch(
         if failed:
             raise typer.Exit(EXIT_CYCLE_FAILED)
     finally:
+        if console is not None:
+            console.close()
         factory.release()
         if metrics is not None:
             metrics.stop()
