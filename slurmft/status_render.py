@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+import hostlist
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -90,37 +92,57 @@ def _summary(report: Report, run_dir: Path, note: str) -> Table:
     return grid
 
 
+def _table(title: str, headers: tuple[str, ...]) -> Table:
+    """A table that fits 80 columns: one-word headers, no frame, two spaces between columns;
+    a cell wraps only between words (a word is never folded while the table fits)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 0), show_edge=False)
+    for name in headers:
+        table.add_column(name)
+    return table
+
+
+def nodes(names) -> str:
+    """A node list as Slurm writes it (``gpu[001-004]``): short at any size."""
+    names = [str(n) for n in names]
+    return hostlist.collect_hostlist(names) if names else "-"
+
+
 def _segments(report: Report) -> Table:
-    table = Table(title="segments", title_justify="left")
-    for name in ("#", "job.restart", "start (UTC)", "ran", "nodes", "ranks", "steps",
-                 "restored", "load", "load rate", "ended"):
-        table.add_column(name, overflow="fold")
+    table = _table("segments", ("#", "job.rst", "start", "ran", "nodes", "steps", "load", "ended"))
     for i, seg in enumerate(report.segments):
         end = seg.end if seg.end is not None else (seg.last_step_time if seg.last_step_time else None)
         steps = "-" if seg.first_step is None else f"{seg.first_step}-{seg.last_step}"
+        if seg.restored_step is not None:
+            steps += f" (from {seg.restored_step})"
+        ranks = f" x{seg.world_size}" if seg.world_size else ""
+        load = duration(seg.load_s) + ("" if seg.load_bandwidth is None
+                                       else f" {size(seg.load_bandwidth)}/s")
         ended = seg.outcome or ("running" if i == len(report.segments) - 1 and seg.end is None
                                 else "killed (no end recorded)")
         table.add_row(str(i), f"{seg.job_id}.{seg.restart_count}", clock(seg.start),
                       duration(None if end is None else end - seg.start),
-                      escape(seg.nodelist) or "-", str(seg.world_size or "-"), steps,
-                      "-" if seg.restored_step is None else str(seg.restored_step),
-                      duration(seg.load_s),
-                      "-" if seg.load_bandwidth is None else f"{size(seg.load_bandwidth)}/s", escape(ended))
+                      escape(seg.nodelist or "-") + ranks, steps, load, escape(ended))
     return table
 
 
 def _faults(report: Report) -> Table:
-    table = Table(title="faults (times after the fault)", title_justify="left")
-    for name in ("#", "cause", "fault (UTC)", "detected", "requeued", "running", "back",
-                 "steps lost", "time lost", "nodes", "evidence"):
-        table.add_column(name, overflow="fold")
+    table = _table("faults (UTC; then times after the fault; steps and time lost)",
+                   ("#", "cause", "at", "seen", "requeue", "running", "back", "steps", "time"))
     for i, f in enumerate(report.faults):
-        lost = "-" if f.steps_lost is None else f"{f.steps_lost} ({f.last_step}->{f.restored_step})"
         table.add_row(str(i), escape(f.cause), clock(f.fault_time), after(f.detected, f.fault_time),
                       after(f.requeued, f.fault_time), after(f.running, f.fault_time),
-                      after(f.back, f.fault_time), lost, duration(f.lost_s),
-                      escape(",".join(f.nodes)) or "-", escape(f.evidence) or "-")
+                      after(f.back, f.fault_time), "-" if f.steps_lost is None else str(f.steps_lost),
+                      duration(f.lost_s))
     return table
+
+
+def _evidence(report: Report, console: Console) -> None:
+    """Each fault's nodes, steps and evidence on lines of their own, as wide as the terminal."""
+    for i, f in enumerate(report.faults):
+        lost = "" if f.steps_lost is None else f", steps {f.last_step}->{f.restored_step}"
+        where = f" on {nodes(f.nodes)}" if f.nodes else ""
+        console.print(f"[bold]#{i}[/] " + escape(f"{f.cause}{where}{lost}: {f.evidence or '-'}"))
 
 
 def render(report: Report, run_dir: Path, note: str = "", console: Console | None = None) -> None:
@@ -130,7 +152,8 @@ def render(report: Report, run_dir: Path, note: str = "", console: Console | Non
         console.print(_segments(report))
     if report.faults:
         console.print(_faults(report))
+        _evidence(report, console)
     for w in report.warnings:
-        nodes = f" [{','.join(map(str, w['nodes']))}]" if w["nodes"] else ""
+        where = f" [{nodes(w['nodes'])}]" if w["nodes"] else ""
         console.print(f"[yellow]warning[/] {clock(w['time'])} "
-                      + escape(f"{w['what']}{nodes}: {w['detail']}"))
+                      + escape(f"{w['what']}{where}: {w['detail']}"))
