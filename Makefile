@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # A CPU build of this exact version lies on disk on our machines; an open range pulls CUDA.
 TORCH_SPEC ?= torch==2.13.0
-# debootstrap and iproute2 (ip): the Slurm release matrix that make test ends with.
-DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server debootstrap iproute2
+# debootstrap and iproute2 (ip): the Slurm release matrix that make test ends with. prometheus:
+# its promtool checks and unit-tests the alert rules in deploy/prometheus/ (tests/unit/test_alert_rules.py).
+DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server debootstrap iproute2 prometheus
 PYTEST_ARGS ?=
 
 .PHONY: install system-deps venv demo test test-unit test-integration test-matrix bench lint clean

@@ -1,16 +1,13 @@
 """``slurmft.watch.metrics``: what the loop records comes out right in the text format, over HTTP
 and in an atomically written textfile; the watcher's real journal events map to the right
-metrics; and every alert rule in deploy/prometheus/slurmft-watch-alerts.yml names only metrics
-this module defines."""
+metrics (the alert rules over them: test_alert_rules.py)."""
 
 from __future__ import annotations
 
-import re
 import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmft.journal import read_events
@@ -19,7 +16,6 @@ from slurmft.watch.metrics import MetricsError, WatchMetrics
 pytestmark = pytest.mark.timeout(60)
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "deploy" / "prometheus" / "slurmft-watch-alerts.yml"
 FIXTURE = REPO / "tests" / "fixtures" / "journal" / "preempt_crash.events.jsonl"
 NOW = 1_800_000_000.0
 
@@ -123,38 +119,3 @@ def test_textfile_is_written_atomically(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(MetricsError, match=f"cannot write metrics to {tmp_path}/file/w.prom"):
         m.write_textfile(tmp_path / "file" / "w.prom")
-
-
-_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
-             "group_left", "group_right"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """The metric names a PromQL expression selects (strings, label matchers, ranges,
-    grouping clauses, function names and keywords left out)."""
-    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    e = re.sub(r"\{[^}]*\}", "", e)
-    e = re.sub(r"\[[^\]]*\]", "", e)
-    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)
-    names = set()
-    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", e):
-        if m.group(0) in _KEYWORDS or e[m.end():].lstrip().startswith("("):
-            continue
-        names.add(m.group(0))
-    return names
-
-
-def test_metric_names_parser_sees_what_an_expression_selects():
-    assert metric_names('sum by (slurm_job) (increase(x_total{a="b"}[1h])) > 5 and on() up') == \
-        {"x_total", "up"}
-
-
-def test_every_alert_rule_names_only_metrics_this_module_defines():
-    exported = {name for name, _ in samples(exercised().text())}
-    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
-    assert {r["alert"] for r in rules} >= {"SlurmftWatcherDown", "SlurmftWatcherCannotReachSlurm",
-                                           "SlurmftRestartStorm", "SlurmftNoCheckpointForLong",
-                                           "SlurmftRunGaveUp"}
-    for rule in rules:
-        used = metric_names(rule["expr"])
-        assert used and used <= exported, (rule["alert"], used - exported)
