@@ -47,7 +47,7 @@ from slurmft.rundir import CHECKPOINTS, STEP_PREFIX, RunDir, parse_step_dirname,
 from slurmft.safeio import UnsafeFileError, kind_of, lstat_at, open_dir
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.ckpt_listing import CheckpointInfo, list_checkpoints, stray_entries
-from slurmft.train.tiers import read_tier_index
+from slurmft.train.tiers import holders, read_tier_index
 from slurmft.train.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError, VerifyReport,
                                     parse_tmp_dirname, read_manifest, unopened_report, verify_checkpoint)
 from slurmft.train.retention import (RetentionPolicy, apply_prune, plan_prune, read_references,
@@ -237,28 +237,28 @@ def _read_manifest_or_fail(ckpt_dir: Path, dir_fd: int) -> Manifest:
 # ----------------------------------------------------------------------------- ls
 
 
-def _local_tiers(run: "OpenRun") -> dict[str, tuple[int, ...]]:
+Holders = dict[int, tuple[str, ...]]  # step -> the nodes whose local tier held it
+MAX_LOCAL_ROWS = 50  # local-only steps the table shows (the newest); a table row costs ~1 ms
+
+
+def _local_tiers(run: "OpenRun") -> Holders:
     """Which nodes' local tiers held which steps when the job last said (``ckpt_tiers.json``)."""
     try:
-        return read_tier_index(RunDir(run.root))
+        return holders(read_tier_index(RunDir(run.root)))
     except ValueError as exc:
         print(f"warning: {exc}; node-local tiers not shown", file=sys.stderr)
         return {}
 
 
-def _holding(tiers: dict[str, tuple[int, ...]], step: int) -> list[str]:
-    return sorted(node for node, steps in tiers.items() if step in steps)
-
-
-def _local_only(infos: list[CheckpointInfo], tiers: dict[str, tuple[int, ...]]) -> list[int]:
+def _local_only(infos: list[CheckpointInfo], tiers: Holders) -> list[int]:
     in_run_dir = {i.step for i in infos if i.committed}
-    return sorted({s for steps in tiers.values() for s in steps} - in_run_dir)
+    return sorted(set(tiers) - in_run_dir)
 
 
-def _info_json(info: CheckpointInfo, now: float, tiers: dict[str, tuple[int, ...]] | None = None) -> dict:
+def _info_json(info: CheckpointInfo, now: float, tiers: Holders | None = None) -> dict:
     m = info.manifest
     return {
-        "local_nodes": _holding(tiers or {}, info.step) if info.committed else [],
+        "local_nodes": list((tiers or {}).get(info.step, ())) if info.committed else [],
         "name": info.name, "path": str(info.path), "step": info.step, "committed": info.committed,
         "size_bytes": info.size_bytes, "age_s": round(now - info.mtime, 3),
         "files": len(m.files) if m else None, "world_size": m.world_size if m else None,
@@ -282,7 +282,7 @@ def ls(
     now = time.time()
     if as_json:
         print(json.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now, tiers) for i in infos],
-                          "local_only": [{"step": s, "local_nodes": _holding(tiers, s)}
+                          "local_only": [{"step": s, "local_nodes": list(tiers[s])}
                                          for s in _local_only(infos, tiers)]}, indent=2))
     else:
         _print_ls_table(run, infos, now, tiers)
@@ -298,7 +298,7 @@ def _fail_if_newer_format(infos: list[CheckpointInfo], consequence: str = "") ->
 
 
 def _print_ls_table(run: OpenRun, infos: list[CheckpointInfo], now: float,
-                    tiers: dict[str, tuple[int, ...]]) -> None:
+                    tiers: Holders) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -319,15 +319,19 @@ def _print_ls_table(run: OpenRun, infos: list[CheckpointInfo], now: float,
             manifest = "ok" if info.manifest else "-"
         files = str(len(info.manifest.files)) if info.manifest else "-"
         refs = ",".join(map(str, sorted(info.manifest.referenced_steps))) if info.manifest else ""
-        local = _holding(tiers, info.step) if info.committed else []
+        local = tiers.get(info.step, ()) if info.committed else ()
         where = ("run dir" + (f" + local ({','.join(local)})" if local else "")) if info.committed else "-"
         table.add_row(str(info.step), info.name, state, _human_bytes(info.size_bytes), files, refs or "-",
                       where, _human_age(now - info.mtime), manifest)
     local_only = _local_only(infos, tiers)
-    for step in local_only:
+    for step in local_only[-MAX_LOCAL_ROWS:]:
         table.add_row(str(step), "-", "[cyan]local only[/]", "-", "-", "-",
-                      f"local ({','.join(_holding(tiers, step))})", "-",
+                      f"local ({','.join(tiers[step])})", "-",
                       "on the nodes' local disks: not verifiable from here")
+    if len(local_only) > MAX_LOCAL_ROWS:
+        table.add_row("...", "-", "[cyan]local only[/]", "-", "-", "-", "-", "-",
+                      f"{len(local_only) - MAX_LOCAL_ROWS} older local-only steps not shown "
+                      f"(from {local_only[0]}); --json lists them all")
     console = Console()
     if infos or local_only:
         console.print(table)

@@ -1,0 +1,64 @@
+"""Every reader of a user's file runs in time linear in its size, up to the file's cap (issue 26
+item 5: ``slurmft ckpt ls --json`` over a 869 KB ``ckpt_tiers.json`` ran for 461 s as root).
+
+Each test writes an input at (just under) the reader's cap, shaped to be the reader's worst case
+(as many entries as fit), and compares the reader there with the same reader over 1/8 of it
+(``linear_cost.assert_linear``: a ratio measured in the test, never a wall-clock budget).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from linear_cost import assert_linear
+from slurmft.cli import app
+from slurmft.train.tiers import MAX_TIERS_BYTES
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def largest_under(cap: int, make) -> bytes:
+    """``make(n)`` for the largest n whose bytes fit in ``cap`` (``make`` grows with n)."""
+    lo, hi = 1, cap
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(make(mid)) <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    return make(lo)
+
+
+def compact(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _dir(tmp_path: Path, d: int) -> Path:
+    path = tmp_path / f"1-of-{d}"
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize("nodes", [1, 16])
+@pytest.mark.parametrize("as_json", [True, False])
+def test_ckpt_ls_over_a_tier_record_at_its_cap(tmp_path, nodes, as_json):
+    """``ckpt_tiers.json`` at 1 MiB naming ~165,000 steps (one node) or ~12,000 on each of 16."""
+    def reader_for(d):
+        run = _dir(tmp_path, d)
+        (run / "checkpoints").mkdir()
+        raw = largest_under(MAX_TIERS_BYTES // d, lambda n: compact({
+            "format": 1, "updated": 0, "nodes": {f"n{i:02d}": list(range(n)) for i in range(nodes)}}))
+        (run / "ckpt_tiers.json").write_bytes(raw)
+        args = ["ckpt", "ls", *(["--json"] if as_json else []), str(run)]
+
+        def read():
+            result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+            assert result.exit_code == 0, result.output
+        return read
+
+    took, base = assert_linear(f"ckpt ls{' --json' if as_json else ''}, {nodes} node(s)", reader_for)
+    print(f"ckpt ls json={as_json} nodes={nodes}: {took:.3f} s at the cap, {base:.3f} s at 1/8")
