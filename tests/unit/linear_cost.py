@@ -1,8 +1,8 @@
 """Linear cost of a reader of untrusted input, against a baseline measured in the same test.
 
-The baseline is the same reader over the same kind of input at 1/8 of the cap (as many entries as
-fit in an eighth); at the cap a linear reader costs at most 8 times that (fixed costs make it
-less), a quadratic one 64 times. ``assert_linear`` allows ``factor`` (3) times the linear
+The baseline is the same reader over the same kind of input at 1/16 of the cap (as many entries
+as fit in a sixteenth); at the cap a linear reader costs at most 16 times that (fixed costs make
+it less), a quadratic one 256 times. ``assert_linear`` allows ``factor`` (3) times the linear
 extrapolation, so the bound is proportional to the input's size, holds on a loaded machine (both
 runs slow down together; each is the best of a few), and no wall-clock budget is asserted.
 
@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-SCALE = 8  # the baseline's input is 1/SCALE of the cap
+SCALE = 16  # the baseline's input is 1/SCALE of the cap
 
 
 def best_of(fn: Callable[[], object], repeat: int) -> float:
@@ -32,31 +32,40 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
 
 
 def _child(fn: Callable[[], object], repeat: int, conn) -> None:  # runs in the fork
+    fn()  # warm: first-call caches, and the fork's copy-on-write of what the reader touches
     conn.send(best_of(fn, repeat))
 
 
-def assert_linear(what: str, reader_for: Callable[[int], Callable[[], object]], *,
-                  factor: float = 3.0, repeat: int = 1) -> tuple[float, float]:
-    """``reader_for(d)`` writes an input of 1/d of the cap (d = 1: at the cap) and returns the
-    reader over it. Fails unless the reader at the cap takes at most ``factor`` x ``SCALE`` x
-    its time at 1/``SCALE``. Returns (seconds at the cap, seconds at 1/SCALE)."""
-    small = reader_for(SCALE)
-    small()  # warm: imports, first-call caches
-    base = best_of(small, 3)
-    at_cap = reader_for(1)
-    bound = factor * SCALE * base
+def _in_fork(fn: Callable[[], object], repeat: int, wait_s: float | None) -> float | None:
+    """``best_of(fn, repeat)`` in a forked child (both sizes pay the same fork costs); None when
+    it was not done within ``wait_s`` (it is killed then)."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(at_cap, repeat, child))
+    proc = ctx.Process(target=_child, args=(fn, repeat, child))
     proc.start()
     child.close()
-    if not parent.poll(bound * repeat + 10):  # every repeat, and the fork's own start
+    try:
+        if not parent.poll(wait_s):
+            return None
+        return float(parent.recv())
+    finally:
         proc.kill()
         proc.join()
-        pytest.fail(f"{what}: not done within {bound * repeat + 10:.1f} s, while the same reader "
-                    f"over 1/{SCALE} of it took {base:.3f} s (killed)")
-    took = parent.recv()
-    proc.join()
+
+
+def assert_linear(what: str, reader_for: Callable[[int], Callable[[], object]], *,
+                  factor: float = 3.0, repeat: int = 2) -> tuple[float, float]:
+    """``reader_for(d)`` writes an input of 1/d of the cap (d = 1: at the cap) and returns the
+    reader over it. Fails unless the reader at the cap (best of ``repeat``) takes at most
+    ``factor`` x ``SCALE`` x its time at 1/``SCALE`` (best of 3). Returns both times."""
+    base = _in_fork(reader_for(SCALE), 3, None)
+    assert base is not None
+    bound = factor * SCALE * base
+    wait = bound * (repeat + 1) + 10  # the warm-up, every repeat, and the fork's own start
+    took = _in_fork(reader_for(1), repeat, wait)
+    if took is None:
+        pytest.fail(f"{what}: not done within {wait:.1f} s, while the same reader over 1/{SCALE} "
+                    f"of it took {base:.3f} s (killed)")
     assert took <= bound, (f"{what}: {took:.3f} s at the cap, more than {factor:g} x {SCALE} x "
                            f"its {base:.3f} s over 1/{SCALE} of it: not linear")
     return took, base

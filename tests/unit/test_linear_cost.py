@@ -2,7 +2,7 @@
 item 5: ``slurmft ckpt ls --json`` over a 869 KB ``ckpt_tiers.json`` ran for 461 s as root).
 
 Each test writes an input at (just under) the reader's cap, shaped to be the reader's worst case
-(as many entries as fit), and compares the reader there with the same reader over 1/8 of it
+(as many entries as fit), and compares the reader there with the same reader over 1/16 of it
 (``linear_cost.assert_linear``: a ratio measured in the test, never a wall-clock budget).
 """
 
@@ -61,4 +61,4 @@ def test_ckpt_ls_over_a_tier_record_at_its_cap(tmp_path, nodes, as_json):
         return read
 
     took, base = assert_linear(f"ckpt ls{' --json' if as_json else ''}, {nodes} node(s)", reader_for)
-    print(f"ckpt ls json={as_json} nodes={nodes}: {took:.3f} s at the cap, {base:.3f} s at 1/8")
+    print(f"ckpt ls json={as_json} nodes={nodes}: {took:.3f} s at the cap, {base:.3f} s at 1/16")
