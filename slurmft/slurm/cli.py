@@ -14,7 +14,11 @@ Where data comes from:
   * ``job(id)``: squeue, then the newest sacct record for ids the controller has forgotten; an id
     neither knows raises JobNotFound with Slurm's message.
   * ``job_history(id)``: ``sacct -D`` (every run); on 22.05 ``sacct -P`` text, whose exit codes
-    are right (22.05's sacct JSON reports exit 3 as SUCCESS/0).
+    are right (22.05's sacct JSON reports exit 3 as SUCCESS/0). No record is ``[]`` on every
+    release (22.05's JSON says "Nothing found" as an error, 23.02+ as a warning). A run's restart
+    count is the record's ``restart_cnt`` where the data_parser reports it (v0.0.42+), else its
+    index among the job's runs, which only a ``-D`` listing holds (without ``-D`` sacct shows the
+    newest run alone, and v0.0.40/41 give it no count): never read from a listing without ``-D``.
   * ``nodes()``: 23.02+ ``scontrol --json show nodes``; 22.05 ``sinfo --json``.
 
 Every call that changes state runs with ``idempotent=False``: after a timeout it is not sent

@@ -19,6 +19,9 @@ from slurmft.slurm.client import JobNotFound, SlurmError, UnsupportedShape
 
 # Slurm's NO_VAL/INFINITE sentinels for 32-bit times and counters ("never started" = NO_VAL - 1).
 _INVALID_JOB_ID = 2017  # ESLURM_INVALID_JOB_ID
+# ESLURM_REST_EMPTY_RESULT: 22.05's sacct --json for a job accounting has no record of says
+# "Nothing found" as an error (23.02+ say it as a warning, with "jobs": []): no record, not a failure.
+_NOTHING_FOUND = 9003
 _SENTINELS = {0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFE, 0xFFFFFFFFFFFFFFFF}
 
 
@@ -44,10 +47,11 @@ class Where:
         return UnsupportedShape(f"{self.command}: {self.path or '<document>'}: unknown {what} {value!r}")
 
 
-def load_document(text: str, command: str, list_key: str) -> dict[str, Any]:
+def load_document(text: str, command: str, list_key: str, *, empty_ok: bool = False) -> dict[str, Any]:
     """Parse one ``--json`` document and check that ``list_key`` holds a list.
 
     Empty output is an error (a bad data_parser pin makes sacct print nothing with rc 0).
+    ``empty_ok`` (accounting): errors that only say "Nothing found" are an empty ``list_key``.
     """
     if not text.strip():
         raise UnsupportedShape(f"{command}: printed no JSON")
@@ -60,10 +64,19 @@ def load_document(text: str, command: str, list_key: str) -> dict[str, Any]:
     where = Where(command)
     if not isinstance(doc, dict):
         raise where.fail("object", doc)
+    if empty_ok and nothing_found(doc):
+        return {**doc, "errors": [], list_key: []}
     raise_errors(doc, command)
     if not isinstance(doc.get(list_key), list):
         raise where.key(list_key).fail("list", doc.get(list_key))
     return doc
+
+
+def nothing_found(doc: Mapping[str, Any]) -> bool:
+    """Every error of ``doc`` is Slurm's "Nothing found" (and there is at least one)."""
+    errors = doc.get("errors")
+    return isinstance(errors, list) and bool(errors) and all(
+        isinstance(e, dict) and e.get("error_number") == _NOTHING_FOUND for e in errors)
 
 
 def raise_errors(doc: Mapping[str, Any], command: str) -> None:

@@ -175,6 +175,25 @@ def test_errors_unknown_job_and_invalid_names(client, monkeypatch):
 
 
 @pytest.mark.timeout(60)
+def test_accounting_without_a_record_is_no_record(client, slurm_cluster):
+    """Issue 26 item 6, on this release's real sacct: a job accounting never saw is no record
+    (and ``job`` says the job is unknown), whatever shape the answer has (22.05's JSON says
+    "Nothing found" as an error; 23.02+ as a warning). Both the client's history call and the
+    JSON answer with the data_parser the client chose are read."""
+    import os
+    import subprocess
+
+    from slurmft.slurm.parse_jobs import parse_sacct
+
+    assert client.job_history("999999") == []
+    with pytest.raises(JobNotFound):
+        client.job("999999")
+    out = subprocess.run(["sacct", client._json(), "-D", "-j", "999999"], capture_output=True, text=True,
+                         env={**os.environ, **slurm_cluster.env}, timeout=30, check=True).stdout
+    assert parse_sacct(out) == []
+
+
+@pytest.mark.timeout(60)
 def test_jobs_of_several_ids_is_one_controller_call(client, tmp_path, monkeypatch):
     ids = [submit(client, tmp_path, "sleep 60") for _ in range(3)]
     client.info()  # cached release/data_parser probe, not part of a poll

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmft.slurm.client import JobNotFound, JobState, NodeState
+from slurmft.slurm.client import JobNotFound, JobState, NodeState, SlurmError
 from slurmft.slurm.jsonshape import meta_release
 from slurmft.slurm.parse_jobs import parse_sacct, parse_sacct_text, parse_squeue
 from slurmft.slurm.parse_nodes import parse_nodes
@@ -199,6 +199,24 @@ def test_2511_multi_node_job_nodes_expanded():
 def test_unfound_job_document_raises_not_empty(path):
     with pytest.raises(JobNotFound, match="Invalid job id specified"):
         parse_squeue(read(PUB / path), "scontrol --json show job")
+
+
+def test_2205_sacct_nothing_found_is_no_record():
+    """22.05's sacct --json for a job accounting has no record of says "Nothing found" as an
+    error (9003); that is no record (the job is unknown to accounting), not a failed call."""
+    assert parse_sacct(read(CAP / "sacct_nothing_found.json"), "sacct --json -D") == []
+
+
+@pytest.mark.parametrize("release,parser", sorted(RELEASES.items()))
+def test_sacct_without_a_record_is_no_record_on_every_release(release, parser):
+    assert parse_sacct(read(PUB / release / parser / "slurmrestd__slurmdb-job-unfound.json")) == []
+
+
+def test_any_other_accounting_error_still_raises():
+    doc = __import__("json").loads(read(CAP / "sacct_nothing_found.json"))
+    doc["errors"].append({"error": "Unable to contact slurmdbd", "error_number": 7000})
+    with pytest.raises(SlurmError, match="Nothing found with query"):
+        parse_sacct(__import__("json").dumps(doc))
 
 
 @pytest.mark.parametrize("path,name,state,flags,reason", [
