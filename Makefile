@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server debootstrap iproute2 prometheus
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps venv demo test test-unit test-integration test-matrix bench lint clean
+.PHONY: install system-deps venv docs demo test test-unit test-integration test-matrix bench lint clean
 
 install: system-deps venv
 
@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[train,dev,plot]"
+	$(PIP) install -q -e ".[train,dev,plot,docs]"
 	touch $@
 
 # The main job: a real training job on a throwaway 4-node devcluster under slurmft watch, through
@@ -36,6 +36,12 @@ $(VENV)/.installed: pyproject.toml
 # check; then slurmft status, its timeline PNG, and the losses against an uninterrupted run.
 demo: venv
 	$(PY) examples/demo.py
+
+# The user guide: docs/ built by MkDocs (mkdocs.yml) into build/site, strictly: a broken link or
+# anchor, or a page missing from the nav, fails it. A second or two; the first step of make test
+# after the lint (tests/unit/test_docs.py checks the pages' examples and configuration reference).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
 
 # The lint first (ruff and mypy, see lint): a finding fails make test before any test runs.
 # pytest exits 5 when it collected nothing: that is a failure for us, not a pass. Then the Slurm
@@ -48,7 +54,7 @@ demo: venv
 TEST_MATRIX_SUITES ?= trixie sid
 TEST_WORKERS ?= 4
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
-test: venv lint
+test: venv lint docs
 	$(PY) -m pytest -q $(XDIST) --durations=40 $(PYTEST_ARGS)
 	$(if $(strip $(TEST_MATRIX_SUITES)),matrix/run.sh $(TEST_MATRIX_SUITES))
 

@@ -84,7 +84,8 @@ def exposed(text: str) -> set[tuple[str, frozenset]]:
             for s in fam.samples}
 
 
-def test_the_watch_rule_tests_use_the_series_the_watcher_exports():
+def watch_exposition() -> set[tuple[str, frozenset]]:
+    """What a watcher that saw a fault, a recovery, a checkpoint and a give-up exports."""
     m = WatchMetrics(clock=lambda: 1_800_000_000.0)
     m.watching("42")
     m.record_fault("42", "crash", 20.0)
@@ -92,19 +93,44 @@ def test_the_watch_rule_tests_use_the_series_the_watcher_exports():
     m.set_checkpoint("42", 1200, 90.0)
     m.cycle(0.04, observed=True)
     m.record_gave_up("7", "crash")
-    missing = series_of(PROM / "tests" / "slurmft-watch-alerts.test.yml") - exposed(m.text().decode())
+    return exposed(m.text().decode())
+
+
+def sweep_exposition(tmp_path: Path) -> set[tuple[str, frozenset]]:
+    """What two real sweeps write: one drains its node, the next is refused by the guard."""
+    from test_sweep_run import MemorySlurm, configs
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg, hc, _ = configs(tmp_path, exit_code=1)
+    slurm = MemorySlurm(names=("n1", "n2"))
+    text = ""
+    for node in ("n1", "n2"):
+        sweep(SweepRequest(node), cfg, hc, slurm)
+        text += (tmp_path / "textfile" / f"slurmft_sweep_{node}.prom").read_text()
+    return exposed(text)
+
+
+def test_the_watch_rule_tests_use_the_series_the_watcher_exports():
+    missing = series_of(PROM / "tests" / "slurmft-watch-alerts.test.yml") - watch_exposition()
     assert not missing, missing
 
 
 def test_the_sweep_rule_tests_use_the_series_the_sweeper_writes(tmp_path):
-    from test_sweep_run import MemorySlurm, configs
-
-    cfg, hc, _ = configs(tmp_path, exit_code=1)
-    slurm = MemorySlurm(names=("n1", "n2"))
-    text = ""
-    for node in ("n1", "n2"):  # the second drain is over the allowance: the guard refuses it
-        sweep(SweepRequest(node), cfg, hc, slurm)
-        text += (tmp_path / "textfile" / f"slurmft_sweep_{node}.prom").read_text()
-    real = exposed(text)
-    missing = series_of(PROM / "tests" / "slurmft-alerts.test.yml") - real
+    missing = series_of(PROM / "tests" / "slurmft-alerts.test.yml") - sweep_exposition(tmp_path)
     assert not missing, missing
+
+
+def test_the_example_rules_in_the_guide_pass_promtool(tmp_path):
+    """The extra rules docs/metrics.md shows are valid rules over exported metrics."""
+    text = (PROM.parents[1] / "docs" / "metrics.md").read_text()
+    examples = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+    assert examples
+    for i, body in enumerate(examples):
+        path = tmp_path / f"example{i}.yml"
+        path.write_text(body)
+        proc = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        exported = {name for name, _ in watch_exposition() | sweep_exposition(tmp_path / str(i))}
+        used = set(re.findall(r"\bslurmft_\w+", body))
+        assert used and used <= exported, used - exported
