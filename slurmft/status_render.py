@@ -105,7 +105,12 @@ def _table(title: str, headers: tuple[str, ...]) -> Table:
 def nodes(names) -> str:
     """A node list as Slurm writes it (``gpu[001-004]``): short at any size."""
     names = [str(n) for n in names]
-    return hostlist.collect_hostlist(names) if names else "-"
+    if not names:
+        return "-"
+    try:
+        return hostlist.collect_hostlist(names)
+    except Exception:  # noqa: BLE001 - a name from the run dir that is no host name: as it is
+        return ",".join(names)
 
 
 def _segments(report: Report) -> Table:

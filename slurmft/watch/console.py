@@ -36,7 +36,12 @@ def duration(seconds: float) -> str:
 
 def _nodes(event: Mapping[str, Any]) -> str:
     names = [str(n) for n in event.get("nodes") or []]
-    return hostlist.collect_hostlist(names) if names else ""
+    if not names:
+        return ""
+    try:
+        return hostlist.collect_hostlist(names)
+    except Exception:  # noqa: BLE001 - a name that is no host name (hostlist refuses it): as it is
+        return ",".join(names)
 
 
 def _on(event: Mapping[str, Any]) -> str:

@@ -134,3 +134,8 @@ def test_event_lines():
     assert describe("checkpoint_committed", {"job_id": "7"}) is None
     assert [duration(s) for s in (0, 59.6, 61, 3600 * 2 + 7 * 60, 86400 * 3 + 3600 * 4)] == \
         ["0s", "1m00s", "1m01s", "2h07m", "3d04h"]
+
+
+def test_a_node_name_hostlist_refuses_is_printed_as_it_is():
+    assert describe("fault_detected", {"job_id": "7", "cause": "hang", "nodes": ["x,y", "n1"],
+                                       "evidence": "no beat"}) == "job 7: fault: hang on x,y,n1: no beat"
