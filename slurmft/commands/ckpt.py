@@ -42,6 +42,7 @@ from typing import Callable, Iterator, NoReturn, Optional, ParamSpec, TypeVar
 
 import typer
 
+from slurmft import numbers
 from slurmft.config import ConfigError, find_config_file
 from slurmft.rundir import CHECKPOINTS, STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
 from slurmft.safeio import UnsafeFileError, kind_of, lstat_at, open_dir
@@ -281,7 +282,7 @@ def ls(
         tiers = _local_tiers(run)
     now = time.time()
     if as_json:
-        print(json.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now, tiers) for i in infos],
+        print(numbers.dumps({"run_dir": str(run.root), "checkpoints": [_info_json(i, now, tiers) for i in infos],
                           "local_only": [{"step": s, "local_nodes": list(tiers[s])}
                                          for s in _local_only(infos, tiers)]}, indent=2))
     else:
@@ -390,7 +391,7 @@ def verify(
         results = _verify_run(run, step, all_, as_json)
     bad = [r for r, _ in results if not r.ok]
     if as_json:
-        print(json.dumps({"ok": not bad, "checkpoints": [
+        print(numbers.dumps({"ok": not bad, "checkpoints": [
             {"path": str(r.ckpt_dir), "step": r.manifest.step if r.manifest else None, "ok": r.ok,
              "problems": list(r.problems), "bytes_checked": r.bytes_checked, "seconds": round(s, 3)}
             for r, s in results]}, indent=2))
@@ -542,7 +543,7 @@ def inspect(
         out = {"path": str(path), "manifest": manifest.to_json()}
         if described is not None:
             out["tensors"] = [t.to_json() for t in described]
-        print(json.dumps(out, indent=2))
+        print(numbers.dumps(out, indent=2))
         return
     from rich.console import Console
     from rich.table import Table

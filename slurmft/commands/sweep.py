@@ -17,7 +17,6 @@ HealthCheckProgram via ``bin/slurmft-healthcheck``). Exit codes:
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -26,6 +25,7 @@ from typing import Optional
 
 import typer
 
+from slurmft import numbers
 from slurmft.config import ConfigError, load_section
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_LOCKED, EXIT_SLURM, EXIT_WRITE = 0, 1, 2, 3, 4, 5
@@ -115,7 +115,7 @@ def app(
         raise typer.Exit(EXIT_USAGE)
 
     if as_json:
-        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        print(numbers.dumps(report.to_json(), indent=2, sort_keys=True))
     else:
         _print_table(report)
     d = report.decision

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from slurmft import numbers
 from slurmft.launch.identity import JobIdentity
 from slurmft.rundir import RUN_DIR_ENV
 
@@ -47,15 +48,26 @@ def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return default
-    text = raw.strip()
+    kind = "an integer" if integer else "a number"
     try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise SettingsError(f"{name}={raw!r} must be {kind}") from None
+        value: float = (numbers.parse_integer(raw, name) if integer
+                        else numbers.parse_number(raw, name))
+    except numbers.InvalidNumber:  # not a number at all, or "inf", "nan", "1e400"
+        value = math.nan
+        if not _numeric(raw, integer):
+            raise SettingsError(f"{name}={numbers.shown(raw)} must be {kind}") from None
     if not math.isfinite(value) or not minimum <= value <= maximum:
-        raise SettingsError(f"{name}={raw!r} must be between {minimum:g} and {maximum:g}")
+        raise SettingsError(f"{name}={numbers.shown(raw)} must be between {minimum:g} and {maximum:g}")
     return value
+
+
+def _numeric(raw: str, integer: bool) -> bool:
+    """Whether ``raw`` is written as a number (inf, nan and 400 digits are: out of range)."""
+    try:
+        int(raw.strip()) if integer else float(raw.strip())
+    except ValueError:
+        return False
+    return True
 
 
 def run_dir_for(raw: str | None, identity: JobIdentity) -> Path:

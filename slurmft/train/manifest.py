@@ -19,7 +19,6 @@ regular files are read (:mod:`slurmft.safeio`), and a manifest is read only up t
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from slurmft import numbers
 from slurmft.safeio import UnsafeFileError, kind_of, open_dir, open_inside, read_regular
 from slurmft.rundir import TMP_MARK, atomic_write_json, parse_step_dirname, step_dirname
 from slurmft.train.pickle_scan import metadata_pickle_problem
@@ -167,14 +167,19 @@ class Manifest:
             torch_version=_field(data, "torch_version", str, where),
             job_id=_field(data, "job_id", (str, type(None)), where),
             restart_count=_field(data, "restart_count", (int, type(None)), where),
-            created_at=float(_field(data, "created_at", (int, float), where)),
+            created_at=_unix_time(_field(data, "created_at", (int, float), where), "created_at", where),
             files=files,
             hash_algo=_field(data, "hash_algo", str, where),
             extra=_field(data, "extra", dict, where),
             refs=refs,
         )
-        if manifest.step < 0 or manifest.world_size < 1:
-            raise ManifestError(f"{where}: step must be >= 0 and world_size >= 1")
+        if numbers.count(manifest.step) is None or numbers.whole(manifest.world_size, 1) is None:
+            raise ManifestError(f"{where}: step must be >= 0 and world_size >= 1 (both at most "
+                                f"{numbers.MAX_INT64}), got {numbers.shown(manifest.step)} and "
+                                f"{numbers.shown(manifest.world_size)}")
+        if manifest.restart_count is not None and numbers.count(manifest.restart_count) is None:
+            raise ManifestError(f"{where}: restart_count must be from 0 to {numbers.MAX_INT64}, "
+                                f"got {numbers.shown(manifest.restart_count)}")
         if manifest.hash_algo != HASH_ALGO:
             raise ManifestError(f"{where}: unknown hash_algo {manifest.hash_algo!r} (know {HASH_ALGO})")
         return manifest
@@ -197,8 +202,9 @@ def _entries(raw_entries: list[Any], where: str, referenced_by: int | None) -> t
             if step < 0 or step >= referenced_by:
                 raise ManifestError(f"{at}: path {entry.path!r} must be {REF_PREFIX}<older step_N "
                                     f"directory>/<file>")
-        if entry.size < 0:
-            raise ManifestError(f"{at}: size must be >= 0, got {entry.size}")
+        if numbers.count(entry.size) is None:
+            raise ManifestError(f"{at}: size must be >= 0 (and at most {numbers.MAX_INT64}), got "
+                                f"{numbers.shown(entry.size)}")
         entries.append(entry)
     return tuple(entries)
 
@@ -227,6 +233,14 @@ def _field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], where
     return value
 
 
+def _unix_time(value: int | float, name: str, where: str) -> float:
+    """A manifest's time: a unix time (1970 to year 9999), else ManifestError naming the field."""
+    when = numbers.unix_time(value)
+    if when is None:
+        raise ManifestError(f"{where}: field {name!r} must be a unix time, got {numbers.shown(value)}")
+    return when
+
+
 def _is_plain_relative(path: str) -> bool:
     parts = path.split("/")
     return bool(path) and not path.startswith("/") and all(p not in ("", ".", "..") for p in parts)
@@ -236,10 +250,8 @@ def parse_json_bounded(raw: bytes, where: str) -> Any:
     """Parse untrusted JSON: ValueError naming ``where`` for bad bytes, too deep a nesting or a
     number too long to convert (Python refuses integers of more than 4300 digits)."""
     try:
-        return json.loads(raw)
-    except RecursionError:
-        raise ValueError(f"{where}: not valid JSON (nested too deeply)") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, integer string too long
+        return numbers.loads(raw)  # NaN, Infinity and 1e400 are not JSON here either
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, integer string too long, nesting
         raise ValueError(f"{where}: not valid JSON ({_one_line(str(exc))})") from None
 
 

@@ -20,6 +20,7 @@ import socket
 import time
 from pathlib import Path
 
+from slurmft import numbers
 from slurmft.rundir import CHECKPOINTS, RunDir, atomic_write_json
 from slurmft.safeio import UnsafeFileError, read_regular
 from slurmft.train.manifest import parse_json_bounded
@@ -73,11 +74,11 @@ def read_tier_index(run: RunDir) -> dict[str, tuple[int, ...]]:
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict):
         raise ValueError(f"{path}: not a record of local tiers (no 'nodes' object)")
     if data.get("format") != TIERS_FORMAT:
-        raise ValueError(f"{path}: format {data.get('format')!r}, this slurmft reads {TIERS_FORMAT}")
+        raise ValueError(f"{path}: format {numbers.shown(data.get('format'))}, this slurmft reads {TIERS_FORMAT}")
     out: dict[str, tuple[int, ...]] = {}
     for node, steps in data["nodes"].items():
         if (not isinstance(node, str) or _SAFE_NAME.search(node) or not isinstance(steps, list)
-                or not all(type(s) is int and s >= 0 for s in steps)):
+                or not all(numbers.count(s) is not None for s in steps)):
             raise ValueError(f"{path}: malformed entry for node {str(node)[:64]!r}")
         out[node] = tuple(sorted(set(steps)))
     return out

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from slurmft.journal import Journal
 from slurmft.rundir import RunDir, step_dirname
 from slurmft.train.checksum import hash_file
 from slurmft.train.manifest import DCP_METADATA_NAME, MANIFEST_NAME, FileEntry, read_manifest, write_manifest
@@ -115,6 +116,8 @@ class Case:
     loads: int | None = 3  # the step load_latest must resume from (None: fresh start)
     outcome: str = ""  # what `python -m slurmft.journal outcome RUN 7 0` prints
     skip: frozenset[str] = frozenset()  # commands not run over this case (the case says why)
+    # The job's environment for `launch_env` (the launcher's settings), over a real one's.
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def _symlink_checkpoints(run: Path, out: Outside) -> None:
@@ -239,6 +242,88 @@ def _journal_hostile_lines(run: Path, out: Outside) -> None:
     RunDir(run).events.write_bytes("\n".join(lines).encode("utf-8", "surrogateescape") + b"\n")
 
 
+HUGE = "9" * 400  # an integer float() refuses (OverflowError), well under Python's 4300 digits
+
+
+def _journal_hostile_numbers(run: Path, out: Outside) -> None:
+    """Times and fields no float can hold, or that are not JSON (NaN, Infinity), around a real
+    segment's start, a checkpoint and its recorded 85."""
+    def line(t: str, kind: str, **fields: str) -> str:
+        body = "".join(f',"{k}":{v}' for k, v in {"job_id": '"7"', "restart_count": "0", **fields}.items())
+        return f'{{"v":1,"t":{t},"kind":"{kind}"{body}}}'
+    lines = [
+        line("1800000000", "segment_start", world_size=HUGE, num_nodes="-1", load_s=HUGE, load_bytes=HUGE),
+        line(HUGE, "loss", step="1"), line("NaN", "loss", step="2"), line("Infinity", "loss", step="3"),
+        line("-Infinity", "segment_end", exit_code="0"), line("1e400", "segment_end", exit_code="0"),
+        line("1800000001", "loss", step=HUGE), line("1800000002", "loss", step="4", loss="NaN"),
+        line("1800000003", "checkpoint_committed", step="3", blocking_s=HUGE),
+        line("1800000003.5", "checkpoint_committed", step="3", blocking_s="2.5"),
+        line("1800000004", "fault_detected", cause=HUGE, nodes="5", fault_time=HUGE, evidence="Infinity"),
+        line("1800000005", "recovery_action", action="[]", ok="1"),
+        line("1800000006", "watch_warning", what="{}", detail="[[]]", nodes='{"n1":1}'),
+        line("1800000007", "segment_end", exit_code="85", reason='"preempted"'),
+    ]
+    RunDir(run).events.write_text("\n".join(lines) + "\n")
+
+
+def _watch_state(run: Path, **recovery: object) -> None:
+    """A watcher's state as a user could leave it: a run recovering from a crash, with
+    ``recovery``'s fields written over the real ones (Python's json writes NaN: a user can)."""
+    from slurmft.watch.state import Recovery, RunState, save_state
+
+    state = RunState(job_id="7", phase="recovering", restarts=1,
+                     recovery=Recovery("crash", "exit 1", 1.8e9, 1.8e9 + 1, 0))
+    save_state(RunDir(run), state)
+    data = json.loads(RunDir(run).watch_state.read_text())
+    data["recovery"].update(recovery)
+    RunDir(run).watch_state.write_text(json.dumps(data))
+    journal = Journal(run, job_id="7", restart_count=0)
+    journal.append("segment_start", world_size=1, num_nodes=1, nodelist="n1", restored_step=None)
+    journal.append("segment_end", exit_code=1, outcome="crash", reason="exit 1")
+
+
+def _watch_state_wrong_types(run: Path, out: Outside) -> None:
+    _watch_state(run, fault_time="yesterday", exclude=5)
+
+
+def _watch_state_not_json(run: Path, out: Outside) -> None:
+    _watch_state(run, cause=float("nan"), requeued_at=float("inf"))
+
+
+def _watch_state_huge_numbers(run: Path, out: Outside) -> None:
+    _watch_state(run, pending_since=10**400, start_now_attempts=-1)
+
+
+def _manifest_time(run: Path, text: str) -> None:
+    path = _ckpt(run, 3) / MANIFEST_NAME
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps(data).replace(f'"created_at": {data["created_at"]!r}', f'"created_at": {text}'))
+
+
+def _manifest_nan_time(run: Path, out: Outside) -> None:
+    _manifest_time(run, "NaN")
+
+
+def _manifest_huge_time(run: Path, out: Outside) -> None:
+    _manifest_time(run, HUGE)
+
+
+def _tiers_hostile_record(run: Path, out: Outside) -> None:
+    RunDir(run).ckpt_tiers.write_text(f'{{"format":1,"updated":NaN,"nodes":{{"n1":[3,{HUGE}]}}}}')
+
+
+def _tiers_huge_step(run: Path, out: Outside) -> None:
+    RunDir(run).ckpt_tiers.write_text(f'{{"format":1,"updated":1800000000,"nodes":{{"n1":[3,{HUGE}]}}}}')
+
+
+# Cases that change no checkpoint: the torch-heavy checkpoint commands would answer as over the
+# pristine run (the first cases show that), so they are not run again (the module stays fast).
+NO_CHECKPOINT_CHANGE = frozenset({"inspect --tensors 3", "export 3", "load_latest", "verify --all"})
+
+LAUNCH_HOSTILE_ENV = {"SLURMFT_NPROC_PER_NODE": HUGE, "SLURMFT_RESIGNAL_S": "nan", "SLURMFT_PG_TIMEOUT_S": "1e400",
+                      "SLURMFT_MIN_FREE_GB": "inf"}
+
+
 def _bad3(text: str) -> dict[str, tuple[int, str | None]]:
     """Step 3 fails verification naming ``text`` (export verifies first); the newest valid is 2."""
     return {"verify": (1, text), "verify --all": (1, text), "export 3": (1, text)}
@@ -293,6 +378,29 @@ CASES: list[Case] = [
     Case("journal_fifo", _journal_fifo, {}, outcome="a FIFO"),
     Case("journal_link_to_secret", _journal_link, {}, outcome="a symbolic link"),
     Case("journal_hostile_lines", _journal_hostile_lines, {}, outcome="85"),
+    # Issue 26: numbers no float can hold, NaN and Infinity, records of the wrong shape.
+    Case("journal_hostile_numbers", _journal_hostile_numbers,
+         {"status": (0, None), "interval": (0, None), "watch": (0, "requeue")}, outcome="85",
+         skip=NO_CHECKPOINT_CHANGE),
+    Case("watch_state_wrong_types", _watch_state_wrong_types,
+         {"status": (0, "unreadable"), "watch": (2, "field recovery.fault_time")}, skip=NO_CHECKPOINT_CHANGE),
+    Case("watch_state_not_json", _watch_state_not_json,
+         {"status": (0, "unreadable"), "watch": (2, "not valid JSON (NaN is not a JSON number")},
+         skip=NO_CHECKPOINT_CHANGE),
+    Case("watch_state_huge_numbers", _watch_state_huge_numbers,
+         {"status": (0, "unreadable"), "watch": (2, "field recovery.pending_since")}, skip=NO_CHECKPOINT_CHANGE),
+    Case("manifest_nan_time", _manifest_nan_time,
+         _bad3("not valid JSON") | {"inspect 3": (2, "NaN is not a JSON number"),
+                                    "inspect --tensors 3": (2, None), "export 3": (2, None)}, loads=2),
+    Case("manifest_huge_time", _manifest_huge_time,
+         _bad3("must be a unix time") | {"inspect 3": (2, "must be a unix time"),
+                                         "inspect --tensors 3": (2, None), "export 3": (2, None)}, loads=2),
+    Case("tiers_not_json", _tiers_hostile_record, {"ls": (0, "node-local tiers not shown")},
+         skip=NO_CHECKPOINT_CHANGE),
+    Case("tiers_huge_step", _tiers_huge_step, {"ls": (0, "malformed entry for node 'n1'")},
+         skip=NO_CHECKPOINT_CHANGE),
+    Case("launch_env_hostile_numbers", lambda run, out: None,
+         {"launch_env": (86, "SLURMFT_")}, env=LAUNCH_HOSTILE_ENV, skip=NO_CHECKPOINT_CHANGE),
 ]
 
 
@@ -333,10 +441,12 @@ def build_case(case: Case, pristine: Path, run: Path, outside: Outside) -> None:
 
 
 COMMANDS = ("ls", "verify", "verify --all", "inspect 3", "inspect --tensors 3", "export 3",
-            "prune --dry-run", "status", "interval", "outcome", "append", "load_latest", "prune")
-# Read-only commands that read the journal and the watcher's state, not the checkpoints: each must
-# answer 0 or 2 (one line), never a traceback or a hang, whatever the case.
-JOURNAL_READERS = ("status", "interval")
+            "prune --dry-run", "status", "interval", "outcome", "launch_env", "watch", "append", "load_latest",
+            "prune")
+# Commands that read the journal and the watcher's state, not the checkpoints (``watch``: two
+# cycles of the watcher over a job that failed): each answers 0 or 2 (one line), never a
+# traceback, a hang or a failed cycle, whatever the case; a case may name what it must answer.
+JOURNAL_READERS = ("status", "interval", "watch")
 
 
 def commands_for(case: Case) -> list[str]:

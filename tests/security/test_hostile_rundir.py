@@ -62,7 +62,7 @@ def world():
                 run = base / who / case.name / "run"
                 hostile.build_case(case, pristine, run, outside)
                 spec.append({"case": case.name, "run": str(run), "out": str(base / who / "out"),
-                             "commands": hostile.commands_for(case)})
+                             "commands": hostile.commands_for(case), "env": case.env})
             (base / who / "out").mkdir()
             (base / who / "cwd").mkdir()
             if who == "user":
@@ -128,6 +128,15 @@ def test_each_command_over_each_hostile_run_dir(world, who, case):
             if r["code"] == 2:
                 errors = [ln for ln in r["output"].splitlines() if ln.startswith(f"slurmft {command}: ")]
                 assert errors and len(errors[-1]) < 2000, where
+            if command in case.expect:
+                code, text = case.expect[command]
+                assert r["code"] == code and (text is None or text in r["output"]), where
+            continue
+        if command == "launch_env":
+            code, text = case.expect.get(command, (0, None))
+            assert r["code"] == code and (text is None or text in r["output"]), where
+            if code:
+                assert len(r["output"].strip().splitlines()) == 1 and len(r["output"]) < 2000, where
             continue
         code, text = _expected(case, command)
         assert r["code"] == code, where

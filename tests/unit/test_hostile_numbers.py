@@ -332,3 +332,25 @@ def test_interval_measures_a_run_whose_journal_has_bad_numbers(tmp_path, t):
     result = cli("interval", "--run-dir", tmp_path / "run", "--mtbf", "3600", "--json")
     assert result.exit_code == 0, result.output
     assert strict_json(result.stdout)["cost_s"] == 2.0
+
+
+# ----------------------------------------------------------------------------- manifests
+
+
+@pytest.mark.parametrize("created_at,error", [(HUGE, "must be a unix time"), ("1e300", "must be a unix time"),
+                                              ("NaN", "NaN is not a JSON number"),
+                                              ("Infinity", "Infinity is not a JSON number")])
+def test_ckpt_over_a_manifest_whose_time_is_no_time(tmp_path, created_at, error):
+    """Before: OverflowError out of `ckpt ls`/`inspect` (float() of 400 digits; time.localtime
+    of 1e300), and `ckpt ls --json` printed NaN, which is not JSON."""
+    ckpt = RunDir(tmp_path / "run").checkpoint(3)
+    ckpt.mkdir(parents=True)
+    (ckpt / "manifest.json").write_text(
+        '{"format_version": 1, "step": 3, "world_size": 1, "torch_version": "2", "job_id": "7", '
+        f'"restart_count": 0, "created_at": {created_at}, "hash_algo": "xxh3_128", "files": [], "extra": {{}}}}')
+    listed = cli("ckpt", "ls", tmp_path / "run", "--json")
+    assert listed.exit_code == 0, listed.output
+    entry = strict_json(listed.stdout)["checkpoints"][0]
+    assert entry["created_at"] is None and error in entry["error"]
+    inspected = cli("ckpt", "inspect", tmp_path / "run", "3")
+    assert inspected.exit_code == 2 and error in one_error_line(inspected, "ckpt")
