@@ -109,7 +109,7 @@ def nodes(names) -> str:
         return "-"
     try:
         return hostlist.collect_hostlist(names)
-    except Exception:  # noqa: BLE001 - a name from the run dir that is no host name: as it is
+    except hostlist.BadHostlist:  # a name from the run dir that is no host name: as it is
         return ",".join(names)
 
 

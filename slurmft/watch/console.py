@@ -40,7 +40,7 @@ def _nodes(event: Mapping[str, Any]) -> str:
         return ""
     try:
         return hostlist.collect_hostlist(names)
-    except Exception:  # noqa: BLE001 - a name that is no host name (hostlist refuses it): as it is
+    except hostlist.BadHostlist:  # a name that is no host name (hostlist refuses it): as it is
         return ",".join(names)
 
 
