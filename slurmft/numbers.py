@@ -77,6 +77,8 @@ def _bounds(lo: float | None, hi: float | None, integral: bool) -> str:
     if integral:
         lo = None if lo is not None and lo <= -MAX_INT64 else lo
         hi = None if hi is not None and hi >= MAX_INT64 else hi
+        if lo is None and hi is None:
+            return f"an integer that fits 64 bits (at most {MAX_INT64} in size)"
     if lo is not None and hi is not None:
         return f"{kind} from {lo:g} to {hi:g}"
     if lo is not None:

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from slurmft import numbers
 from slurmft.rundir import RunDir, atomic_write_json
 from slurmft.watch.runview import read_small_json
 
@@ -39,6 +40,9 @@ class LockError(RuntimeError):
 
 class LeaseLost(LockError):
     """Another watcher took the run over while this one stalled: it must not act on it."""
+
+
+MAX_PID = 2**22  # Linux's largest pid_max; os.kill of a pid past a C int raises OverflowError
 
 
 @dataclass(frozen=True)
@@ -59,15 +63,15 @@ def read_lease(path) -> Lease | None:
     data: Any = read_small_json(path)
     if not isinstance(data, dict) or data.get("version") != LEASE_VERSION:
         return None
-    host, pid, token, when = data.get("host"), data.get("pid"), data.get("token"), data.get("time")
-    if not (isinstance(host, str) and isinstance(token, str) and isinstance(pid, int)
-            and not isinstance(pid, bool) and isinstance(when, (int, float))
-            and not isinstance(when, bool) and when == when and abs(when) < 1e12):
-        return None
+    host, token = data.get("host"), data.get("token")
+    pid = numbers.whole(data.get("pid"), 1, MAX_PID)  # a pid os.kill can be asked about
+    when = numbers.unix_time(data.get("time"))
     started = data.get("started")
-    if isinstance(started, bool) or not isinstance(started, (int, type(None))):
+    if not (isinstance(host, str) and isinstance(token, str) and pid is not None and when is not None):
         return None
-    return Lease(host, pid, token, float(when), started)
+    if started is not None and numbers.count(started) is None:
+        return None
+    return Lease(host, pid, token, when, started)
 
 
 def start_time(pid: int) -> int | None:

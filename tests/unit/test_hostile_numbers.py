@@ -354,3 +354,23 @@ def test_ckpt_over_a_manifest_whose_time_is_no_time(tmp_path, created_at, error)
     assert entry["created_at"] is None and error in entry["error"]
     inspected = cli("ckpt", "inspect", tmp_path / "run", "3")
     assert inspected.exit_code == 2 and error in one_error_line(inspected, "ckpt")
+
+
+# ----------------------------------------------------------------------------- the watcher's lease
+
+
+@pytest.mark.parametrize("pid", [2**40, 10**30, HUGE])
+def test_a_lease_naming_a_pid_no_process_can_have_is_no_claim(tmp_path, pid):
+    """Before: os.kill(2**40, 0) raised OverflowError out of the lock: the watcher could not start."""
+    import socket
+    import time
+
+    from slurmft.watch.lock import RunLock
+
+    run = RunDir(tmp_path / "run")
+    run.watch_state.parent.mkdir(parents=True)
+    (run.watch_state.parent / "lease.json").write_text(
+        f'{{"version": 1, "host": "{socket.gethostname()}", "pid": {pid}, "token": "x", "time": {time.time()}}}')
+    lock = RunLock(run)
+    lock.acquire()  # the file is no lease: replaced
+    lock.release()
