@@ -62,3 +62,55 @@ def test_ckpt_ls_over_a_tier_record_at_its_cap(tmp_path, nodes, as_json):
 
     took, base = assert_linear(f"ckpt ls{' --json' if as_json else ''}, {nodes} node(s)", reader_for)
     print(f"ckpt ls json={as_json} nodes={nodes}: {took:.3f} s at the cap, {base:.3f} s at 1/16")
+
+
+def test_manifest_at_its_cap(tmp_path):
+    """``manifest.json`` at 64 MiB (~400,000 file entries), read by every ``ckpt`` command as root."""
+    from slurmft.train.manifest import MAX_MANIFEST_BYTES, FileEntry, build_manifest, read_manifest, write_manifest
+
+    per_entry = 140  # bytes of one indented entry, with room to spare
+
+    def reader_for(d):
+        ckpt = _dir(tmp_path, d)
+        n = MAX_MANIFEST_BYTES // d // per_entry
+        files = [FileEntry(f"__{i % 8}_0.distcp/{i:09d}", i, f"xxh3_128:{i:032x}") for i in range(n)]
+        write_manifest(ckpt, build_manifest(7, 8, "2.5.0", files))
+        assert (ckpt / "manifest.json").stat().st_size <= MAX_MANIFEST_BYTES // d
+        return lambda: read_manifest(ckpt)
+
+    took, base = assert_linear("read_manifest", reader_for)
+    print(f"read_manifest: {took:.3f} s at the cap, {base:.3f} s at 1/16")
+
+
+def test_done_marker_at_its_cap(tmp_path):
+    """``DONE`` at 64 KiB: one object with as many fields as fit (the watcher reads it each cycle)."""
+    from slurmft.rundir import MAX_DONE_BYTES, RunDir, read_done
+
+    def reader_for(d):
+        run = _dir(tmp_path, d)
+        raw = largest_under(MAX_DONE_BYTES // d, lambda n: compact(
+            {"job_id": "1", "step": 5, "total_steps": 9, **{f"k{i}": i for i in range(n)}}))
+        (run / "DONE").write_bytes(raw)
+        return lambda: read_done(RunDir(run))
+
+    assert_linear("read_done", reader_for)
+
+
+def test_sweep_state_at_its_cap(tmp_path):
+    """Root's sweep state at 16 MiB: NVLink counters for as many links as fit, checked field by field."""
+    from slurmft.health.state import MAX_STATE_BYTES, HealthState
+
+    def reader_for(d):
+        state = _dir(tmp_path, d) / "health-n1.json"
+        links = MAX_STATE_BYTES // d // (8 * 40)  # ~35 bytes a link: '"1234567":{"crc":1234567,"replay":1},'
+        raw = compact({"version": 1, "data": {"nvlink": {
+            f"0000:{g:02x}:00.0": {str(link): {"crc": link, "replay": 1} for link in range(links)}
+            for g in range(8)}}})
+        assert MAX_STATE_BYTES // d // 2 < len(raw) <= MAX_STATE_BYTES // d
+        state.write_bytes(raw)
+
+        def read():
+            assert not HealthState.load(state).unreadable
+        return read
+
+    assert_linear("HealthState.load", reader_for)
