@@ -176,7 +176,9 @@ def _read_beat(entry: os.DirEntry) -> Beat | str | None:
     every = data.get("every")
     phase = data.get("phase")
     bound = numbers.finite(data.get("phase_bound_s"), 0.0, numbers.MAX_SECONDS) or None
-    label = phase[:MAX_PHASE_LABEL] if isinstance(phase, str) and phase and bound is not None else None
+    # Shown in the watcher's log and journal: printable characters only (run-dir content is untrusted).
+    label = ("".join(c if c.isprintable() else "?" for c in phase[:MAX_PHASE_LABEL])
+             if isinstance(phase, str) and phase and bound is not None else None)
     return Beat(
         node=node,
         job_id=str(data["job_id"]) if isinstance(data.get("job_id"), (str, int)) else None,

@@ -184,8 +184,13 @@ def _read_as_nobody(run: RunDir) -> str:
             os.close(r)
             os.setgid(65534)
             os.setuid(65534)
-            beats = read_heartbeats(run)
-            answer = {"beats": sorted(beats), "unreadable": sorted(beats.unreadable)} if beats is not None else None
+            from slurmft.watch.filecache import HeartbeatCache
+
+            cache = HeartbeatCache()
+            read = [read_heartbeats(run), read_heartbeats(run, cache), read_heartbeats(run, cache)]
+            # The cached reader too, and on its next call (an unreadable file is never cached).
+            answer = [{"beats": sorted(b), "unreadable": sorted(b.unreadable)} for b in read
+                      if b is not None]
             os.write(w, json.dumps(answer).encode())
         finally:
             os._exit(0)
@@ -209,7 +214,7 @@ def test_the_reader_names_a_heartbeat_file_it_cannot_read():
         for d in (run.root, run.heartbeat_dir):
             os.chmod(d, 0o755)
         os.chmod(run.heartbeat("n2"), 0o644)
-        assert json.loads(_read_as_nobody(run)) == {"beats": ["n2"], "unreadable": ["n1"]}
+        assert json.loads(_read_as_nobody(run)) == [{"beats": ["n2"], "unreadable": ["n1"]}] * 3
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
@@ -283,6 +288,17 @@ def test_one_long_step_does_not_inflate_timeouts_for_the_rest_of_the_run(run):
     assert client.calls == []
     w.step(running(), NODES, now + 300)  # the job hangs: no beat for 5 minutes
     assert client.calls and client.calls[0][0] == "requeue"
+
+
+def test_a_phase_label_from_the_run_dir_is_shown_printable(run):
+    from slurmft.watch.runview import read_heartbeats
+
+    atomic_write_json(run.heartbeat("n1"), {"node": "n1", "time": T0, "phase": "save\nFAKE LOG LINE",
+                                            "phase_bound_s": 60})
+    atomic_write_json(run.heartbeat("n2"), {"node": "n2", "time": T0, "phase": "save", "phase_bound_s": -1})
+    beats = read_heartbeats(run)
+    assert beats["n1"].phase == "save?FAKE LOG LINE" and beats["n1"].phase_bound_s == 60
+    assert beats["n2"].phase is None and beats["n2"].phase_bound_s is None  # no usable bound: no phase
 
 
 def test_clock_skew_of_a_few_seconds_is_allowed(run):
