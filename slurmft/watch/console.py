@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from slurmft import journal
+from slurmft import journal, numbers
 
 
 def duration(seconds: float) -> str:
@@ -50,7 +50,7 @@ def _on(event: Mapping[str, Any]) -> str:
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return numbers.unix_time(value)  # times only; what is no unix time is not shown
 
 
 def describe(kind: str, event: Mapping[str, Any]) -> str | None:

@@ -34,18 +34,10 @@ MAX_LINE = 64 * 1024
 Key = tuple[str, int]
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _num(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if value == value and abs(value) != float("inf") else None
-
-
 def _key(event: Event) -> Key | None:
-    job, restart = event.get("job_id"), _int(event.get("restart_count"))
+    # Fields through Event's typed reads (slurmft.numbers): a 400-digit job_submit_time once
+    # raised OverflowError here, out of the metrics feed and so out of every watcher cycle.
+    job, restart = event.get("job_id"), event.count("restart_count")
     if not isinstance(job, (str, int)) or restart is None:
         return None
     return str(job), restart
@@ -86,11 +78,11 @@ class EttrAccumulator:
     def add(self, event: Event) -> None:
         kind = event.kind
         if kind == journal.LOSS:
-            step, key = _int(event.get("step")), _key(event)
+            step, key = event.count("step"), _key(event)
             if step is not None and key is not None:
                 self._row(step, event.time, key)
         elif kind == journal.CHECKPOINT_COMMITTED:
-            step = _int(event.get("step"))
+            step = event.count("step")
             if step is not None:
                 self.commits.append(step)
                 if len(self.commits) == self.commits.maxlen:
@@ -98,7 +90,7 @@ class EttrAccumulator:
         elif kind == journal.RUN_FINISHED:
             self.finished_at = event.time
         elif kind == journal.WATCH_STARTED:
-            submitted = _num(event.get("job_submit_time"))
+            submitted = event.when("job_submit_time")
             if submitted is not None:
                 self.submits.append(submitted)
         elif kind in (journal.SEGMENT_START, journal.SEGMENT_END):
@@ -112,7 +104,7 @@ class EttrAccumulator:
                     self.last_segment = key
             elif kind == journal.SEGMENT_END and key in self.segments:
                 seg = self.segments[key]
-                seg.end, seg.exit_code = event.time, _int(event.get("exit_code"))
+                seg.end, seg.exit_code = event.time, event.integer("exit_code")
 
     def _row(self, step: int, when: float, key: Key) -> None:
         rows = self.rows.setdefault(key, _Rows())

@@ -374,3 +374,17 @@ def test_a_lease_naming_a_pid_no_process_can_have_is_no_claim(tmp_path, pid):
     lock = RunLock(run)
     lock.acquire()  # the file is no lease: replaced
     lock.release()
+
+
+def test_the_watchers_ettr_gauge_reads_a_journal_with_bad_numbers(tmp_path):
+    """Before: a 400-digit job_submit_time raised OverflowError out of the metrics feed, which
+    runs after every cycle outside the per-run guard: the watcher itself crashed, and again after
+    each restart."""
+    from slurmft.watch.ettr import EttrTail
+
+    write_journal(tmp_path, [line(str(T0), "watch_started", job_submit_time=HUGE),
+                             line(str(T0), "segment_start"), line(HUGE), line(str(T0 + 1), "loss", step=HUGE),
+                             line(str(T0 + 2), "loss", step="1"), line(str(T0 + 3), "loss", step="2"),
+                             line(str(T0 + 4), "segment_end", exit_code=HUGE)])
+    ettr = EttrTail(tmp_path / "events.jsonl").poll().ettr(T0 + 10)
+    assert ettr is not None and 0 < ettr <= 1

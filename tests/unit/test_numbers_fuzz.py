@@ -197,6 +197,10 @@ def test_status_and_interval_over_any_journal_show_the_run_or_say_what_is_missin
     printed = runner.invoke(app, ["status", str(run), "--no-slurm", "--json"])
     assert printed.exit_code == 0, printed.output
     strict_json(printed.stdout)
+    from slurmft.watch.ettr import EttrTail  # the watcher's own reading of the same journal
+
+    ettr = EttrTail(run / "events.jsonl").poll().ettr(T0 + 2000)
+    assert ettr is None or 0 <= ettr <= 1
     for extra in ([], ["--mtbf", "3600"], ["--cost", "5", "--json"]):
         result = runner.invoke(app, ["interval", "--run-dir", str(run), *extra])
         assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
