@@ -237,3 +237,30 @@ path = "{log}"
     res = sweep(slurm_cluster, config, "n3", "--forget-xids")
     assert res.returncode == 0, res.stderr
     assert not client.nodes()["n3"].drained
+
+
+@pytest.mark.timeout(120)
+def test_a_check_that_leaves_a_setsid_child_is_judged_at_its_exit(slurm_cluster, tmp_path):
+    """Issue 26 item 4 through the real sweep and controller: a site check exits 0 at once but
+    leaves a child in a session of its own holding its stdout. The sweep judges the check by its
+    exit (healthy: n2 stays in service), and the child does not outlive the sweep."""
+    pid = tmp_path / "child.pid"
+    config = tmp_path / "slurmft.toml"
+    config.write_text(f"""
+[sweep]
+checks = ["external_site"]
+state_dir = "{tmp_path}/state"
+report_dir = "{tmp_path}/reports"
+textfile_dir = "{tmp_path}/textfile"
+[[health_external.commands]]
+name = "site"
+argv = ["/bin/sh", "-c", "setsid sh -c 'echo $$ > {pid}; exec sleep 300' & while [ ! -s {pid} ]; do sleep 0.01; done; echo all fine"]
+timeout_s = 15
+""")
+    res = sweep(slurm_cluster, config, "n2", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr  # not "timed out after 15 s" and drained
+    report = json.loads(res.stdout)
+    assert {"check": "external_site", "status": "ok", "detail": "all fine"} in report["results"]
+    assert not CliSlurmClient(env=slurm_cluster.env).nodes()["n2"].drained
+    child = Path(f"/proc/{pid.read_text().strip()}")
+    assert not child.exists() or child.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
