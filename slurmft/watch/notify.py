@@ -12,7 +12,6 @@ waited for beyond ``EXIT_DRAIN_S``; such a child is left running (it is the hook
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -21,6 +20,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
+
+from slurmft import numbers
 
 log = logging.getLogger(__name__)
 REAP_S = 10.0  # how long a killed hook is waited for (one stuck in the kernel cannot die)
@@ -42,10 +43,8 @@ class HookResult:
 
 
 def _encode(event: Mapping[str, Any]) -> bytes:
-    try:
-        return (json.dumps(event, sort_keys=True, default=str, allow_nan=False) + "\n").encode()
-    except ValueError:  # NaN or infinity somewhere: still send something a script can parse
-        return (json.dumps(event, sort_keys=True, default=str) + "\n").encode()
+    # Valid JSON whatever the event holds (a non-finite float is written null, never NaN).
+    return (numbers.dumps(event, sort_keys=True, default=str) + "\n").encode()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -40,11 +40,13 @@ def test_the_event_arrives_as_one_json_object_on_stdin(tmp_path):
     assert result.output == "sent\n"
 
 
-def test_values_json_cannot_hold_are_still_sent(tmp_path):
-    code = "import sys, json; e = json.load(sys.stdin); print(e['when'], e['bad'])"
+def test_values_json_cannot_hold_are_still_sent_as_valid_json(tmp_path):
+    # Strict JSON on the hook's side: NaN (which Python's json would write) is refused there.
+    code = ("import sys, json; e = json.load(sys.stdin, parse_constant=lambda c: sys.exit(f'not JSON: {c}')); "
+            "print(e['when'], e['bad'])")
     event = {"when": datetime(2026, 1, 2, tzinfo=timezone.utc), "bad": math.nan}
     result = run_hook([PY, "-c", code], event, timeout_s=30)
-    assert result.ok and result.output.strip() == "2026-01-02 00:00:00+00:00 nan"
+    assert result.ok and result.output.strip() == "2026-01-02 00:00:00+00:00 None", result
 
 
 def test_a_failing_hook_is_reported_with_its_output(caplog):
