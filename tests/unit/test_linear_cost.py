@@ -114,3 +114,47 @@ def test_sweep_state_at_its_cap(tmp_path):
         return read
 
     assert_linear("HealthState.load", reader_for)
+
+
+def test_watch_state_at_its_cap(tmp_path):
+    """``watch/state.json`` at 64 KiB: as many node fault counts and exclusions as fit."""
+    from slurmft.rundir import RunDir
+    from slurmft.watch.runview import MAX_SMALL_FILE
+    from slurmft.watch.state import RunState, load_state
+
+    def make(n):
+        state = RunState(job_id="1")
+        state.node_faults = {f"n{i:05d}": 1 for i in range(n)}
+        state.excluded = [f"n{i:05d}" for i in range(n)]
+        return compact(state.to_json())
+
+    def reader_for(d):
+        run = _dir(tmp_path, d)
+        (run / "watch").mkdir()
+        (run / "watch" / "state.json").write_bytes(largest_under(MAX_SMALL_FILE // d, make))
+        return lambda: load_state(RunDir(run), "1")
+
+    assert_linear("load_state", reader_for)
+
+
+def test_heartbeat_at_its_cap(tmp_path):
+    """A node's heartbeat file at 64 KiB: a beat with as many extra fields as fit."""
+    import time
+
+    from slurmft.rundir import RunDir
+    from slurmft.watch.runview import MAX_SMALL_FILE, read_heartbeats
+
+    def reader_for(d):
+        run = _dir(tmp_path, d)
+        (run / "heartbeat").mkdir()
+        raw = largest_under(MAX_SMALL_FILE // d, lambda n: compact(
+            {"node": "n01", "time": time.time(), "step": 5, "restart_count": 0, "job_id": "1",
+             **{f"k{i}": i for i in range(n)}}))
+        (run / "heartbeat" / "n01.json").write_bytes(raw)
+
+        def read():
+            beats = read_heartbeats(RunDir(run))
+            assert beats is not None and "n01" in beats
+        return read
+
+    assert_linear("read_heartbeats", reader_for)
