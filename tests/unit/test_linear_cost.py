@@ -158,3 +158,31 @@ def test_heartbeat_at_its_cap(tmp_path):
         return read
 
     assert_linear("read_heartbeats", reader_for)
+
+
+def test_submit_record_at_its_cap(tmp_path):
+    """``watch/submit.json`` at 64 KiB: a submit line of as many ``-x <node>`` options as fit,
+    read, split and merged into a resubmission's arguments."""
+    from slurmft.rundir import RunDir
+    from slurmft.watch.resubmit import SubmitRecord, load_record, resubmit_argv
+    from slurmft.watch.runview import MAX_SMALL_FILE
+
+    def make(n):
+        tokens = ["sbatch", *[t for i in range(n) for t in ("-x", f"n{i:05d}")], "job.sh", "--steps", "9"]
+        return compact({"job_id": "7", "submit_line": " ".join(tokens), "work_dir": "/w",
+                        "script_index": 1 + 2 * n})
+
+    def reader_for(d):
+        run = _dir(tmp_path, d)
+        path, _ = SubmitRecord.paths(RunDir(run))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(largest_under(MAX_SMALL_FILE // d, make))
+
+        def read():
+            record = load_record(RunDir(run))
+            assert record is not None
+            argv = resubmit_argv(record, run / "script", run, ["n99999"])
+            assert argv[-3:] == [str(run / "script"), "--steps", "9"]
+        return read
+
+    assert_linear("load_record + resubmit_argv", reader_for)
