@@ -193,6 +193,7 @@ class SimRun:
     def start_now(self) -> None:
         if self.state is JobState.PENDING:
             self.pending_until = min(self.pending_until, self.now + 2.0)
+            self._next = min(self._next, self.pending_until)  # the queue loop looks again then
 
     def advance(self, until: float) -> None:
         """Everything the run and Slurm do up to ``until``."""
