@@ -47,6 +47,7 @@ class DoneCache:
     def __init__(self) -> None:
         self.sig: tuple[int, int, int, int] | None = None
         self.value: dict[str, Any] | None = None
+        self.unreadable = False  # the last lstat failed for another reason than absence
 
 
 class RunFilesCache:
@@ -57,3 +58,6 @@ class RunFilesCache:
         self.beats = HeartbeatCache()
         self.done = DoneCache()
         self.no_heartbeat_dir = False
+        # False when the last read could not look at the run dir (its stat, or DONE's lstat,
+        # failed for another reason than absence): DONE is then unknown, not absent.
+        self.observed = True

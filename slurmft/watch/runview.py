@@ -200,12 +200,14 @@ def read_done(run_dir: RunDir, cache: DoneCache | None = None) -> dict[str, Any]
     """The DONE marker: its JSON fields, ``{}`` for a plain-text marker, None when absent. With
     a ``cache``: one ``lstat`` while the marker is absent or unchanged."""
     if cache is not None:
+        cache.unreadable = False
         try:
             info = os.lstat(run_dir.done)
         except FileNotFoundError:
             cache.sig = cache.value = None
             return None
         except OSError:
+            cache.unreadable = True  # not known to be absent: the caller must not decide on it
             return None
         sig = signature(info)
         if sig == cache.sig:
@@ -233,11 +235,15 @@ def read_run_files(run_dir: RunDir, cache: RunFilesCache) -> tuple[dict[str, Bea
         info = os.stat(run_dir.root)
     except OSError:  # gone, or the filesystem does not answer: not observed
         cache.root_sig = None
+        cache.observed = False
         return None, None
     sig = signature(info)
     same = sig == cache.root_sig
     cache.root_sig = sig if settled(info, time.time()) else None
     done = cache.done.value if same else read_done(run_dir, cache.done)
+    cache.observed = not cache.done.unreadable
+    if not cache.observed:
+        cache.root_sig = None  # look again next cycle
     if same and cache.no_heartbeat_dir:
         return {}, done
     beats = read_heartbeats(run_dir, cache.beats, root_exists=True)

@@ -211,7 +211,13 @@ class RunWatch:
             self.recorder(obs, self.memory(), self.tail.offset)
         if job is not None and not job.state.finished:
             self._save_submission(job)
-        if self.state.phase == RECOVERING:
+        if not self._files.observed:
+            # Could not observe: the run dir (or its DONE) did not answer, so DONE is unknown,
+            # not absent. Decide nothing this cycle (a finished run read as not DONE would be
+            # requeued, resubmitted or marked lost); the next cycle looks again.
+            log.warning("job %s: could not read the run dir %s this cycle: deciding nothing",
+                        self.job_id, self.run_dir.root)
+        elif self.state.phase == RECOVERING:
             self._advance(obs)
         else:
             self._watch(obs)
