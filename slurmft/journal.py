@@ -69,6 +69,7 @@ PREEMPTION = "preemption"
 HANG = "hang"
 LOSS = "loss"
 TEMPLATE = "template"
+CHECKPOINT_SKIPPED = "checkpoint_skipped"  # step, reason: damaged, passed over at load (newest first)
 RESUME_DIVERGED = "resume_diverged"  # step, loss, journaled: a redone step's loss changed (redo_check.py)
 # Written by the launcher when it wants a requeue it cannot do itself (no scontrol in the job):
 # reason, exclude (node names the pre-flight failed). `slurmft watch` carries it out.

@@ -96,6 +96,8 @@ class Segment:
     last_step_time: float | None = None
     steps: int = 0
     median_step_s: float | None = None
+    # (step, reason) of each checkpoint this segment passed over at its load (damaged)
+    checkpoints_skipped: list[tuple[int | None, str]] = field(default_factory=list)
 
     @property
     def load_bandwidth(self) -> float | None:
@@ -203,6 +205,8 @@ def _segments(events: Sequence[Event], steps) -> list[Segment]:
                 nodelist=event.text("nodelist"),
                 restored_step=event.count("restored_step"),
                 load_s=event.seconds("load_s"), load_bytes=event.count("load_bytes"))
+        elif event.kind == journal.CHECKPOINT_SKIPPED and key in segments:
+            segments[key].checkpoints_skipped.append((event.count("step"), event.text("reason")))
         elif event.kind == journal.SEGMENT_END and key in segments:
             seg = segments[key]
             seg.end, seg.exit_code = event.time, event.integer("exit_code")

@@ -155,6 +155,11 @@ def render(report: Report, run_dir: Path, note: str = "", console: Console | Non
     console.print(_summary(report, run_dir, note))
     if report.segments:
         console.print(_segments(report))
+    for i, seg in enumerate(report.segments):  # a damaged checkpoint the segment passed over
+        for step, reason in seg.checkpoints_skipped:
+            console.print(f"[yellow]checkpoint skipped[/] segment {i} ({escape(seg.job_id)}."
+                          f"{seg.restart_count}): step {'-' if step is None else step} at load: "
+                          + escape(reason or "no reason recorded"))
     if report.faults:
         console.print(_faults(report))
         _evidence(report, console)

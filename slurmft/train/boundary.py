@@ -20,7 +20,9 @@ Two tools:
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import sys
 import warnings
 from typing import Any, cast
 
@@ -30,6 +32,30 @@ import torch
 
 class ResumeDivergenceWarning(UserWarning):
     """State changed outside a step: a run resumed from a checkpoint will not match one that never stopped."""
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_site(skip: int = 1) -> tuple[str, int, int]:
+    """(file, line, level) of the innermost frame outside slurmft and contextlib, searched from
+    ``skip`` frames above this function: the user's line that called into slurmft. ``level`` counts
+    from the frame at ``skip`` (1), so ``warnings.warn``'s stacklevel from there is ``level + skip - 1``."""
+    frame = sys._getframe(skip)
+    level = 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (os.path.abspath(name).startswith(_PACKAGE) or name.endswith(f"{os.sep}contextlib.py")):
+            return name, frame.f_lineno, level
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return "<unknown>", 0, 1
+
+
+def warn_user(message: str) -> None:
+    """A :class:`ResumeDivergenceWarning` attributed to the user's line, whatever depth of slurmft
+    calls it (``skip_file_prefixes`` is Python 3.12+)."""
+    _, _, level = user_site(2)  # level 1 = warn_user's caller
+    warnings.warn(message, ResumeDivergenceWarning, stacklevel=level + 1)
 
 
 def step_seed(seed: int, step: int, rank: int | None) -> int:
@@ -105,5 +131,5 @@ class BoundaryCheck:
                 message = (f"slurmft: WARNING: {', '.join(moved)} random state advanced {where}: "
                            f"whatever was drawn there is in no checkpoint, so a resumed run will "
                            f"differ from one that never stopped. {advice}")
-                warnings.warn(message, ResumeDivergenceWarning, stacklevel=3)
+                warn_user(message)
         return moved

@@ -224,6 +224,8 @@ class CheckpointManager:
         self._lock = threading.Lock()
         self._last_committed: int | None = None
         self.skipped = 0
+        # (step, reason) of every checkpoint the last load_latest() passed over (same on every rank)
+        self.load_skipped: list[tuple[int, str]] = []
         self._saves_started = 0
         self._tmp_nonce = self._groups.broadcast(secrets.token_hex(8) if self._groups.is_coordinator else None)
         if self._groups.is_coordinator:
@@ -616,6 +618,7 @@ class CheckpointManager:
 
     def _load_latest(self, state: TrainState) -> int | None:
         self.wait()
+        self.load_skipped = []
         groups = self._groups
         if self.run.checkpoints.is_symlink():  # retention would refuse it too: never followed
             raise CheckpointError(f"{self.run.checkpoints}: a symbolic link; checkpoints must be a real "
@@ -639,6 +642,7 @@ class CheckpointManager:
             if not problems:
                 problems = self._load(path, step, state)
             if problems:
+                self.load_skipped.append((step, "; ".join(map(str, problems))))
                 if groups.is_coordinator:
                     for problem in problems:
                         log.warning("checkpoint step %d skipped: %s", step, problem)
@@ -670,6 +674,7 @@ class CheckpointManager:
             except NewerFormatError as exc:
                 raise CheckpointError(str(exc)) from None
             if files is None:
+                self.load_skipped.append((step, "no rank can read its manifest in any tier"))
                 if groups.is_coordinator:
                     log.warning("checkpoint step %d skipped: no rank can read its manifest in any tier", step)
                 continue
@@ -682,6 +687,7 @@ class CheckpointManager:
             finally:
                 files.cleanup()
             if problems:
+                self.load_skipped.append((step, "; ".join(map(str, problems))))
                 if groups.is_coordinator:
                     for problem in problems:
                         log.warning("checkpoint step %d skipped: %s", step, problem)

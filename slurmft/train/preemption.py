@@ -16,10 +16,19 @@ with and the local flag answers at once. ``benchmarks/step_cost_bench.py`` measu
 
 The handler only sets the flag; a second signal during the save sets it again and nothing else,
 so it cannot interrupt or corrupt the save.
+
+A rank whose launcher is gone is an orphan: under plain torchrun the ranks run in their own
+sessions, so a signal to torchrun's process group kills torchrun (SIGUSR2's default action) and
+never reaches them, and they would train on to the end against a run dir the user may already
+have restarted. A daemon thread watches the parent pid (every ``parent_poll_s``, 0.5 s) and, when
+the process that started this rank is gone (``os.getppid()`` changed), sets the same flag as a
+signal: the ranks agree at the next boundary, save and exit 85 (requeue me). Not
+``PR_SET_PDEATHSIG``: it fires when the *thread* that forked the rank ends, not the process.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -68,7 +77,7 @@ class PreemptionHandler:
 
     def __init__(self, signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS, *,
                  process_group: Any = None, device: torch.device | str = "cpu",
-                 check_every: int = PreemptionConfig.check_every) -> None:
+                 check_every: int = PreemptionConfig.check_every, parent_poll_s: float | None = 0.5) -> None:
         if check_every < 1:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.signals = tuple(signals)
@@ -80,6 +89,10 @@ class PreemptionHandler:
         self.agreements = 0  # collectives run so far
         self._previous: dict[signal.Signals, Callable | int | None] = {}
         self._calls = 0
+        self.parent_poll_s = parent_poll_s
+        self.orphaned = False  # the launcher that started this rank is gone
+        self._stop_watch = threading.Event()
+        self._watch: threading.Thread | None = None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only record; everything else happens at the next step boundary.
@@ -91,9 +104,25 @@ class PreemptionHandler:
             raise RuntimeError("PreemptionHandler.install() must run in the main thread")
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._on_signal)
+        parent = os.getppid()
+        if self.parent_poll_s and parent > 1 and self._watch is None:  # started by init: nothing to watch
+            self._stop_watch.clear()
+            self._watch = threading.Thread(target=self._watch_parent, args=(parent, self.parent_poll_s),
+                                           name="slurmft-parent-watch", daemon=True)
+            self._watch.start()
         return self
 
+    def _watch_parent(self, parent: int, poll_s: float) -> None:
+        while not self._stop_watch.wait(poll_s):
+            if os.getppid() != parent:  # reparented: the launcher died
+                self.orphaned = True
+                return
+
     def uninstall(self) -> None:
+        self._stop_watch.set()
+        if self._watch is not None:
+            self._watch.join(timeout=5)
+            self._watch = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
@@ -106,8 +135,15 @@ class PreemptionHandler:
 
     @property
     def requested(self) -> bool:
-        """This rank saw a signal (local view; use ``should_stop`` to decide)."""
-        return self.received is not None
+        """This rank saw a signal or lost its launcher (local view; use ``should_stop`` to decide)."""
+        return self.received is not None or self.orphaned
+
+    @property
+    def reason(self) -> str | None:
+        """What this rank saw: the signal's name, "launcher gone", or None."""
+        if self.received is not None:
+            return self.received.name
+        return "launcher gone" if self.orphaned else None
 
     def should_stop(self, *, force: bool = False) -> bool:
         """Collective: True on every rank when any rank saw a signal. Call on every rank, every step.

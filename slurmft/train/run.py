@@ -41,7 +41,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NoReturn
 
@@ -51,7 +50,7 @@ import torch.distributed as dist
 from slurmft import exitcodes, journal, rundir
 from slurmft.config import ConfigError, load_section
 from slurmft.rundir import RUN_DIR_ENV, RunDir
-from slurmft.train.boundary import BoundaryCheck, ResumeDivergenceWarning, step_generator
+from slurmft.train.boundary import BoundaryCheck, step_generator, user_site
 from slurmft.train.checkpoint import CheckpointError, CheckpointManager
 from slurmft.train.ckpt_config import CheckpointConfig
 from slurmft.train.guards import GuardConfig, GuardResult, StepGuard, Verdict
@@ -59,7 +58,7 @@ from slurmft.train.busy import ForwardTimer
 from slurmft.train.heartbeat import Heartbeat
 from slurmft.train.manifest import ManifestError, read_manifest
 from slurmft.train.preemption import PreemptionConfig, PreemptionHandler
-from slurmft.train.redo_check import RedoneLosses
+from slurmft.train.resume_audit import ResumeAudit
 from slurmft.train.run_config import RunConfig
 from slurmft.train.runtime import JobEnv, JobEnvError, RunDirError, Segment, check_run_dir_writable
 from slurmft.train.state import TrainState
@@ -105,7 +104,9 @@ class Run:
 
     Arguments (every one but ``model`` optional):
       model, optimizer, scheduler, sampler, extras: what a checkpoint holds (:class:`TrainState`;
-        the sampler and scheduler need ``state_dict``/``load_state_dict`` returning plain JSON data).
+        the sampler and scheduler need ``state_dict``/``load_state_dict`` returning plain JSON data;
+        ``extras`` maps names to such objects, a ``torch.amp.GradScaler`` for one, or to plain JSON
+        values). ``segment_start`` journals what is carried (``carries``).
       run_dir: the run directory (default ``$SLURMFT_RUN_DIR``; missing or not writable: exit 86).
       checkpoint, guards, config: :class:`CheckpointConfig`, :class:`GuardConfig`,
         :class:`RunConfig`; default: loaded from ``config_file``/slurmft.toml and ``SLURMFT_*``.
@@ -156,7 +157,7 @@ class Run:
         self._preemption: PreemptionHandler | None = None
         self._checkpoints: CheckpointManager | None = None
         self._forward_timer: ForwardTimer | None = None
-        self._redone: RedoneLosses | None = None
+        self._audit: ResumeAudit | None = None
         self._busy_steps = 0
 
     # ------------------------------------------------------------------ start / close
@@ -165,6 +166,7 @@ class Run:
         """Set everything up and resume from the newest valid checkpoint (collective)."""
         if self._started:
             raise RuntimeError("Run.start() called twice")
+        start_site = user_site(2)[:2]  # the user's `with Run(...)` line, named by resume warnings
         try:
             self.env = self._env_arg or JobEnv.from_environ()
         except JobEnvError as exc:
@@ -199,10 +201,15 @@ class Run:
         load_s = time.perf_counter() - started
         self.restored_step = restored
         self.step = restored or 0
-        if restored is not None and self.env.is_rank0 and self.config.log_every:
-            self._redone = RedoneLosses.from_journal(self.run_dir.events, restored)
+        self._audit = ResumeAudit(model=self.state.model, sampler=self.state.sampler, segment=self.segment,
+                                  events=self.run_dir.events, log_every=self.config.log_every,
+                                  rank0=self.env.is_rank0, restored_step=restored, world_size=self.world_size)
+        self._audit.start_site = start_site
         self.segment.started(restored_step=restored, load_s=round(load_s, 6),
-                             load_bytes=self._checkpoint_bytes(restored), **self._info)
+                             load_bytes=self._checkpoint_bytes(restored), carries=self.state.carried(),
+                             **self._info)
+        for skipped_step, reason in self._checkpoints.load_skipped:
+            self.segment.record(journal.CHECKPOINT_SKIPPED, step=skipped_step, reason=reason)
         self.guard = StepGuard(self.guard_config)
         # Only the node leader writes the heartbeat, so only it times its forward pass.
         self._forward_timer = (ForwardTimer(self.state.model)
@@ -223,6 +230,8 @@ class Run:
         if self._forward_timer is not None:
             self._forward_timer.remove()
             self._forward_timer = None
+        if self._audit is not None:
+            self._audit.close()
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
@@ -325,10 +334,18 @@ class Run:
         while self.step < total:
             step = self.step + 1
             if first:
-                self._boundary.check(f"between the start of the Run (its checkpoint restore) and step {step}",
-                                     _ADVICE)
+                assert self._audit is not None
+                self._audit.loop_started(step)
+                if not self._audit.checks_start:  # the exact check compares the restored state itself
+                    file, line, _ = user_site(1)
+                    site = self._audit.start_site
+                    self._boundary.check(f"between the start of the Run (its checkpoint restore, "
+                                         f"{site[0]}:{site[1]}) and step {step} ({file}:{line})"
+                                         if site else f"between the start of the Run and step {step}", _ADVICE)
                 first = False
             self._in_step, self._reported, self._fields, self.result = step, False, {}, None
+            if self._audit is not None:
+                self._audit.step_started(step, self._saves_at(step))
             if self._watchdog is not None:
                 self._watchdog.step_started(step)
             try:
@@ -370,10 +387,6 @@ class Run:
         self.result = self.guard.check(self.loss, self.grad_norm or 0.0)
         if not self.result.ok and self.state.optimizer is not None:
             self.state.optimizer.zero_grad(set_to_none=True)
-        if self._stop_agreed or self._saves_at(self._in_step) or self.result.verdict is Verdict.ROLLBACK:
-            self._boundary.mark()  # what a save after this step captures must not move from here
-        else:
-            self._boundary.clear()
         return self.result.ok
 
     # ------------------------------------------------------------------ internals
@@ -395,23 +408,22 @@ class Run:
                                        {"reason": "no checkpoint yet: step skipped instead"}))
                 if back is not None:
                     self.step = back
-                    self._boundary.mark()
                     if stop:
                         self._preempt(back)
                     return
         self.step = step
-        if self._reported and self.config.log_every and step % self.config.log_every == 0:
+        if self._reported and self.config.log_every:
             loss = self.loss if self.loss is not None and math.isfinite(self.loss) else None
-            norm = self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else None
-            self.segment.record(journal.LOSS, step=step, loss=loss, grad_norm=norm,
-                                world_size=self.world_size, **self._fields)
-            if self._redone is not None:
-                self._check_redone(step, loss)
+            fp = (None if self._audit is None else
+                  self._audit.step_done(step, loss, self.world_size, stop or self._saves_at(step)))
+            if fp is not None or step % self.config.log_every == 0:
+                norm = self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else None
+                self.segment.record(journal.LOSS, step=step, loss=loss, grad_norm=norm,
+                                    world_size=self.world_size, **self._fields,
+                                    **({} if fp is None else {"fp": fp}))
         if self._forward_timer is not None:
             self._busy_steps += 1
         self.heartbeat.beat(step, busy_s=self._busy_per_step if self._forward_timer is not None else None)
-        if self._reported and (stop or self._saves_at(step)):
-            self._boundary.check(f"after run.report() in step {step}, before its checkpoint", _ADVICE)
         if stop:
             self._preempt(step)
         if self.checkpoints.due(step) and step < total:
@@ -424,29 +436,17 @@ class Run:
         steps, self._busy_steps = self._busy_steps, 0
         return None if forward_s is None or not steps else forward_s / steps
 
-    def _check_redone(self, step: int, loss: float | None) -> None:
-        assert self._redone is not None
-        message = self._redone.check(step, loss, self.world_size)
-        if message is None:
-            if self._redone.compared or not self._redone.expected:
-                self._redone = None  # the first redone step matched: nothing left to compare
-            return
-        warnings.warn(f"slurmft: WARNING: {message}", ResumeDivergenceWarning, stacklevel=4)
-        self.segment.record(journal.RESUME_DIVERGED, step=step, loss=loss,
-                            journaled=self._redone.journaled)
-        self._redone = None
-
     def _saves_at(self, step: int) -> bool:
         return self.checkpoints.due(step) or step == self._total
 
     def _preempt(self, step: int) -> None:
-        signal = self._preemption.received if self._preemption is not None else None
+        seen = self._preemption.reason if self._preemption is not None else None
         try:
             self.checkpoints.emergency_save(step, self.state)
             reason = f"preempted: emergency checkpoint at step {step}"
         except CheckpointError as exc:  # the previous checkpoint is intact: requeueing still helps
             reason = f"preempted: emergency checkpoint at step {step} FAILED ({exc}); resuming from an older one"
-        self.segment.record(journal.PREEMPTION, step=step, signal=signal.name if signal else "peer")
+        self.segment.record(journal.PREEMPTION, step=step, signal=seen or "peer")
         self._end(exitcodes.REQUEUE, reason, step=step)
 
     def _finish(self, total: int) -> None:

@@ -12,6 +12,13 @@ rank's RNG state. The checkpoint's top-level keys:
 * ``rng``: ``rank<r>`` -> that rank's generator tensors (see :mod:`slurmft.train.rng`).
 
 The sampler and extras are global (identical on every rank); only one copy is stored.
+
+``extras`` values are either plain JSON data (restored by replacement) or objects with
+``state_dict()``/``load_state_dict()`` of plain JSON data, such as ``torch.amp.GradScaler``
+(restored in place with ``load_state_dict``, so the object the loop holds is the one resumed).
+State that is in none of these (a data loader's iterator, an EMA kept in a plain tensor) is not in
+the checkpoint: after a resume it starts again from what the script builds;
+``carried()`` says what is.
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ def _to_json(name: str, obj: Any) -> str:
         return json.dumps(obj, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} state must be plain JSON data (dict/list/str/int/float/bool/None): {exc}") from None
+
+
+def stateful(obj: Any) -> bool:
+    """Carried through ``state_dict``/``load_state_dict`` (a scheduler, a sampler, a GradScaler)."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 def rank_key(rank: int) -> str:
@@ -89,7 +101,8 @@ class TrainState(Stateful):
         """Step, scheduler, sampler, extras and this rank's RNG: small, freshly created values."""
         train: dict[str, Any] = {
             "step": int(self.step),
-            "extras": _to_json("extras", self.extras),
+            "extras": _to_json("extras", {name: value.state_dict() if stateful(value) else value
+                                          for name, value in self.extras.items()}),
         }
         if self.scheduler is not None:
             train["scheduler"] = _to_json("scheduler", self.scheduler.state_dict())
@@ -115,7 +128,7 @@ class TrainState(Stateful):
                            optim_state_dict=state_dict[OPTIM], options=self.options)
         train = state_dict[TRAIN]
         self.step = int(train["step"])
-        self.extras = json.loads(train["extras"])
+        self._load_extras(json.loads(train["extras"]))
         for name, obj in (("scheduler", self.scheduler), ("sampler", self.sampler)):
             if obj is None:
                 continue
@@ -125,3 +138,24 @@ class TrainState(Stateful):
         rng = state_dict.get(RNG, {}).get(rank_key(self.rank()))
         if rng is not None:
             restore_rng_state(rng)
+
+    def _load_extras(self, saved: dict[str, Any]) -> None:
+        for name, value in self.extras.items():
+            if stateful(value):
+                if name not in saved:
+                    raise KeyError(f"checkpoint has no state for extras[{name!r}] ({type(value).__name__}) "
+                                   "but this TrainState carries one")
+                value.load_state_dict(saved[name])
+        for name, value in saved.items():
+            if not stateful(self.extras.get(name)):
+                self.extras[name] = value
+
+    def carried(self) -> dict[str, Any]:
+        """What a checkpoint of this state holds besides the model: type names, for the journal."""
+        out: dict[str, Any] = {"model": type(self.model).__name__}
+        for name, obj in (("optimizer", self.optimizer), ("scheduler", self.scheduler), ("sampler", self.sampler)):
+            out[name] = None if obj is None else type(obj).__name__
+        out["extras"] = {name: type(value).__name__ if stateful(value) else "json"
+                         for name, value in self.extras.items()}
+        out["rng"] = "torch, cuda, python, numpy (per rank)"
+        return out

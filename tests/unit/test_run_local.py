@@ -67,13 +67,16 @@ def test_prefetched_batch_warns_loudly(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_prefetch_after_report_warns_at_the_save(tmp_path):
+def test_a_draw_after_report_like_an_evaluation_does_not_warn_at_the_save(tmp_path):
+    # The saved RNG state includes the draw, so a resume from here is bit-identical: no warning.
+    # (A batch prefetched there and held is caught exactly after a resume: test_resume_check_dist.)
     model, optimizer, run = make_run(tmp_path / "run")
-    with pytest.warns(ResumeDivergenceWarning, match=r"after run.report\(\) in step 3, before its checkpoint"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResumeDivergenceWarning)
         with run:
             for _step in run.steps(4):
                 train(model, optimizer, run, draw_batch())
-                torch.rand(1)  # drawn after the step's report: lands in the saved RNG state
+                torch.rand(1)  # an evaluation's random draw after the step's report
 
 
 @pytest.mark.timeout(60)
@@ -191,10 +194,10 @@ def test_bad_config_is_journaled_as_this_segments_deliberate_86(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_batch_drawn_before_the_run_is_caught_by_the_redone_steps_losses(tmp_path):
+def test_a_batch_drawn_before_the_run_is_caught_at_the_first_redone_step(tmp_path):
     # The first prefetched batch drawn BEFORE `with Run` (where it lands when a loop is wrapped),
     # the next one inside the step: the restore overwrites the RNG after the draw, so no RNG check
-    # sees it, and the resumed run silently differed. The redone steps' losses tell.
+    # sees it, and the resumed run silently differed. Step 4's inputs are step 1's: the exact check.
     run_dir = tmp_path / "run"
 
     def loop(total, stop_after=None):
@@ -210,10 +213,13 @@ def test_a_batch_drawn_before_the_run_is_caught_by_the_redone_steps_losses(tmp_p
         return run
 
     loop(6, stop_after=5)                    # checkpoint at 3, steps 4 and 5 journaled, then "killed"
-    with pytest.warns(ResumeDivergenceWarning, match=r"step 4 was redone after the resume with loss"):
+    with pytest.warns(ResumeDivergenceWarning, match=r"step 4, the first after the resume, trained on the "
+                                                     r"inputs step 1 had") as caught:
         loop(6)
+    ours = [w for w in caught if issubclass(w.category, ResumeDivergenceWarning)]
+    assert [w.filename for w in ours] == [__file__], ours  # the user's line, not slurmft's
     (diverged,) = read_events(RunDir(run_dir).events, ["resume_diverged"])
-    assert diverged.get("step") == 4 and diverged.get("loss") != diverged.get("journaled")
+    assert (diverged.get("step"), diverged.get("cause")) == (4, "stale_inputs"), diverged.fields
 
 
 @pytest.mark.timeout(60)
@@ -298,3 +304,98 @@ def test_reporting_the_loss_tensor_itself_raises_no_warning(tmp_path):
                 optimizer.step()
                 optimizer.zero_grad()
     assert not [w for w in caught if "requires_grad" in str(w.message)]
+
+
+@pytest.mark.timeout(120)
+def test_a_corrupted_newest_checkpoint_is_journaled_and_shown_by_status(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from slurmft.cli import app
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # segments are keyed by job
+
+    def loop(total):
+        model, optimizer, run = make_run(run_dir)
+        with run:
+            for _step in run.steps(total):
+                train(model, optimizer, run, draw_batch())
+        return run
+
+    loop(6)  # checkpoints 3 and 6 (the final one)
+    shard = next((RunDir(run_dir).checkpoint(6)).glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40  # one flipped bit in the newest checkpoint's shard
+    shard.write_bytes(bytes(data))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the job's requeue
+    run = loop(8)
+    assert run.restored_step == 3
+    (skipped,) = read_events(RunDir(run_dir).events, ["checkpoint_skipped"])
+    assert skipped.get("step") == 6 and skipped.get("reason"), skipped.fields
+    result = CliRunner().invoke(app, ["status", str(run_dir), "--no-slurm"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "checkpoint skipped segment 1" in result.output and "step 6 at load" in result.output, result.output
+
+
+@pytest.mark.timeout(120)
+def test_a_grad_scaler_in_extras_round_trips_and_the_journal_lists_what_is_carried(tmp_path):
+    # torch.amp.GradScaler("cpu") is the real object (float16 training's loss scale); its
+    # scale doubles every 2 clean steps here, so a scaler that were not carried would differ.
+    run_dir = tmp_path / "run"
+
+    def loop(total, stop_after=None):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4, growth_interval=2)
+        run = Run(model, optimizer, run_dir=run_dir, extras={"scaler": scaler, "note": {"lr": 0.01}},
+                  checkpoint=CheckpointConfig(interval=3), config=RunConfig(watchdog=False, log_every=1))
+        scales = {}
+        with run:
+            assert run.state.extras["scaler"] is scaler  # restored in place, not replaced
+            for step in run.steps(total):
+                x, y = draw_batch()
+                loss = F.mse_loss(model(x), y)
+                scaler.scale(loss).backward()
+                if run.report(loss=loss):
+                    scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+                scales[step] = scaler.state_dict()
+                if step == stop_after:
+                    break
+        return run, scaler, scales
+
+    _, _, first = loop(6, stop_after=5)  # checkpoint 3; steps 4-5 are redone
+    run, scaler, resumed = loop(6)
+    assert run.restored_step == 3
+    assert first[3]["scale"] == 2.0 ** 5 and first[5]["scale"] == 2.0 ** 6
+    assert resumed[4] == first[4] and resumed[5] == first[5]  # it went on from step 3's scaler state
+    assert run.state.extras["note"] == {"lr": 0.01}
+    starts = read_events(RunDir(run_dir).events, ["segment_start"])
+    assert starts[0].get("carries")["extras"] == {"scaler": "GradScaler", "note": "json"}
+    assert starts[0].get("carries")["optimizer"] == "SGD" and starts[0].get("carries")["sampler"] is None
+
+
+def test_a_stateful_extra_missing_from_the_checkpoint_is_named():
+    from slurmft.train.state import TrainState
+
+    class Counter:  # the state_dict contract, as GradScaler has it
+        def __init__(self) -> None:
+            self.n = 0
+
+        def state_dict(self) -> dict:
+            return {"n": self.n}
+
+        def load_state_dict(self, state: dict) -> None:
+            self.n = state["n"]
+
+    counter = Counter()
+    state = TrainState(torch.nn.Linear(2, 1), extras={"counter": counter})
+    counter.n = 7
+    saved = state.light_state(include_rng=False)
+    counter.n = 0
+    state._load_extras(__import__("json").loads(saved["train"]["extras"]))
+    assert counter.n == 7 and state.extras["counter"] is counter
+    with pytest.raises(KeyError, match=r"extras\['counter'\] \(Counter\)"):
+        state._load_extras({})

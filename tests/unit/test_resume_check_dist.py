@@ -1,0 +1,114 @@
+"""The exact resume check on 2 real ranks (gloo/CPU, tests/helpers/trap_worker.py): the two
+determinism traps are journaled as ``resume_diverged`` naming the first resumed step, after a
+preemption (no step redone) and after ``kill -9`` (steps redone); a loop that resumes bit for bit
+(an evaluation drawing from the global RNG after ``optimizer.step()`` included) gets no warning.
+
+Every wait has a timeout and every process is killed (by pid) before a test returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmft import exitcodes
+from slurmft.journal import read_events
+from slurmft.rundir import RunDir
+
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = 120) -> list[tuple[int, str]]:
+    """Start 2 ranks of the trap worker, wait for both: (exit code, stderr) per rank."""
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "77"}
+        env.pop("SLURMFT_RUN_DIR", None)
+        err = open(tmp_path / f"{port}-rank{rank}.err", "w+b")
+        proc = subprocess.Popen([sys.executable, str(WORKER), "--run-dir", str(run_dir),
+                                 "--out", str(tmp_path / run_dir.name), *args],
+                                env=env, stdout=subprocess.DEVNULL, stderr=err)
+        procs.append((proc, err))
+    deadline = time.monotonic() + timeout
+    try:
+        for proc, _ in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"ranks did not finish in {timeout:.0f} s") from None
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=30)
+    results = []
+    for proc, err in procs:
+        err.seek(0)
+        results.append((proc.returncode, err.read().decode(errors="replace")))
+        err.close()
+    return results
+
+
+def interrupt(tmp_path: Path, run_dir: Path, loop: str, how: str) -> int:
+    """Run ``loop`` until a preemption (emergency checkpoint at 5) or a kill -9 in step 5
+    (checkpoint 3, steps 4-5 lost); returns the step the next start resumes from."""
+    if how == "preempt":
+        results = run_ranks(tmp_path, run_dir, ["--loop", loop, "--signal-at", "4"])
+        assert [code for code, _ in results] == [exitcodes.REQUEUE] * 2, results
+        return 5
+    results = run_ranks(tmp_path, run_dir, ["--loop", loop, "--die-at", "5"])
+    assert any(code == -signal.SIGKILL for code, _ in results), results
+    return 3
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["preempt", "kill9"])
+@pytest.mark.parametrize("loop, cause", [("before_loop", "rng_before_loop"), ("prefetch", "stale_inputs")])
+def test_each_trap_is_journaled_at_the_first_resumed_step(tmp_path, loop, cause, how):
+    run_dir = tmp_path / "run"
+    restored = interrupt(tmp_path, run_dir, loop, how)
+    results = run_ranks(tmp_path, run_dir, ["--loop", loop])
+    assert [code for code, _ in results] == [0, 0], results
+    (diverged,) = read_events(RunDir(run_dir).events, ["resume_diverged"])
+    assert (diverged.get("step"), diverged.get("cause")) == (restored + 1, cause), diverged.fields
+    # The warning points at the user's loop, not at slurmft, and says the step.
+    stderr = results[0][1]
+    assert f"resume diverged at step {restored + 1}" in stderr, stderr
+    assert "trap_worker.py:" in stderr.split("ResumeDivergenceWarning")[0].splitlines()[-1], stderr
+    assert "slurmft/train/" not in stderr, stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("loop, how", [("eval", "preempt"), ("eval", "kill9"), ("clean", "kill9")])
+def test_a_bit_identical_resume_gets_no_warning(tmp_path, loop, how):
+    run_dir, reference = tmp_path / "run", tmp_path / "ref"
+    interrupt(tmp_path, run_dir, loop, how)
+    results = run_ranks(tmp_path, run_dir, ["--loop", loop])
+    assert [code for code, _ in results] == [0, 0], results
+    assert all("ResumeDivergenceWarning" not in err for _, err in results), results
+    assert read_events(RunDir(run_dir).events, ["resume_diverged"]) == []
+    # and it was bit-identical: every step's loss equals an uninterrupted run's
+    assert [code for code, _ in run_ranks(tmp_path, reference, ["--loop", loop])] == [0, 0]
+
+    def losses(name: str) -> dict[int, float]:
+        rows = [json.loads(line) for line in (tmp_path / f"{name}.rank0").read_text().splitlines()]
+        rows = [row for row in rows if "step" in row]
+        return {row["step"]: row["loss"] for row in rows}  # a redone step: its last value
+
+    assert losses("run") == losses("ref")
