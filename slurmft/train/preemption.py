@@ -73,6 +73,8 @@ class PreemptionHandler:
     signals: the signals that mean "save and requeue" (USR2, TERM). process_group: who agrees
     (default: the world). device: where the flag is all-reduced ("cpu"; a CUDA device for NCCL).
     check_every: all-reduce on every k-th ``should_stop()`` call only (10; ``[preemption]``).
+    parent_poll_s: how often the parent-watch thread checks that the process which started this
+    rank is still its parent (0.5 s; None or 0: no watch).
     """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS, *,

@@ -59,7 +59,7 @@ def main() -> None:
     batch = draw() if args.loop == "prefetch" else None
 
     with Run(model, optimizer, run_dir=args.run_dir, checkpoint=CheckpointConfig(interval=args.ckpt_every),
-             config=RunConfig(heartbeat_every=5, log_every=1, watchdog=False)) as run:
+             config=RunConfig(log_every=1, watchdog=False)) as run:
         if args.loop == "before_loop":
             batch = draw()
         for step in run.steps(args.steps):
