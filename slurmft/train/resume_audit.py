@@ -19,7 +19,7 @@ from slurmft import journal
 from slurmft.train.boundary import user_site, warn_user
 from slurmft.train.fingerprint import InputDigest, rng_digest, state_digest
 from slurmft.train.redo_check import RedoneLosses
-from slurmft.train.resume_check import Divergence, ResumeCheck
+from slurmft.train.resume_check import FP_VERSION, Divergence, ResumeCheck
 
 class ResumeAudit:
     """Fingerprints and resume checks of one segment (active on rank 0 when ``log_every`` > 0)."""
@@ -79,7 +79,7 @@ class ResumeAudit:
         rng = rng_digest()
         inputs = self.inputs.take() if self.inputs is not None else None
         sampler = self._sampler_digest()
-        fp: dict[str, Any] = {"rng": rng, "in": inputs, "smp": sampler}
+        fp: dict[str, Any] = {"v": FP_VERSION, "rng": rng, "in": inputs, "smp": sampler}
         if step == self._first:
             fp["first"] = True
         if self.check is not None and not self.check.done:

@@ -30,6 +30,7 @@ from typing import Any
 from slurmft import journal
 
 _HEX = frozenset("0123456789abcdef")
+FP_VERSION = 1  # of the digests in fingerprint.py: a change there must bump it
 
 
 def _digest(value: Any) -> str | None:
@@ -52,8 +53,8 @@ class Print:
     @classmethod
     def parse(cls, event: journal.Event) -> "Print | None":
         fp, step = event.get("fp"), event.count("step")
-        if not isinstance(fp, dict) or step is None:
-            return None
+        if not isinstance(fp, dict) or step is None or fp.get("v") != FP_VERSION:
+            return None  # another slurmft's digests (an upgrade mid-run) are not comparable
         world = event.count("world_size")
         return cls(step, world, _digest(fp.get("rng")), _digest(fp.get("in")), _digest(fp.get("smp")),
                    fp.get("first") is True)
