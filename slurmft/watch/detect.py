@@ -237,8 +237,13 @@ def self_requeue_cause(summary: JournalSummary, ids, restart: int,
     if summary.find(summary.preemptions, ids, restart) is not None or reason.endswith(
             "before training started") or reason == "training saved and asked to be requeued":
         return PREEMPTED, reason or "it saved on a signal (time limit or preemption)"
-    if reason.startswith(("pre-flight", "the pre-flight")):
+    if reason.startswith("pre-flight"):  # it excluded the nodes it blamed: the cluster's end
         return PREFLIGHT, reason
+    if reason.startswith("the pre-flight"):
+        # No verdict on any node, or every node failing (launch/main.py): nothing was excluded,
+        # so the next try meets the same. A fault, so the restart limits and the crash loop
+        # bound it (planned, it went round the queue for ever and was never held).
+        return REQUEUE_REQUEST, reason
     return REQUEUE_REQUEST, reason or f"exit {exitcodes.REQUEUE}"
 
 

@@ -149,3 +149,27 @@ def test_an_exit_87_blames_no_node_that_merely_did_not_journal_a_watchdog_hang()
     hang = detect.detect_hang(stale, Memory(beats_seen=True),
                               WatchConfig(hang_timeout_s=30, startup_grace_s=0))
     assert hang is not None and hang.nodes == ()
+
+
+@pytest.mark.parametrize("reason", [
+    # launch/main.py's two pre-flight requeues that exclude nothing
+    "the pre-flight produced no verdict on any node (srun exit 1): srun: error: Invalid generic "
+    "resource (gres) specification",
+    "the pre-flight failed on every node: requeued without exclusions",
+])
+def test_a_pre_flight_requeue_that_excluded_nothing_is_bounded_like_a_fault(run, reason):
+    # Nothing was excluded, so the next try meets the same: a planned end here never counted,
+    # and the job went round the queue for ever with the watcher never holding it.
+    client = RecordingClient()
+    w = watcher(run, client, crash_loop_restarts=2, start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    for restart in range(4):
+        journal_line(run, journal.TEMPLATE, job_id="7", restart_count=restart, action="requeue",
+                     reason=reason)
+        journal_line(run, journal.SEGMENT_END, job_id="7", restart_count=restart, exit_code=85)
+        w.step(job(JobState.PENDING, restart=restart + 1, nodes=()), NODES, T0 + 100 * restart + 50)
+        if w.state.phase == "gave_up":
+            break
+        w.step(job(restart=restart + 1), NODES, T0 + 100 * restart + 60)
+    assert w.state.phase == "gave_up" and "crash loop" in w.state.reason, w.state.reason
+    assert not read_events(run.events, [journal.PLANNED_END])
