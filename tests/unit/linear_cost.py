@@ -19,6 +19,9 @@ from typing import Callable
 import pytest
 
 SCALE = 16  # the baseline's input is 1/SCALE of the cap
+# Scheduling noise on a loaded 2-core machine, allowed on top: a 64 KiB file reads in ~1 ms at
+# 1/16, where one preemption is more than the linear bound; a quadratic reader is seconds over.
+NOISE_S = 0.25
 
 
 def best_of(fn: Callable[[], object], repeat: int) -> float:
@@ -32,8 +35,11 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
 
 
 def _child(fn: Callable[[], object], repeat: int, conn) -> None:  # runs in the fork
-    fn()  # warm: first-call caches, and the fork's copy-on-write of what the reader touches
-    conn.send(best_of(fn, repeat))
+    try:
+        fn()  # warm: first-call caches, and the fork's copy-on-write of what the reader touches
+        conn.send(best_of(fn, repeat))
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it
+        conn.send(f"{type(exc).__name__}: {exc}")
 
 
 def _in_fork(fn: Callable[[], object], repeat: int, wait_s: float | None) -> float | None:
@@ -47,7 +53,10 @@ def _in_fork(fn: Callable[[], object], repeat: int, wait_s: float | None) -> flo
     try:
         if not parent.poll(wait_s):
             return None
-        return float(parent.recv())
+        got = parent.recv()
+        if isinstance(got, str):
+            pytest.fail(f"the reader failed: {got}")
+        return float(got)
     finally:
         proc.kill()
         proc.join()
@@ -60,12 +69,12 @@ def assert_linear(what: str, reader_for: Callable[[int], Callable[[], object]], 
     ``factor`` x ``SCALE`` x its time at 1/``SCALE`` (best of 3). Returns both times."""
     base = _in_fork(reader_for(SCALE), 3, None)
     assert base is not None
-    bound = factor * SCALE * base
+    bound = factor * SCALE * base + NOISE_S
     wait = bound * (repeat + 1) + 10  # the warm-up, every repeat, and the fork's own start
     took = _in_fork(reader_for(1), repeat, wait)
     if took is None:
         pytest.fail(f"{what}: not done within {wait:.1f} s, while the same reader over 1/{SCALE} "
                     f"of it took {base:.3f} s (killed)")
     assert took <= bound, (f"{what}: {took:.3f} s at the cap, more than {factor:g} x {SCALE} x "
-                           f"its {base:.3f} s over 1/{SCALE} of it: not linear")
+                           f"its {base:.4f} s over 1/{SCALE} of it (+ {NOISE_S} s): not linear")
     return took, base
