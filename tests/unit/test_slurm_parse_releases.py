@@ -240,3 +240,27 @@ def test_real_sacct_cli_outputs_parse():
     for path in ("23.02/v0.0.39/cli__sacct_json__mila_23.02.6.json",):
         jobs = parse_sacct(read(PUB / path))
         assert jobs and all(j.state is not None for j in jobs)
+
+
+@pytest.mark.parametrize("release,parser", [("23.11", "v0.0.40"), ("24.05", "v0.0.41")])
+def test_restart_counts_without_restart_cnt_come_from_the_runs_place_in_a_D_listing(release, parser):
+    """Issue 26 item 6: data_parser v0.0.40/v0.0.41 records have no ``restart_cnt`` (published
+    README), so a record alone says nothing of the job's restarts. ``job_history`` always asks
+    ``sacct -D`` (every run one record) and each run's count is its place among the job's runs,
+    ordered by start (24.x keeps the submit time across a requeue), the never-started run last."""
+    import json
+    doc = json.loads(read(PUB / release / parser / "slurmrestd__slurmdb-job-failed.json"))
+    (record,) = doc["jobs"]
+    assert "restart_cnt" not in record
+    t = record["time"]
+    runs = []
+    for index, state in enumerate(["REQUEUED", "REQUEUED", "FAILED"]):
+        run = json.loads(json.dumps(record))
+        run["state"]["current"] = [state]
+        run["time"]["start"] = t["start"] + 100 * index
+        run["time"]["end"] = t["end"] + 100 * index
+        runs.append(run)
+    doc["jobs"] = [runs[2], runs[0], runs[1]]  # accounting's order is not the runs' order
+    jobs = parse_sacct(json.dumps(doc))
+    assert [(j.state, j.restart_count) for j in jobs] == [
+        (JobState.REQUEUED, 0), (JobState.REQUEUED, 1), (JobState.FAILED, 2)]
