@@ -8,7 +8,9 @@ process is gone (pid and its start time: a reused pid is not the watcher) or it 
 ``lease_s``, from another host only when older than ``lease_s``
 (clocks of hosts differ by seconds, the lease by minutes). A watcher whose lease was taken over
 (it stalled longer than ``lease_s``) finds another token at its next renewal, which comes before
-any action, and lets the run go (``LeaseLost``). Where ``flock`` is not supported the lease alone
+any action, and lets the run go (``LeaseLost``). A watcher that cannot renew its lease acts
+on no cycle once it is ``lease_s / 2`` old (``LeaseUnrenewed``), so it has stopped well before
+another host may take the run over. Where ``flock`` is not supported the lease alone
 holds; where the lease cannot be written either, the watcher refuses the run, saying why.
 """
 
@@ -40,6 +42,11 @@ class LockError(RuntimeError):
 
 class LeaseLost(LockError):
     """Another watcher took the run over while this one stalled: it must not act on it."""
+
+
+class LeaseUnrenewed(LockError):
+    """The lease could not be renewed and is half its length old: this cycle must not act (a
+    watcher on another host may take it over once it is ``lease_s`` old); tried again next cycle."""
 
 
 MAX_PID = 2**22  # Linux's largest pid_max; os.kill of a pid past a C int raises OverflowError
@@ -201,8 +208,12 @@ class RunLock:
                             f"({held.describe(now)}) while this one did not renew its lease")
         try:
             self._write_lease(now)
-        except OSError as exc:  # tried again next cycle; the lease has minutes left
+        except OSError as exc:  # tried again next cycle
             log.error("cannot renew the watch lease %s: %s", self.lease_path, exc)
+            age = None if self._renewed is None else now - self._renewed
+            if age is None or not 0 <= age < self.lease_s / 2:
+                raise LeaseUnrenewed(f"{self.lease_path}: not renewed for {age or 0:.0f} s "
+                                     f"({exc.strerror or exc}): not acting until it is") from None
 
     def release(self) -> None:
         try:

@@ -28,7 +28,7 @@ from slurmft.watch import detect, giveup, resubmit, slurmhold
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
-from slurmft.watch.lock import LeaseLost
+from slurmft.watch.lock import LeaseLost, LeaseUnrenewed
 from slurmft.watch.exclusions import (
     fade_faults, fit_exclusions, readmit_to_fit, resubmission_exclusions,
 )
@@ -193,6 +193,9 @@ class RunWatch:
             except LeaseLost as exc:  # another watcher acts on the run now: never act, never save
                 self.lease_lost = True
                 log.error("job %s: %s: no longer watched here", self.job_id, exc)
+                return
+            except LeaseUnrenewed as exc:  # the lease may soon be another's: not this cycle
+                log.error("job %s: %s", self.job_id, exc)
                 return
         self._job = job
         if not self._started:

@@ -131,3 +131,31 @@ def test_a_lease_whose_pid_now_belongs_to_another_process_is_taken_over(run, nod
     (run.root / "watch" / "lease.json").write_text(json.dumps(stale))
     with pytest.raises(LockError, match="already watched by pid"):
         RunLock(run, host="login1", pid=os.getpid() + 1, clock=Clock(1_010.0)).acquire()
+
+
+def test_a_watcher_that_cannot_renew_its_lease_stops_acting_before_it_can_be_taken_over(
+        run, node_local_flock, monkeypatch):
+    # Its renewal failed (this host's mount went read-only, the lease file's quota) and it went
+    # on acting: once its lease is lease_s old, another host's watcher takes the run over and
+    # both act on it. Past half the lease it waits (no action, no write) and tries again.
+    clock = Clock()
+    first = RunLock(run, host="login1", pid=1, clock=clock, lease_s=300)
+    first.acquire()
+    client = RecordingClient()
+    w = RunWatch(run, RunState(job_id="7"), client, WatchConfig(), lock=first)
+    w.step(job(), NODES, clock.now)
+
+    def read_only(path, data):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    from slurmft.slurm.client import JobState
+    with monkeypatch.context() as m:
+        m.setattr(lockmod, "atomic_write_json", read_only)
+        clock.now += 80  # a quarter has passed: renewal due, and it fails; the lease is still young
+        first.keep()
+        clock.now += 80  # 160 s old, past half of it
+        w.step(job(JobState.FAILED, exit_code=1), NODES, clock.now)  # a crash it would requeue
+        assert client.calls == [] and w.active  # waited, not let go
+    clock.now += 10
+    w.step(job(JobState.FAILED, exit_code=1), NODES, clock.now)  # renewed: acts again
+    assert client.calls == [("requeue", "7")]
