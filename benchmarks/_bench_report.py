@@ -186,7 +186,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def render(summary: dict[str, Any]) -> str:
-    """Markdown tables (they paste into the README as they are)."""
+    """Markdown tables (they paste into docs/performance.md as they are)."""
     state_bytes = summary["state_bytes"]
     lim = summary["limits"]
     best = summary["dcp_best_mode"]

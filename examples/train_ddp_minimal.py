@@ -1,4 +1,4 @@
-"""A plain DDP training loop adopted with ``slurmft.train.Run`` (the README's "Adopting slurmft").
+"""A plain DDP training loop adopted with ``slurmft.train.Run`` (docs/adopting.md).
 
 It is ``tests/helpers/plain_ddp_loop.py`` plus seven lines (``diff -w``): import ``Run``, open it
 around the loop, draw each batch from ``run.rng(step)`` (the prefetched batch included), loop over
