@@ -29,6 +29,9 @@ and runs one test at a time. A new integration test follows these rules:
    starts the tests with the largest bounds first.
 6. **Clean up what you start** outside the fixtures (a watcher started by ``TrainJob.watch`` is
    stopped after the test, pass or fail, by the fixture below).
+7. **Imports.** Test modules are imported by path (``--import-mode=importlib``): a basename may
+   repeat in tests/unit; a helper module imported by name (``train_job_support``,
+   ``watch_support``) lives in a directory listed in pyproject.toml's ``pythonpath``.
 """
 
 import pytest

@@ -26,7 +26,10 @@ from slurmft.train.checksum import hash_file  # noqa: E402
 
 HERE = Path(__file__).parent
 IDENTITIES = ("root", "user")
-pytestmark = pytest.mark.timeout(240)
+# Liveness bounds: ~14 s on a quiet 2-core box, past 200 s on one loaded by other work (the two
+# runners each run every command over every case).
+RUNNER_BOUND_S = 600
+pytestmark = pytest.mark.timeout(RUNNER_BOUND_S + 60)
 
 
 def _make_user() -> pwd.struct_passwd:
@@ -83,7 +86,7 @@ def world():
                                           stderr=subprocess.PIPE, text=True)
         results = {}
         for who, proc in procs.items():
-            out, err = proc.communicate(timeout=200)
+            out, err = proc.communicate(timeout=RUNNER_BOUND_S)
             assert proc.returncode == 0, f"{who}: runner failed: {err[-3000:]}"
             results[who] = {(r["case"], r["command"]): r for r in json.loads(out)}
         yield {"results": results, "outside": outside, "before": before, "after": hostile.snapshot(outside.root),
