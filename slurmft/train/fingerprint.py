@@ -3,7 +3,8 @@
 A fingerprint is taken on rank 0 at the boundary after a step and rides on that step's ``loss``
 event as ``fp`` (see :mod:`slurmft.train.resume_check` for how a resumed run compares them):
 
-* ``rng``: the global generators' state after the step (torch CPU, the current CUDA device when
+* ``rng`` (on saved steps, each segment's first step and the steps after a resume: reading
+  NumPy's state is most of a fingerprint's cost): the global generators' state after the step (torch CPU, the current CUDA device when
   initialised, Python's ``random``, NumPy's legacy global): exactly what a checkpoint of this step
   saves, so the first step after a resume must start from it;
 * ``in``: the inputs of the step's first forward pass (a forward pre-hook on the model ``Run``

@@ -112,8 +112,8 @@ class ResumeCheck:
                 f"and the loop ({where}). Take each step's batch from the sampler inside the step."))
         return None
 
-    def after(self, step: int, rng: str, inputs: str | None, sampler: str | None) -> Divergence | None:
-        """After ``step`` of the resumed run (``inputs``: None when not digested)."""
+    def after(self, step: int, rng: str | None, inputs: str | None, sampler: str | None) -> Divergence | None:
+        """After ``step`` of the resumed run (``rng``, ``inputs``: None when not digested)."""
         if self.done:
             return None
         stale = self._stale_check(step, inputs)
@@ -132,7 +132,7 @@ class ResumeCheck:
                     "gave it, from the same state: its batch came from outside the step (drawn before "
                     "the loop, or prefetched during the step before), so no checkpoint holds it. Draw "
                     "each step's batch inside the step, after the previous run.report()."))
-            if before.rng is not None and before.rng != rng:
+            if before.rng is not None and rng is not None and before.rng != rng:
                 return self._diverged(step, "rng", (
                     f"the global random state after redone step {step} differs from the interrupted "
                     "run's: the step drew from it differently (another number of draws, or a draw that "
