@@ -112,11 +112,14 @@ class Demo:
                             f"--chdir={self.work}"])
         self.console.print(f"[bold]job {self.job_id}[/]: sbatch --nodes={JOB_NODES} train.sbatch "
                            f"train_gpt.py --steps {self.steps} (checkpoint every 5 steps)")
-        deadline = time.monotonic() + 120
+        # The job names it after its pre-flight, whose own bound is 180 s: a liveness bound above
+        # that (120 s failed the demo on a loaded 2-core box while the pre-flight still ran).
+        bound_s = 300
+        deadline = time.monotonic() + bound_s
         with self.console.status("waiting for the job to name its run dir (job comment)"):
             while self.client.job(self.job_id).run_dir is None:
                 if time.monotonic() > deadline:
-                    raise ChaosError(f"job {self.job_id} did not name its run dir within 120 s")
+                    raise ChaosError(f"job {self.job_id} did not name its run dir within {bound_s} s")
                 time.sleep(0.5)
 
     def watch(self) -> None:

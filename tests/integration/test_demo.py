@@ -82,7 +82,7 @@ def test_demo_recovers_every_fault_and_leaves_nothing_behind(tmp_path):
     _left_behind(demo_dir, name)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_ctrl_c_in_the_middle_of_the_demo_tears_everything_down(tmp_path):
     demo_dir = tmp_path / "demo"
     log = tmp_path / "demo.out"
@@ -92,7 +92,7 @@ def test_ctrl_c_in_the_middle_of_the_demo_tears_everything_down(tmp_path):
                                 env=ENV, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         events = demo_dir / "run" / "events.jsonl"
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 420  # the cluster's start, the job's pre-flight (180 s bound), torch on a loaded box
         # Interrupted once the job trains and the watcher watches: the most there is to clean.
         while not (events.exists() and '"kind":"loss"' in events.read_text()):
             assert proc.poll() is None, log.read_text()[-4000:]
