@@ -69,8 +69,7 @@ class ResumeAudit:
     def _wanted(self, step: int, forced: bool) -> bool:
         if forced or step == self._first or step % self.log_every == 0:
             return True
-        check = self.check
-        return check is not None and not check.done and (step <= check.restored_step + 2 or step in check.prints)
+        return self.check is not None and self.check.wants(step)
 
     def step_done(self, step: int, loss: float | None, world_size: int, forced: bool) -> dict[str, Any] | None:
         """The fingerprint for this step's ``loss`` event (None: no event for this step); compares."""
@@ -78,7 +77,7 @@ class ResumeAudit:
             return None
         # The RNG digest (numpy's state read dominates it) only where it is compared: saved steps
         # (the next start's state), each segment's first step, and steps after a resume.
-        checking = self.check is not None and not self.check.done
+        checking = self.check is not None and self.check.wants(step)
         rng = rng_digest() if forced or step == self._first or checking else None
         inputs = self.inputs.take() if self.inputs is not None else None
         sampler = self._sampler_digest()

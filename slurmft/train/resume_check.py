@@ -90,6 +90,13 @@ class ResumeCheck:
                 check.firsts.setdefault(fp.inputs, fp.step)
         return check
 
+    def wants(self, step: int) -> bool:
+        """Still something to compare at ``step``: the steps the interrupted run journaled, and the
+        two after the restore (the repeated-first-batch rule). After them the check is over, so a
+        long segment pays nothing more for it."""
+        last = max(self.prints, default=self.restored_step)
+        return not self.done and step <= max(last, self.restored_step + 2)
+
     def _same_world(self, fp: Print) -> bool:
         return fp.world_size == self.world_size
 

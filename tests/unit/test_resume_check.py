@@ -43,3 +43,10 @@ def test_the_restored_rng_must_be_the_saved_one_on_the_same_world_size():
     found = check().start(R, T, "between a:1 and a:2")
     assert found is not None and (found.step, found.cause) == (4, "rng_before_loop")
     assert "between a:1 and a:2" in found.message
+
+
+def test_the_check_is_over_after_the_steps_the_interrupted_run_journaled():
+    c = check()
+    c.prints[9] = Print(9, 2, None, C, None, False)
+    assert c.wants(4) and c.wants(9) and not c.wants(10)
+    assert check().wants(5) and not check().wants(6)  # restored 3: its next two steps at least
