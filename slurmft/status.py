@@ -23,6 +23,7 @@ Definitions (``slurmft status`` shows them; docs/architecture.md repeats them):
 
 from __future__ import annotations
 
+import bisect
 import os
 import stat
 import statistics
@@ -221,10 +222,10 @@ def _segments(events: Sequence[Event], steps) -> list[Segment]:
     return sorted(segments.values(), key=lambda s: s.start)
 
 
-def _cause_without_watcher(events: Sequence[Event], seg: Segment) -> str:
+def _cause_without_watcher(index: "_Index", seg: Segment) -> str:
     """What ended a segment when no watcher journaled a detection: the job's own words."""
     key = (seg.job_id, seg.restart_count)
-    if any(e.kind == journal.PREEMPTION and segment_key(e) == key for e in events):
+    if key in index.preempted:
         return "preempted"
     if seg.exit_code == exitcodes.HANG:
         return "hang"
@@ -232,20 +233,35 @@ def _cause_without_watcher(events: Sequence[Event], seg: Segment) -> str:
         return "preempted"
     if seg.exit_code is not None and seg.exit_code != exitcodes.OK:
         return "crash"
-    if any(e.kind == journal.REQUEUE_REQUEST and segment_key(e) == key for e in events):
+    if key in index.requested:
         return "requeue_request"
     return "unknown"
 
 
-def _in(event: Event, lo: float, hi: float | None) -> bool:
-    return event.time >= lo and (hi is None or event.time < hi)
+class _Index:
+    """The journal's non-loss events indexed once, so that each segment's look at them costs its
+    own events, not the whole journal's (a journal of many short segments, a user's file read as
+    root by ``slurmft status``, made the report quadratic in its size)."""
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self.events = events
+        self.order = sorted(range(len(events)), key=lambda i: events[i].time)
+        self.times = [events[i].time for i in self.order]
+        self.preempted = {segment_key(e) for e in events if e.kind == journal.PREEMPTION}
+        self.requested = {segment_key(e) for e in events if e.kind == journal.REQUEUE_REQUEST}
+
+    def window(self, lo: float, hi: float | None) -> list[Event]:
+        """The events with ``lo <= time < hi`` (``hi`` None: no upper end), in file order."""
+        start = bisect.bisect_left(self.times, lo)
+        end = len(self.times) if hi is None else bisect.bisect_left(self.times, hi, start)
+        return [self.events[i] for i in sorted(self.order[start:end])]
 
 
-def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) -> Fault | None:
+def _fault(index: _Index, steps, seg: Segment, nxt: Segment | None) -> Fault | None:
     """The fault that ended ``seg``: every segment followed by another, and the last one when it
     ended with a failure or the watcher detected something after it started; None otherwise.
-    ``events`` need not hold the loss events (``steps`` has them)."""
-    window = [e for e in events if _in(e, seg.start, nxt.start if nxt else None)]
+    ``index`` need not hold the loss events (``steps`` has them)."""
+    window = index.window(seg.start, nxt.start if nxt else None)
     detections = [e for e in window if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)]
     if nxt is None and not detections and (seg.end is None or seg.exit_code == exitcodes.OK):
         return None
@@ -255,7 +271,7 @@ def _fault(events: Sequence[Event], steps, seg: Segment, nxt: Segment | None) ->
         known = [t for t in (seg.end, detection.time if detection else None) if t is not None]
         fault_time = min(known) if known else None
     fault = Fault(
-        cause=(detection.text("cause", 200) or "unknown") if detection else _cause_without_watcher(events, seg),
+        cause=(detection.text("cause", 200) or "unknown") if detection else _cause_without_watcher(index, seg),
         job_id=seg.job_id, restart_count=seg.restart_count, fault_time=fault_time,
         detected=detection.time if detection else None,
         evidence=detection.text("evidence") if detection else seg.reason,
@@ -321,7 +337,8 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
     steps, superseded = _steps(events)
     segments = _segments(events, steps)
     others = [e for e in events if e.kind != journal.LOSS]  # a weeks-long run: mostly losses
-    faults = [f for f in (_fault(others, steps, seg, segments[i + 1] if i + 1 < len(segments) else None)
+    by_time = _Index(others)
+    faults = [f for f in (_fault(by_time, steps, seg, segments[i + 1] if i + 1 < len(segments) else None)
                           for i, seg in enumerate(segments)) if f is not None]
     productive = redone_s = 0.0
     redone = 0

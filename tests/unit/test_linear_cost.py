@@ -186,3 +186,43 @@ def test_submit_record_at_its_cap(tmp_path):
         return read
 
     assert_linear("load_record + resubmit_argv", reader_for)
+
+
+def test_status_over_a_journal_of_many_short_segments(tmp_path):
+    """``slurmft status`` (root, over a user's journal) made one pass over the whole journal per
+    segment: a 2 MiB journal of 4,000 short segments took 36 s, 8x the time of half of it. The
+    input is the report's worst case, as many segments as fit (each a start, two losses, a
+    commit and an end); the reader is the whole report. Measured at 4 MiB, not at the reader's
+    cap (``MAX_JOURNAL_BYTES``, a full training run's journal): the ratio to 1/16 is what tells a
+    linear report from a quadratic one, at any size."""
+    from slurmft.journal import encode_event
+    from slurmft.status import build_report, read_journal
+
+    size = 4 << 20
+    t0 = 1.7e9
+
+    def segments(n: int) -> bytes:
+        out, t = [], t0
+        for r in range(n):
+            key = {"job_id": "7", "restart_count": r}
+            out.append(encode_event("segment_start", {**key, "rank": 0, "world_size": 2,
+                                                      "restored_step": 2 * r}, now=t))
+            out += [encode_event("loss", {**key, "step": 2 * r + s, "loss": 1.0}, now=t + s)
+                    for s in (1, 2)]
+            out.append(encode_event("checkpoint_committed", {**key, "step": 2 * r + 2}, now=t + 3))
+            out.append(encode_event("segment_end", {**key, "exit_code": 85}, now=t + 4))
+            t += 5
+        return b"".join(out)
+
+    def reader_for(d):
+        path = _dir(tmp_path, d) / "events.jsonl"
+        per_segment = len(segments(1))
+        path.write_bytes(segments(size // d // per_segment))
+
+        def read():
+            report = build_report(read_journal(path), None, now=t0 + 1e9)
+            assert report.faults and report.segments
+        return read
+
+    took, base = assert_linear("slurmft status over many segments", reader_for)
+    print(f"status: {took:.3f} s at 4 MiB, {base:.3f} s at 1/16")
