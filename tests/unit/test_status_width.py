@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,11 +35,16 @@ def words(text: str) -> list[str]:
 
 
 @pytest.fixture
-def run(tmp_path):
-    run = tmp_path / "run"
+def run():
+    # A short path: the report's first line names the run dir, and pytest's tmp_path under an
+    # xdist worker (/tmp/pytest-of-root/pytest-N/popen-gwK/test_<name>0/run) alone passes 80
+    # columns, which is about the path, not the layout under test.
+    top = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))
+    run = top / "run"
     run.mkdir()
     shutil.copyfile(FIXTURE, run / "events.jsonl")
-    return run
+    yield run
+    shutil.rmtree(top, ignore_errors=True)
 
 
 def test_at_80_columns_no_header_or_value_is_cut_mid_word(run):
