@@ -41,9 +41,9 @@ class WatchConfig:
     # after a few more).
     checkpoint_overdue_factor: float = 2.0
     checkpoint_overdue_min_s: float = 120.0
-    # Giving up, for faults only: restarts in total, per cause, and consecutive fault restarts with
-    # no newer committed checkpoint (a crash loop). Planned ends (a time limit, a preemption, a
-    # pre-flight requeue) count toward none of them.
+    # Giving up, for faults that made no progress only (no checkpoint newer than at the fault
+    # restart before): restarts in total, per cause, and such restarts in a row (a crash loop).
+    # Planned ends (a time limit, a preemption, a pre-flight requeue) count toward none of them.
     max_restarts: int = 50
     max_restarts_per_cause: int = 20
     crash_loop_restarts: int = 3

@@ -370,7 +370,7 @@ class RunWatch:
             if name in obs.nodes and finding.cause != detect.NODE_DRAINED:  # maintenance: no fault
                 st.node_faults[name] = st.node_faults.get(name, 0) + 1
         if finding.cause in detect.FAULTS:
-            st.ckpt_at_recovery.append(newest)
+            giveup.record_fault_restart(st, finding.cause, newest)
         st.phase = RECOVERING
         self._save()
         if finding.action != detect.SET_DOWN:  # else Slurm requeues it now: seen next cycle
@@ -486,7 +486,7 @@ class RunWatch:
         st.last_restart_count, st.recovery = None, None
         st.restarts += 1
         st.restarts_by_cause[finding.cause] = st.restarts_by_cause.get(finding.cause, 0) + 1
-        st.ckpt_at_recovery.append(obs.summary.newest_commit_step())
+        giveup.record_fault_restart(st, finding.cause, obs.summary.newest_commit_step())
         self.emit(journal.JOB_RESUBMITTED, old_job_id=old, new_job_id=found)
 
     def _resubmitted_before(self, since: float) -> str | None | Literal[False]:

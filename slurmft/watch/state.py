@@ -100,6 +100,9 @@ class RunState:
     restarts_by_cause: dict[str, int] = field(default_factory=dict)
     node_faults: dict[str, int] = field(default_factory=dict)
     ckpt_at_recovery: list[int | None] = field(default_factory=list)
+    # Per cause, fault restarts with no checkpoint newer than at the fault restart before
+    # (``giveup.py``): what max_restarts and max_restarts_per_cause count.
+    stalled_by_cause: dict[str, int] = field(default_factory=dict)
     last_restart_count: int | None = None
     last_nodes: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # nodes this watcher excluded, oldest first
@@ -214,6 +217,7 @@ def released_after_giving_up(state: RunState, job: Job) -> bool:
                 job.job_id, state.reason or "no reason saved")
     state.phase, state.reason, state.recovery = WATCHING, "", None
     state.restarts, state.restarts_by_cause, state.ckpt_at_recovery = 0, {}, []
+    state.stalled_by_cause = {}
     return True
 
 

@@ -3,6 +3,8 @@ finishes nothing; an exit 87 blames no node (issue 25, items 2, 6 and 9)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from slurmft import exitcodes, journal
@@ -173,3 +175,50 @@ def test_a_pre_flight_requeue_that_excluded_nothing_is_bounded_like_a_fault(run,
         w.step(job(restart=restart + 1), NODES, T0 + 100 * restart + 60)
     assert w.state.phase == "gave_up" and "crash loop" in w.state.reason, w.state.reason
     assert not read_events(run.events, [journal.PLANNED_END])
+
+
+def test_fault_restarts_that_follow_progress_never_reach_a_restart_limit(run):
+    """Max restarts judge progress: a months-long run on many nodes sees more node faults than
+    any cap, each after a newer checkpoint; it goes on. (It was held at the cap's count.)"""
+    client = RecordingClient()
+    w = watcher(run, client, max_restarts=2, max_restarts_per_cause=2, crash_loop_restarts=2,
+                start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    for restart in range(8):
+        now = T0 + 100 * (restart + 1)
+        journal_line(run, journal.CHECKPOINT_COMMITTED, job_id="7", restart_count=restart,
+                     step=100 * (restart + 1))
+        w.step(job(JobState.PENDING, restart=restart + 1, nodes=()), NODES, now)  # requeued by Slurm
+        w.step(job(restart=restart + 1), NODES, now + 5)
+    assert w.state.phase == "watching", w.state.reason
+    assert ("hold", "7") not in client.calls and w.state.stalled_by_cause == {}
+    assert w.state.restarts_by_cause == {"requeued": 8}
+
+
+def test_fault_restarts_without_progress_reach_max_restarts(run):
+    client = RecordingClient()
+    w = watcher(run, client, max_restarts=2, max_restarts_per_cause=10, crash_loop_restarts=10,
+                start_now_delay_s=0)
+    w.step(job(), NODES, T0)
+    journal_line(run, journal.CHECKPOINT_COMMITTED, job_id="7", restart_count=0, step=50)
+    for restart in range(3):
+        now = T0 + 100 * (restart + 1)
+        w.step(job(JobState.PENDING, restart=restart + 1, nodes=()), NODES, now)
+        w.step(job(restart=restart + 1), NODES, now + 5)
+    # The first restart followed a checkpoint (progress); the next two did not: the third stalled
+    # one is over max_restarts = 2.
+    assert w.state.stalled_by_cause == {"requeued": 2}
+    w.step(job(JobState.PENDING, restart=4, nodes=()), NODES, T0 + 500)
+    assert w.state.phase == "gave_up" and "max_restarts" in w.state.reason
+    assert client.calls[-1] == ("hold", "7")
+
+
+def test_stalled_restarts_are_kept_in_the_state_and_an_older_state_reads_as_none(run):
+    from slurmft.watch.state import load_state, save_state
+    from slurmft.watch.state import RunState
+    save_state(run, RunState(job_id="7", stalled_by_cause={"crash": 2}))
+    assert load_state(run, "7").stalled_by_cause == {"crash": 2}
+    data = json.loads(run.watch_state.read_text())
+    del data["stalled_by_cause"]
+    run.watch_state.write_text(json.dumps(data))
+    assert load_state(run, "7").stalled_by_cause == {}
