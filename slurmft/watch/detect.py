@@ -102,6 +102,7 @@ class Memory:
     # each node of the allocation was first seen drained by an admin (maintenance).
     silent_since: Mapping[str, float] = field(default_factory=dict)
     drained_since: Mapping[str, float] = field(default_factory=dict)
+    drained_after_step: Mapping[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -286,7 +287,12 @@ def admin_drain(obs: RunObservation, memory: Memory, config: WatchConfig,
         return Finding(NODE_DRAINED, WARN, f"{what}: an admin's drain, left alone (admin_drain = "
                        "ignore)", names)
     since = min(memory.drained_since.get(n, obs.now) for n in names)
-    after = [(t, step) for t, step, *_ in obs.summary.commits if t > since]
+    seen = [memory.drained_after_step[n] for n in names if n in memory.drained_after_step]
+    if len(seen) == len(names):  # newer than every step the journal named at first sight
+        newest_seen = max(-1 if s is None else s for s in seen)
+        after = [(t, step) for t, step, *_ in obs.summary.commits if step > newest_seen]
+    else:  # a state from before steps were kept: the clocks, as then
+        after = [(t, step) for t, step, *_ in obs.summary.commits if t > since]
     if after:
         return Finding(NODE_DRAINED, RECOVER, f"{what}: checkpoint step {after[-1][1]} committed "
                        "after the drain: requeued without the node", names, since)

@@ -154,7 +154,8 @@ class RunWatch:
         return Memory(st.last_restart_count, tuple(st.last_nodes), tuple(self._step_times),
                       {n: tuple(h) for n, h in self._history.items()}, self._beat_gap_s,
                       self._beats_seen, silent_since=dict(st.silent_since),
-                      drained_since=dict(st.drained_since))
+                      drained_since=dict(st.drained_since),
+                      drained_after_step=dict(st.drained_after_step))
 
     def _learn(self, job: Job | None, beats) -> None:
         """Step times and the beat cadence (for the learned hang timeout) and per-node busy times
@@ -208,7 +209,7 @@ class RunWatch:
                           user=current_user(), phase=self.state.phase, once=self.once,
                           job_submit_time=submitted, epoch=len(self.state.epochs))
         obs = self.observe(job, nodes, now)
-        self._note_nodes(job, nodes, now)
+        self._note_nodes(job, nodes, now, obs.summary.newest_commit_step())
         self._note_heartbeats(obs)
         if self.recorder is not None:
             self.recorder(obs, self.memory(), self.tail.offset)
@@ -235,7 +236,8 @@ class RunWatch:
             save_tail(self.tail, tail_path(self.run_dir))
             self._tail_saved = self.tail.complete_offset
 
-    def _note_nodes(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> None:
+    def _note_nodes(self, job: Job | None, nodes: Mapping[str, Node], now: float,
+                    newest_step: int | None) -> None:
         """Per node of a running job's allocation: since when Slurm shows it NOT_RESPONDING,
         since when an admin's drain is on it, since when it serves with no problem (its faults
         fade: ``exclusions.fade_faults``)."""
@@ -248,6 +250,7 @@ class RunWatch:
         drained = {n for n, p in problems.items() if p is not None and p[0] == detect.NODE_DRAINED}
         st.silent_since = {n: st.silent_since.get(n, now) for n in silent}
         st.drained_since = {n: st.drained_since.get(n, now) for n in drained}
+        st.drained_after_step = {n: st.drained_after_step.get(n, newest_step) for n in drained}
         if running and st.phase == WATCHING:
             serving = [n for n, p in problems.items() if p is None]
             fade_faults(st.node_faults, st.clean_since, serving, now, self.config.node_fault_fade_s)

@@ -116,6 +116,9 @@ class RunState:
     # since (its faults fade, one per node_fault_fade_s).
     silent_since: dict[str, UnixTime] = field(default_factory=dict)
     drained_since: dict[str, UnixTime] = field(default_factory=dict)
+    # ... and the newest committed step the journal named then (None: none): a checkpoint counts
+    # as "after the drain" by its place in the journal, never by the compute node's clock.
+    drained_after_step: dict[str, int | None] = field(default_factory=dict)
     clean_since: dict[str, UnixTime] = field(default_factory=dict)
     epochs: list[Epoch] = field(default_factory=list)  # oldest first; the last is job_id's
 

@@ -353,3 +353,22 @@ def test_a_requeued_job_submitted_to_two_partitions_may_use_both():
     assert fit_exclusions(pending, nodes, ["n1", "n2"]) == (["n1", "n2"], [])  # n3 is left
     only_train = replace(pending, partition="train")
     assert fit_exclusions(only_train, nodes, ["n1", "n2"]) == (["n1"], ["n2"])
+
+
+def test_a_checkpoint_is_after_the_drain_by_its_place_in_the_journal_not_by_the_nodes_clock(run):
+    """Commit times come from the compute node's clock, the drain's first sight from the login
+    node's. A node clock 20 s ahead made a commit from before the drain look after it (its steps
+    since lost); one 20 s behind made a commit after the drain look before it."""
+    client = Client()
+    w = RunWatch(run, RunState(job_id="7"), client, WatchConfig(start_now_delay_s=0))
+    commit(run, 100, T0 + 10)
+    w.step(running(), UP, T0 + 20)
+    commit(run, 200, T0 + 45)  # committed at T0 + 25 (before the drain), the node's clock 20 s fast
+    w.step(running(), drained(), T0 + 30)  # the drain's first sight: the journal names step 200
+    w.step(running(), drained(), T0 + 50)
+    assert client.calls == [] and load_state(run, "7").drained_after_step == {"n2": 200}
+    commit(run, 300, T0 + 40)  # committed at T0 + 60, the node's clock 20 s slow
+    w.step(running(), drained(), T0 + 65)
+    assert client.calls == [("requeue", "7")]
+    [end] = [e for e in read_events(run.events) if e.kind == journal.PLANNED_END]
+    assert "checkpoint step 300 committed after the drain" in end.get("evidence")
