@@ -9,6 +9,7 @@ keeps a byte offset), so a cycle costs the new lines, not the whole history of a
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -357,19 +358,26 @@ class JournalTail:
         self._partial = b""
         self._kept: deque[bytes] | None = deque(maxlen=MAX_KEPT_LINES) if keep_lines else None
         self._last_loss = b""
+        # False when the last poll could not read the journal (it exists, but the filesystem or
+        # its type refused: an NFS ESTALE, EIO, a FIFO): the summary is then older than the run,
+        # and deciding on it could take a planned end for a fault (could not observe, not absent).
+        self.observed = True
 
     def poll(self) -> JournalSummary:
         """The summary with the lines appended since the last poll; a journal whose identity
         and size have not changed costs one ``lstat``."""
+        self.observed = True
         try:
             seen = os.lstat(self.path)
-        except OSError:
+        except OSError as exc:
+            self.observed = exc.errno == errno.ENOENT  # none yet: nothing to read is the truth
             return self.summary
         if (seen.st_dev, seen.st_ino) == self.identity and seen.st_size == self.offset:
             return self.summary
         try:
             fd, info = safeio.open_regular(self.path)
         except OSError:
+            self.observed = False
             return self.summary
         try:
             identity = (info.st_dev, info.st_ino)
@@ -386,7 +394,7 @@ class JournalTail:
                 self.offset += len(chunk)
                 self._feed(chunk)
         except OSError:
-            pass
+            self.observed = False
         finally:
             os.close(fd)
         return self.summary

@@ -215,12 +215,14 @@ class RunWatch:
             self.recorder(obs, self.memory(), self.tail.offset)
         if job is not None and not job.state.finished:
             self._save_submission(job)
-        if not self._files.observed:
-            # Could not observe: the run dir (or its DONE) did not answer, so DONE is unknown,
-            # not absent. Decide nothing this cycle (a finished run read as not DONE would be
-            # requeued, resubmitted or marked lost); the next cycle looks again.
-            log.warning("job %s: could not read the run dir %s this cycle: deciding nothing",
-                        self.job_id, self.run_dir.root)
+        if not self._files.observed or not self.tail.observed:
+            # Could not observe: the run dir (or its DONE) or its journal did not answer, so what
+            # they say is unknown, not absent. Decide nothing this cycle (a finished run read as
+            # not DONE would be requeued, resubmitted or marked lost; a time-limit end missing
+            # from the journal would count as a fault); the next cycle looks again.
+            what = "run dir" if not self._files.observed else "journal"
+            log.warning("job %s: could not read the %s in %s this cycle: deciding nothing",
+                        self.job_id, what, self.run_dir.root)
         elif self.state.phase == RECOVERING:
             self._advance(obs)
         else:

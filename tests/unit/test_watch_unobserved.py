@@ -95,3 +95,50 @@ def test_a_done_marker_that_cannot_be_looked_for_is_unknown_not_absent(tmp_path,
         m.setattr(runview, "os", EioDone())
         assert runview.read_run_files(run, cache)[1] is None and not cache.observed
     assert runview.read_run_files(run, cache)[1] is None and cache.observed  # absent, and known so
+
+
+def test_a_journal_that_cannot_be_read_is_not_observed_and_nothing_is_decided(tmp_path, monkeypatch):
+    """The journal exists but its read fails (an NFS ESTALE): the summary is older than the run.
+    A time-limit end the watcher cannot see was taken for a crash (a fault, counted toward the
+    give-up rules) and requeued; now the cycle decides nothing, and the next one, with the
+    journal readable, sees the planned end."""
+    from slurmft import journal
+    from slurmft.rundir import RunDir
+    from test_watch_runwatch import RecordingClient
+
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    client = RecordingClient()
+    w = RunWatch(run, RunState(job_id="7"), client, WatchConfig(start_now_delay_s=0))
+    w.step(job(), NODES, T0)
+    journal.append_event(run.events, journal.PREEMPTION, job_id="7", restart_count=0, step=10,
+                         signal="USR2")
+    journal.append_event(run.events, journal.TEMPLATE, job_id="7", restart_count=0,
+                         action="requeue", reason="training saved and asked to be requeued")
+    journal.append_event(run.events, journal.SEGMENT_END, job_id="7", restart_count=0, exit_code=85)
+    real_lstat = os.lstat
+
+    class StaleJournal:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def lstat(path, *args, **kwargs):
+            if os.fspath(path) == os.fspath(run.events):
+                raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), os.fspath(path))
+            return real_lstat(path, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(runview, "os", StaleJournal())
+        w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 100)
+    assert client.calls == [] and w.state.restarts_by_cause == {}
+    w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 105)
+    kinds = [e.kind for e in read_events(run.events)]
+    assert "fault_detected" not in kinds and "planned_end" in kinds
+    assert w.state.restarts_by_cause == {"preempted": 1}
+
+
+def test_a_run_without_a_journal_yet_is_observed():
+    tail = runview.JournalTail(__import__("pathlib").Path("/nonexistent/events.jsonl"))
+    tail.poll()
+    assert tail.observed
