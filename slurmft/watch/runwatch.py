@@ -93,7 +93,7 @@ class RunWatch:
         self._job: Job | None = None
         self.recorder = recorder
         self._capture_tries = 0
-        self.holds = slurmhold.LaunchHolds(self.actor, self.emit, self.job_id, CAPTURE_TRIES)
+        self.holds = slurmhold.LaunchHolds(self.actor, self.emit, self.job_id, CAPTURE_TRIES, state)
         self._started = False
         self.once = once
         self.lock = lock  # its RunLock: the lease is kept before each cycle acts

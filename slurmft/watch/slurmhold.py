@@ -16,7 +16,7 @@ from slurmft.slurm.client import Job, JobCancelled, SlurmError
 from slurmft.slurm.policy import held_after_failed_launch
 from slurmft.watch.act import Actor
 from slurmft.watch.detect import Finding
-from slurmft.watch.state import DONE, TODO, Recovery
+from slurmft.watch.state import DONE, TODO, Recovery, RunState
 
 log = logging.getLogger(__name__)
 RELEASED, RETRY, CANCELLED, LEFT = "released", "retry", "cancelled", "left"
@@ -25,24 +25,27 @@ MAX_RELEASE_ATTEMPTS = 3
 
 
 class LaunchHolds:
-    def __init__(self, actor: Actor, emit: Callable[..., None], job_id: str, lookup_cycles: int) -> None:
+    def __init__(self, actor: Actor, emit: Callable[..., None], job_id: str, lookup_cycles: int,
+                 state: RunState) -> None:
         self.actor, self.emit, self.job_id = actor, emit, job_id
         self.lookup_cycles = lookup_cycles
-        self._lookups = 0  # cycles spent waiting for accounting's record of the failed launch
+        # Cycles spent waiting for accounting's record of the failed launch, kept in the run's
+        # state: under cron each `--once` is a new watcher, and a count it forgot never ended.
+        self.state = state
 
     def locate(self, finding: Finding, job: Job) -> Finding | None:
         """The launch-failure finding with the node it failed on; None to wait a cycle for
         accounting (it lags the controller by seconds), at most ``lookup_cycles`` cycles: then
         the finding as it is (released without an exclusion, said in a warning)."""
-        self._lookups += 1
+        self.state.launch_lookups += 1
         try:
             node = self.actor.client.failed_launch_node(job)
         except SlurmError as exc:
             log.error("job %s: could not read accounting for its failed launch: %s", self.job_id, exc)
             node = None
-        if node is None and self._lookups < self.lookup_cycles:
+        if node is None and self.state.launch_lookups < self.lookup_cycles:
             return None
-        self._lookups = 0
+        self.state.launch_lookups = 0
         if node is None:
             self.emit(journal.WATCH_WARNING, what="launch_node_unknown", nodes=[],
                       detail="accounting names no node for the failed launch: released without "

@@ -103,6 +103,7 @@ class RunState:
     # Per cause, fault restarts with no checkpoint newer than at the fault restart before
     # (``giveup.py``): what max_restarts and max_restarts_per_cause count.
     stalled_by_cause: dict[str, int] = field(default_factory=dict)
+    launch_lookups: int = 0  # cycles waited for accounting to name a failed launch's node
     last_restart_count: int | None = None
     last_nodes: list[str] = field(default_factory=list)
     excluded: list[str] = field(default_factory=list)  # nodes this watcher excluded, oldest first

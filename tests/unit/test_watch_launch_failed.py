@@ -149,3 +149,21 @@ def test_a_restart_that_fails_to_launch_mid_recovery_is_recovered_too(run):
                                 ("start_now", "7", ())]
     causes = [e.get("cause") for e in read_events(run.events, ["fault_detected"])]
     assert causes == ["crash", "launch_failed"]
+
+
+def test_under_cron_the_wait_for_accounting_is_bounded_across_once_invocations(run):
+    """Each ``--once`` (cron) is a new watcher: the cycles waited for accounting to name the
+    node live in the run's state, so the wait ends after ``CAPTURE_TRIES`` invocations with a
+    release (said in a warning) instead of never (it restarted from zero each time)."""
+    from slurmft.watch.runwatch import CAPTURE_TRIES, RunWatch
+    from slurmft.watch.config import WatchConfig
+    from slurmft.watch.state import load_state, save_state, RunState
+
+    client = LaunchClient(node=None)
+    save_state(run, RunState(job_id="7"))
+    for i in range(CAPTURE_TRIES):
+        w = RunWatch(run, load_state(run, "7"), client, WatchConfig(start_now_delay_s=0), once=True)
+        w.step(_launch_held(), NODES, T0 + 60 * i)
+    assert ("release", "7") in client.calls
+    assert [e.get("what") for e in read_events(run.events) if e.kind == "watch_warning"] == [
+        "launch_node_unknown"]
