@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,9 +58,18 @@ def _left_behind(demo_dir: Path, name: str) -> None:
     assert not (demo_dir / "cluster" / "devcluster.json").exists()
 
 
+@pytest.fixture
+def demo_dir():
+    # A short path: slurmstepd's socket lies under the cluster dir (sun_path is 108 bytes), and
+    # pytest's tmp_path under an xdist worker made it too long: every launch failed, the job was
+    # held and the demo waited in vain (the devcluster now refuses such a dir at once).
+    top = Path(tempfile.mkdtemp(prefix="demo", dir="/tmp"))
+    yield top / "demo"
+    shutil.rmtree(top, ignore_errors=True)
+
+
 @pytest.mark.timeout(900)
-def test_demo_recovers_every_fault_and_leaves_nothing_behind(tmp_path):
-    demo_dir = tmp_path / "demo"
+def test_demo_recovers_every_fault_and_leaves_nothing_behind(demo_dir):
     res = subprocess.run([sys.executable, str(DEMO), "--dir", str(demo_dir)], cwd=REPO, env=ENV,
                          capture_output=True, text=True, timeout=840, check=False)
     out = res.stdout + res.stderr
@@ -83,8 +94,7 @@ def test_demo_recovers_every_fault_and_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_ctrl_c_in_the_middle_of_the_demo_tears_everything_down(tmp_path):
-    demo_dir = tmp_path / "demo"
+def test_ctrl_c_in_the_middle_of_the_demo_tears_everything_down(tmp_path, demo_dir):
     log = tmp_path / "demo.out"
     with open(log, "wb") as fh:
         # Its own process group, signalled as a whole: what Ctrl-C in a terminal does.

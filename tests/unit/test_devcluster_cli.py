@@ -73,3 +73,18 @@ def test_bad_daemon_env_from_the_environment(tmp_path: Path, monkeypatch: pytest
     assert result.exit_code == 1
     assert result.output == "slurmft devcluster: daemon environment entry '=y' is not KEY=VALUE\n"
     assert not (tmp_path / "d").exists()
+
+
+def test_a_dir_whose_step_sockets_would_not_fit_is_refused() -> None:
+    """slurmstepd's socket, <dir>/spool/<node>/<node>_<job>.4294967291, is the longest: a dir
+    whose munge and MariaDB sockets fit but whose step sockets do not made every launch fail
+    ("Unix socket path ... is too long"), Slurm hold the job, and the demo wait in vain (it ran
+    under an xdist worker's longer tmp dir). Refused at once, before anything is made."""
+    from slurmft.slurm.devcluster.cluster import DevClusterError, check_dir
+    from slurmft.slurm.devcluster.layout import Layout
+
+    root = Path("/tmp/" + "d" * 75)  # 80 bytes: munge's socket 102, MariaDB's 98, a step's 110
+    assert len(str(root)) == 80
+    with pytest.raises(DevClusterError, match="too long, socket paths under it would exceed 107"):
+        check_dir(Layout(root), ["n1"])
+    check_dir(Layout(Path("/tmp/" + "d" * 70)), ["n1"])  # 75 bytes: a step's socket is 105

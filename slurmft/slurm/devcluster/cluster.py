@@ -42,8 +42,12 @@ IDLE_TIMEOUT_S = 60.0
 STOP_GRACE_S = 15.0
 CPUS_PER_NODE = min(2, os.cpu_count() or 1)
 MEMORY_MB_PER_NODE = 1000
-# sun_path is 108 bytes; munged and mariadbd put their sockets under the cluster dir.
+# sun_path is 108 bytes; munged and mariadbd put their sockets under the cluster dir, and every
+# slurmstepd one in its node's spool dir: <spool>/<node>/<node>_<job id>.<step id> (a throwaway
+# cluster's job ids stay within 6 digits; the batch step's id is 4294967291). Too long, and every launch fails ("Unix socket path
+# ... is too long"): Slurm holds the job, which never runs (a demo under an xdist worker's tmp dir).
 SOCKET_PATH_MAX = 107
+STEP_SOCKET = "{node}_999999.4294967291"
 # ``down`` stops nodes first (they talk to slurmctld), then these, the database last.
 SERVICE_STOP_ORDER = ("slurmctld", "slurmdbd", "mariadbd", "munged")
 
@@ -63,7 +67,7 @@ def check_node_count(nodes: int) -> None:
         raise DevClusterError(f"--nodes {nodes}: must be between 1 and {MAX_NODES}")
 
 
-def check_dir(layout: Layout) -> None:
+def check_dir(layout: Layout, node_names: Sequence[str] = ("n1",)) -> None:
     """The directory ends up in slurm.conf (space-separated) and in unix socket paths."""
     text = str(layout.root)
     if any(c.isspace() or c in "#=\"'" for c in text):
@@ -72,7 +76,8 @@ def check_dir(layout: Layout) -> None:
     if odd:  # it is also printed for `eval "$(slurmft devcluster up)"`: no shell metacharacters
         raise DevClusterError(f"--dir {text}: must not contain {' '.join(map(repr, odd))} "
                               f"(only letters, digits and ._/+@%:,-)")
-    longest = max(len(str(p).encode()) for p in (layout.munge_socket, layout.mysql_socket))
+    steps = [layout.spool(n) / STEP_SOCKET.format(node=n) for n in node_names]
+    longest = max(len(str(p).encode()) for p in (layout.munge_socket, layout.mysql_socket, *steps))
     if longest > SOCKET_PATH_MAX:
         raise DevClusterError(f"--dir {text}: too long, socket paths under it would exceed "
                               f"{SOCKET_PATH_MAX} bytes; use a shorter directory")
@@ -171,7 +176,7 @@ class DevCluster:
         if daemon_env is None:
             daemon_env = daemon_env_from_environ(os.environ)
         layout = Layout(Path(dir).absolute())
-        check_dir(layout)
+        check_dir(layout, node_names)
         require_root()
         bins = Binaries.find()
         versions = (slurm_version(bins), mariadb_version(bins))
