@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -162,7 +164,9 @@ def test_real_slurmd_runs_the_healthcheck_program_and_it_drains(devcluster, tmp_
 
     wrapper = tmp_path / "hc-wrapper"
     config = tmp_path / "slurmft.toml"
-    cluster = DevCluster.up(tmp_path / "hc-cluster", nodes=2)
+    # Its own cluster in a short dir: slurmstepd's sockets lie under it (sun_path: 108 bytes).
+    short = Path(tempfile.mkdtemp(prefix="hc", dir="/tmp"))
+    cluster = DevCluster.up(short / "cluster", nodes=2)
     try:
         conf = Path(cluster.env["SLURM_CONF"])
         # slurmd gives the program SLURMD_NODENAME only; this cluster's config is not the default one
@@ -192,6 +196,7 @@ argv = ["/bin/sh", "-c", "[ \\"$SLURMD_NODENAME\\" != n2 ] || {{ echo 'ERROR: GP
         assert json.loads((tmp_path / "reports" / "n1.json").read_text())["status"] == "ok"
     finally:
         cluster.down()
+        shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.mark.timeout(150)
