@@ -4,6 +4,7 @@ checkpoint written by CheckpointManager and on hand-made pickles the opcode scan
 from __future__ import annotations
 
 import pickle
+import shutil
 import sys
 from pathlib import Path
 
@@ -57,6 +58,9 @@ def test_dcp_load_through_the_reader_never_unpickles_freely(ckpt, tmp_path):
     from torch.distributed.checkpoint.api import CheckpointException
 
     marker = tmp_path / "PWNED"
+    # A copy: the module's checkpoint is shared, and in a random order a later test read this
+    # hostile .metadata as the real one.
+    ckpt = Path(shutil.copytree(ckpt, tmp_path / ckpt.name))
     (ckpt / DCP_METADATA_NAME).write_bytes(pickle.dumps(hostile.Payload(marker)))
     with pytest.raises(CheckpointException) as info:  # DCP wraps what the reader raised
         dcp.load({}, storage_reader=SafeMetadataReader(str(ckpt)), no_dist=True)
