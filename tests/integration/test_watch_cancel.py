@@ -33,9 +33,9 @@ import json, subprocess, sys
 point, job = sys.argv[1], sys.argv[2]
 plan = json.load(open({plan!r}))
 if plan.get(job) == point:
-    subprocess.run(["scancel", job], check=False, timeout=30)
-    with open({fired!r}, "a") as fh:
+    with open({fired!r}, "a") as fh:  # before the cancel: it may kill this hook with the job's step
         fh.write(f"{{job}} {{point}}\\n")
+    subprocess.run(["scancel", job], check=False, timeout=30)
 """
 
 
