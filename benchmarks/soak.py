@@ -51,7 +51,7 @@ from slurmft.rundir import RunDir  # noqa: E402
 from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
 from slurmft.slurm.client import SlurmError  # noqa: E402
 from slurmft.slurm.devcluster import DevCluster, DevClusterError  # noqa: E402
-from slurmft.status import build_report  # noqa: E402
+from slurmft.status.report import build_report  # noqa: E402
 
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
 SCRIPT = REPO / "examples" / "train_gpt.py"

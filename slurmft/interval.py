@@ -24,7 +24,7 @@ from typing import Sequence
 
 from slurmft import journal, numbers
 from slurmft.journal import Event
-from slurmft.status import Report
+from slurmft.status.report import Report
 
 # Causes that stop a run WITH an emergency checkpoint: no work lost, not failures here.
 NOT_FAILURES = frozenset({"preempted", "timeout"})

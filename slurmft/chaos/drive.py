@@ -15,7 +15,7 @@ from slurmft.chaos import faults
 from slurmft.chaos.faults import Fault, FaultError, Target
 from slurmft.journal import Event
 from slurmft.slurm.devcluster import DevClusterError
-from slurmft.status import JournalUnreadable, read_journal
+from slurmft.status.report import JournalUnreadable, read_journal
 
 POLL_S = 0.5
 # Slurm alone takes 150-180 s to restart a job after a node death (DESIGN.md), and never

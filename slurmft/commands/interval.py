@@ -24,7 +24,7 @@ def _fail(message: str) -> typer.Exit:
 def _measured(run_dir: Path):
     from slurmft.interval import measure
     from slurmft.rundir import RunDir
-    from slurmft.status import JournalUnreadable, build_report, read_journal
+    from slurmft.status.report import JournalUnreadable, build_report, read_journal
 
     if not run_dir.is_dir():
         raise _fail(f"--run-dir {run_dir} is not a directory")
@@ -52,7 +52,7 @@ def interval(
 ) -> None:
     """Young's and Daly's optimal checkpoint interval: given, or measured from a run dir."""
     from slurmft.interval import IntervalError, compute
-    from slurmft.status_render import duration
+    from slurmft.status.render import duration
 
     measured = _measured(run_dir) if run_dir is not None else None
     try:

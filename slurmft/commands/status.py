@@ -36,7 +36,7 @@ def _looks_like_run_dir(target: str) -> bool:
 
 def _events_of(run_dir: Path):
     from slurmft.rundir import RunDir
-    from slurmft.status import JournalUnreadable, read_journal
+    from slurmft.status.report import JournalUnreadable, read_journal
 
     events_path = RunDir(run_dir).events
     if not events_path.exists() and not events_path.is_symlink():
@@ -99,7 +99,7 @@ def status(
     """
     from slurmft.slurm.cli import CliSlurmClient
     from slurmft.slurm.config import SlurmConfig
-    from slurmft.status import build_report, report_dict
+    from slurmft.status.report import build_report, report_dict
 
     if plot is not None and plot.suffix.lower() != ".png":
         raise _fail(EXIT_USAGE, f"--plot {plot}: the file name must end in .png")
@@ -137,7 +137,7 @@ def status(
         events = _events_of(run_dir)
     report = build_report(events, job, now=time.time(), watch_state=_watch_state(run_dir))
     if plot is not None:
-        from slurmft.status_plot import PlotUnavailable, write_plot
+        from slurmft.status.plot import PlotUnavailable, write_plot
 
         try:
             write_plot(report, events, plot)
@@ -149,7 +149,7 @@ def status(
         out["note"] = note
         print(numbers.dumps(out, sort_keys=True))
     else:
-        from slurmft.status_render import render
+        from slurmft.status.render import render
 
         render(report, run_dir, note)
         if plot is not None:

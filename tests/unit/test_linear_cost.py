@@ -196,7 +196,7 @@ def test_status_over_a_journal_of_many_short_segments(tmp_path):
     cap (``MAX_JOURNAL_BYTES``, a full training run's journal): the ratio to 1/16 is what tells a
     linear report from a quadratic one, at any size."""
     from slurmft.journal import encode_event
-    from slurmft.status import build_report, read_journal
+    from slurmft.status.report import build_report, read_journal
 
     size = 4 << 20
     t0 = 1.7e9

@@ -129,7 +129,7 @@ def test_any_watch_state_checks_or_is_a_state_error_and_a_checked_one_can_be_act
 
     from slurmft.rundir import RunDir
     from slurmft.slurm.client import Job, JobState
-    from slurmft.status_state import watcher_view
+    from slurmft.status.state import watcher_view
     from slurmft.watch.config import WatchConfig
     from slurmft.watch.runwatch import RunWatch
     from slurmft.watch.state import RunState, StateError

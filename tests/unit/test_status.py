@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurmft.journal import Event, encode_event
-from slurmft.status import JournalUnreadable, build_report, read_journal, report_dict
+from slurmft.status.report import JournalUnreadable, build_report, read_journal, report_dict
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -68,7 +68,7 @@ def test_with_more_width_nothing_wraps(run):
 
 
 def test_node_lists_are_compressed_and_a_name_hostlist_refuses_is_shown_as_it_is():
-    from slurmft.status_render import nodes
+    from slurmft.status.render import nodes
 
     assert nodes(["gpu02", "gpu01", "gpu10"]) == "gpu[01-02,10]"
     assert nodes(["a[b", "n1"]) == "a[b,n1"  # the run dir's content is untrusted: never a crash

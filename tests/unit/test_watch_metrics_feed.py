@@ -65,7 +65,7 @@ def test_the_ettr_gauge_equals_status_and_reads_only_what_was_appended(tmp_path)
     import sys
     from pathlib import Path
 
-    from slurmft.status import build_report, read_journal
+    from slurmft.status.report import build_report, read_journal
     from slurmft.watch.ettr import EttrTail
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -105,6 +105,6 @@ def test_the_ettr_reader_stays_bounded_over_a_long_run(tmp_path):
     _segment(rd, "5", 0, 0.0, range(1, 5001), 1.0, None, commit_every=50)
     acc = EttrTail(rd.events).poll()
     assert len(acc.live) <= (FROZEN_COMMITS + 1) * 50
-    from slurmft.status import build_report, read_journal
+    from slurmft.status.report import build_report, read_journal
 
     assert acc.ettr(5001.0) == pytest.approx(build_report(read_journal(rd.events), now=5001.0).ettr)

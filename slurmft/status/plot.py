@@ -17,7 +17,7 @@ from typing import Sequence
 from slurmft import exitcodes, journal
 from slurmft.journal import Event
 from slurmft.rundir import atomic_write_bytes
-from slurmft.status import Report
+from slurmft.status.report import Report
 
 
 # Segment bars by how the segment ended: done, saved and requeued, anything else is red.

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 from slurmft import exitcodes, journal, numbers
 from slurmft.journal import Event, parse_line
 from slurmft.slurm.client import Job
-from slurmft.status_state import run_state, segment_key, waiting_from_watcher, watcher_view
+from slurmft.status.state import run_state, segment_key, waiting_from_watcher, watcher_view
 from slurmft.watch.detect import PLANNED as PLANNED_CAUSES
 
 # A weeks-long run journals one loss line (~150 bytes) per step: this bounds about 3 M steps.

@@ -1,4 +1,4 @@
-"""The terminal view of a ``slurmft.status.Report``: a few rich tables a person reads at a glance
+"""The terminal view of a ``slurmft.status.report.Report``: a few rich tables a person reads at a glance
 (where the run stands first, then the numbers, then segments and faults). Times of day are UTC;
 the steps of a fault are shown as seconds after the fault."""
 
@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from slurmft.status import PLANNED_CAUSES, Report
+from slurmft.status.report import PLANNED_CAUSES, Report
 
 
 def clock(t: float | None) -> str:
