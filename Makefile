@@ -46,7 +46,7 @@ docs: venv
 # The lint first (ruff and mypy, see lint): a finding fails make test before any test runs.
 # pytest exits 5 when it collected nothing: that is a failure for us, not a pass. Then the Slurm
 # client's tests on Debian's newer Slurm releases (matrix/run.sh, see test-matrix); 22.05, the
-# host's own, has just run in the suite. TEST_MATRIX_SUITES= leaves the matrix out.
+# host's own, runs in the suite. TEST_MATRIX_SUITES= leaves the matrix out.
 # pytest runs in TEST_WORKERS parallel workers (pytest-xdist; TEST_WORKERS=0: one process), each
 # with its own devcluster, in a random order (pytest-randomly prints its seed;
 # PYTEST_ARGS=--randomly-seed=N repeats an order, PYTEST_ARGS="-p no:randomly" keeps the files').
@@ -54,9 +54,11 @@ docs: venv
 TEST_MATRIX_SUITES ?= trixie sid
 TEST_WORKERS ?= 4
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
+# The matrix runs beside pytest, not after it (matrix/beside.sh): both mostly wait on daemons and
+# timers; its output goes to build/matrix.log and is printed whole after pytest's.
 test: venv lint docs
-	$(PY) -m pytest -q $(XDIST) --durations=40 $(PYTEST_ARGS)
-	$(if $(strip $(TEST_MATRIX_SUITES)),matrix/run.sh $(TEST_MATRIX_SUITES))
+	matrix/beside.sh "$(TEST_MATRIX_SUITES)" build/matrix.log -- \
+	  $(PY) -m pytest -q $(XDIST) --durations=40 $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest -q $(XDIST) -m "not integration" $(PYTEST_ARGS)
