@@ -160,13 +160,17 @@ class CliSlurmClient:
                 records = [dataclasses.replace(job, job_id=job_id) for job in records]
         return [job for job in records if job.job_id == job_id]
 
-    def failed_launch_node(self, job: Job) -> str | None:
-        """The node the job's newest run failed to launch on, from accounting's step records
-        (``parse_steps``); None while accounting has none."""
+    def failed_launch_nodes(self, job: Job) -> tuple[tuple[str, ...], str]:
+        """The nodes the job's newest run failed to launch on or failed its prolog on: that
+        run from accounting's step records (``parse_steps``), its nodes' drains from the node
+        table (``policy.launch_failure_nodes``); ``((), "")`` while accounting has none."""
         raw = validate.job_id(job.raw_job_id or job.job_id)
         out = self._run(["sacct", "-P", "--noheader", "-D", "-j", raw,
                          "-o", ",".join(parse_steps.STEP_FIELDS)]).stdout
-        return parse_steps.failed_launch_host(out, raw)
+        run = parse_steps.failed_run(out, raw)
+        if run is None:
+            return (), ""
+        return policy.launch_failure_nodes(run, self.nodes(run.nodes) if run.nodes else {})
 
     def release_launch_hold(self, job_id: str) -> None:
         job_id = validate.job_id(job_id)

@@ -189,9 +189,10 @@ class SlurmClient(Protocol):
     def job_history(self, job_id: str) -> list[Job]:
         """Accounting records (sacct -D) of every run of the job, oldest first."""
 
-    def failed_launch_node(self, job: Job) -> str | None:
-        """The node on which the job's newest run failed to launch (its batch step's node in
-        accounting), or None while accounting has no such record."""
+    def failed_launch_nodes(self, job: Job) -> tuple[tuple[str, ...], str]:
+        """The nodes on which the job's newest run failed to launch or failed its prolog, and
+        the evidence (``policy.launch_failure_nodes``); ``((), "")`` while accounting has no
+        record of that run."""
 
     def release_launch_hold(self, job_id: str) -> None:
         """``scontrol release`` a job Slurm held after a failed launch, re-read first: a job held

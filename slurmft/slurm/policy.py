@@ -28,8 +28,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Callable, Mapping, Sequence
 
 from slurmft.slurm import validate
+from slurmft.slurm.parse_steps import FailedRun
 from slurmft.slurm.client import (
-    Job, JobCancelled, JobNotFound, JobState, OutcomeUnknown, SlurmError, SlurmUnavailable,
+    Job, JobCancelled, JobNotFound, JobState, Node, OutcomeUnknown, SlurmError, SlurmUnavailable,
 )
 
 
@@ -207,6 +208,31 @@ def held_after_failed_launch(job: Job) -> bool:
     """Whether Slurm itself holds ``job`` after a failed launch (never a user's or admin's hold)."""
     return (job.state is JobState.PENDING and job.reason in HELD_REASONS
             and job.reason_detail.strip().lower().startswith(LAUNCH_FAILED_HELD))
+
+
+# The drain reasons Slurm itself sets on a node whose prolog (or the job's environment set-up)
+# failed: slurmctld's node_mgr.c, "Prolog error" measured on 22.05.8 for a failed Prolog with and
+# without PrologFlags=Alloc (tests/fixtures/slurm/2205/sinfo_prolog_error_drain.json).
+PROLOG_DRAIN_REASONS = ("prolog error", "job env setup error")
+
+
+def prolog_failed(node: Node) -> bool:
+    """Whether Slurm drained ``node`` because a job's prolog (or environment set-up) failed."""
+    return node.drained and node.reason.strip().lower().startswith(PROLOG_DRAIN_REASONS)
+
+
+def launch_failure_nodes(run: FailedRun, nodes: Mapping[str, Node]) -> tuple[tuple[str, ...], str]:
+    """The nodes a held job's failed run failed on, and the evidence: the run's nodes Slurm
+    drained for a failed prolog (on any node of the allocation, the batch host or not: with
+    PrologFlags=Alloc, or at a step's first launch on another node, the batch step ran on a
+    healthy batch host, measured), else its batch host (a batch launch that failed). Slurm
+    drains the node before it requeues the job, so both show by the time the job reads held."""
+    prolog = tuple(n for n in run.nodes if n in nodes and prolog_failed(nodes[n]))
+    if prolog:
+        return prolog, f"Slurm drained it: {nodes[prolog[0]].reason.strip()}"
+    if run.batch_host is not None:
+        return (run.batch_host,), "the batch step's node in accounting's record of the failed run"
+    return (), ""
 
 
 def release_launch_hold(fetch: Callable[[], Job], release: Callable[[], None]) -> None:

@@ -186,8 +186,8 @@ class PyslurmClient:
     def job_history(self, job_id: str) -> list[Job]:
         return self._cli.job_history(job_id)
 
-    def failed_launch_node(self, job: Job) -> str | None:
-        return self._cli.failed_launch_node(job)
+    def failed_launch_nodes(self, job: Job) -> tuple[tuple[str, ...], str]:
+        return self._cli.failed_launch_nodes(job)
 
     def release_launch_hold(self, job_id: str) -> None:
         self._cli.release_launch_hold(job_id)

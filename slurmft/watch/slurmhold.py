@@ -1,5 +1,6 @@
-"""A job Slurm itself held after its launch failed on a node ("launch failed requeued held"):
-which node (from accounting: the controller's record of the requeued job names none) and the
+"""A job Slurm itself held after its launch or its prolog failed on a node ("launch failed
+requeued held"): which node (from accounting's record of the failed run, and the drain Slurm set
+on a node whose prolog failed: the controller's record of the requeued job names none) and the
 release, once that node is excluded. Never a job held by its user or an admin, never a cancelled
 one: the client re-reads the job before it releases (``slurm.policy.release_launch_hold``).
 ``RunWatch`` owns the recovery's state; this module makes the two calls and says how they went.
@@ -34,25 +35,26 @@ class LaunchHolds:
         self.state = state
 
     def locate(self, finding: Finding, job: Job) -> Finding | None:
-        """The launch-failure finding with the node it failed on; None to wait a cycle for
-        accounting (it lags the controller by seconds), at most ``lookup_cycles`` cycles: then
-        the finding as it is (released without an exclusion, said in a warning)."""
+        """The launch-failure finding with the nodes it failed on (a failed prolog's node, else
+        the batch launch's); None to wait a cycle for accounting (it lags the controller by
+        seconds), at most ``lookup_cycles`` cycles: then the finding as it is (released without
+        an exclusion, said in a warning)."""
         self.state.launch_lookups += 1
         try:
-            node = self.actor.client.failed_launch_node(job)
+            nodes, why = self.actor.client.failed_launch_nodes(job)
         except SlurmError as exc:
             log.error("job %s: could not read accounting for its failed launch: %s", self.job_id, exc)
-            node = None
-        if node is None and self.state.launch_lookups < self.lookup_cycles:
+            nodes, why = (), ""
+        if not nodes and self.state.launch_lookups < self.lookup_cycles:
             return None
         self.state.launch_lookups = 0
-        if node is None:
+        if not nodes:
             self.emit(journal.WATCH_WARNING, what="launch_node_unknown", nodes=[],
                       detail="accounting names no node for the failed launch: released without "
                              "an exclusion")
             return finding
-        return replace(finding, nodes=(node,), evidence=f"{finding.evidence} on {node} "
-                       "(accounting's record of the failed run)")
+        return replace(finding, nodes=tuple(nodes),
+                       evidence=f"{finding.evidence} on {', '.join(nodes)} ({why})")
 
     def release(self, rec: Recovery, job: Job) -> str:
         """Release the job (its node excluded by now): RELEASED, RETRY (next cycle), CANCELLED,

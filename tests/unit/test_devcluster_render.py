@@ -80,6 +80,20 @@ def test_a_slurmd_timeout_out_of_range_is_refused(spec: ConfSpec, value) -> None
         replace(spec, slurmd_timeout_s=value)
 
 
+def test_a_prolog_is_named_only_when_asked_for(spec: ConfSpec, tmp_path: Path) -> None:
+    assert "Prolog" not in conf_lines(render_slurm_conf(spec))
+    prolog = tmp_path / "prolog"
+    prolog.write_text("#!/bin/sh\nexit 0\n")
+    prolog.chmod(0o755)
+    assert f"Prolog={prolog}" in render_slurm_conf(replace(spec, prolog=str(prolog))).splitlines()
+
+
+@pytest.mark.parametrize("value", ["relative/prolog", "/tmp/a b", "/tmp/x\nSlurmUser=nobody", "/nonexistent/prolog"])
+def test_a_prolog_that_slurm_conf_cannot_name_or_run_is_refused(spec: ConfSpec, value) -> None:
+    with pytest.raises(ValueError, match="prolog"):
+        replace(spec, prolog=value)
+
+
 def test_slurmdbd_conf_uses_the_private_mariadb(spec: ConfSpec, tmp_path: Path) -> None:
     kv = conf_lines(render_slurmdbd_conf(spec))
     assert kv["DbdPort"] == "25002" and kv["StoragePort"] == "25003"

@@ -101,6 +101,20 @@ def test_nodes_and_history_commands_per_release():
     assert replay.calls[-1][:6] == ("sacct", "-P", "--noheader", "-D", "-X", "-j")
 
 
+def test_a_failed_prolog_on_a_second_node_is_found_from_accounting_and_the_node_table():
+    # 22.05.8, captured: a 2-node job whose prolog failed on n2 (Slurm drained n2 "Prolog error",
+    # the batch step ran on n1): the node to exclude is n2, never the batch host n1.
+    steps = (FIX / "2205/sacct_steps_prolog_failed_second_node.txt").read_text()
+    sinfo = (FIX / "2205/sinfo_prolog_error_drain.json").read_text()
+    held = (FIX / "2205/squeue_held_prolog_failed.json").read_text()
+    c, replay = client("22.05.8", lambda argv: {"sacct": steps, "sinfo": sinfo}.get(argv[0], held))
+    job = c.jobs(["2"])["2"]
+    assert c.failed_launch_nodes(job) == (("n2",), "Slurm drained it: Prolog error")
+    assert replay.calls[-2] == ("sacct", "-P", "--noheader", "-D", "-j", "2", "-o",
+                                "JobIDRaw,State,NodeList")
+    assert replay.calls[-1] == ("sinfo", "--json")
+
+
 def test_update_pending_merges_exclusions_and_starts_now():
     pending = (FIX / "published/24.11/v0.0.42/slurmrestd__slurm-job-pending.json").read_text()
     c, replay = client("24.11.5", lambda argv: pending if argv[0] == "squeue" else "")

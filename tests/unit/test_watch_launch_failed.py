@@ -14,7 +14,8 @@ from slurmft.rundir import RunDir
 from slurmft.slurm import policy
 from slurmft.slurm.client import Job, JobCancelled, JobState, SlurmError
 from slurmft.slurm.parse_jobs import parse_squeue
-from slurmft.slurm.parse_steps import failed_launch_host
+from slurmft.slurm.parse_nodes import parse_nodes
+from slurmft.slurm.parse_steps import FailedRun, failed_run
 from slurmft.watch.metrics import WatchMetrics
 
 from test_watch_runwatch import NODES, T0, RecordingClient, job, watcher
@@ -34,12 +35,40 @@ def test_slurms_own_hold_after_a_failed_launch_is_told_from_a_users_and_an_admin
     assert [n for n, j in held.items() if policy.held_after_failed_launch(j)] == ["launchfail"]
 
 
+def _host(output: str, raw: str) -> str | None:
+    run = failed_run(output, raw)
+    return None if run is None else run.batch_host
+
+
 def test_the_node_a_launch_failed_on_is_the_batch_step_of_the_newest_requeued_run():
-    assert failed_launch_host((CAP / "sacct_steps_launch_failed.txt").read_text(), "10") == "n3"
-    assert failed_launch_host((CAP / "sacct_steps_launch_failed_twice.txt").read_text(), "10") == "n3"
-    assert failed_launch_host("10|PENDING|None assigned\n", "10") is None  # accounting lags
-    assert failed_launch_host("10|REQUEUED|n[1-2]\n10.batch|CANCELLED|n[1-2]\n", "10") is None
-    assert failed_launch_host("10|REQUEUED|n3\n10.batch|CANCELLED|n3\n", "1") is None  # not its
+    assert _host((CAP / "sacct_steps_launch_failed.txt").read_text(), "10") == "n3"
+    assert _host((CAP / "sacct_steps_launch_failed_twice.txt").read_text(), "10") == "n3"
+    assert failed_run("10|PENDING|None assigned\n", "10") is None  # accounting lags
+    assert _host("10|REQUEUED|n[1-2]\n10.batch|CANCELLED|n[1-2]\n", "10") is None
+    assert failed_run("10|REQUEUED|n3\n10.batch|CANCELLED|n3\n", "1") is None  # not its
+
+
+@pytest.mark.parametrize("fixture,raw", [("sacct_steps_prolog_failed_second_node.txt", "2"),
+                                         ("sacct_steps_prolog_failed_alloc.txt", "3")])
+def test_a_failed_run_names_its_whole_allocation_beside_its_batch_host(fixture, raw):
+    # A 2-node job whose prolog failed on n2, at its first step or (PrologFlags=Alloc) at its
+    # allocation (22.05.8, captured): the batch step ran on n1, the healthy batch host.
+    assert failed_run((CAP / fixture).read_text(), raw) == FailedRun(("n1", "n2"), "n1")
+
+
+def test_a_failed_prolog_blames_the_node_slurm_drained_for_it_not_the_batch_host():
+    nodes = parse_nodes((CAP / "sinfo_prolog_error_drain.json").read_text(), "sinfo --json")
+    assert nodes["n2"].reason == "Prolog error" and policy.prolog_failed(nodes["n2"])
+    assert not policy.prolog_failed(nodes["n1"])
+    run = FailedRun(("n1", "n2"), "n1")
+    assert policy.launch_failure_nodes(run, nodes) == (("n2",), "Slurm drained it: Prolog error")
+    # No prolog drain on the run's nodes: the batch launch failed on its batch host.
+    healthy = {"n1": nodes["n1"], "n2": replace(nodes["n2"], flags=frozenset(), reason="")}
+    assert policy.launch_failure_nodes(run, healthy)[0] == ("n1",)
+    # An admin's drain for another reason is no evidence about the launch.
+    admin = {**healthy, "n2": replace(nodes["n2"], reason="bad dimm")}
+    assert policy.launch_failure_nodes(run, admin)[0] == ("n1",)
+    assert policy.launch_failure_nodes(FailedRun(("n1", "n2"), None), healthy) == ((), "")
 
 
 def test_release_rereads_and_refuses_a_users_or_admins_hold_or_a_cancel():
@@ -60,9 +89,9 @@ class LaunchClient(RecordingClient):
         super().__init__()
         self.node, self.refuse = node, refuse
 
-    def failed_launch_node(self, job_value: Job) -> str | None:
-        self.calls.append(("failed_launch_node", job_value.job_id))
-        return self.node
+    def failed_launch_nodes(self, job_value: Job) -> tuple[tuple[str, ...], str]:
+        self.calls.append(("failed_launch_nodes", job_value.job_id))
+        return ((self.node,), "the batch step's node") if self.node else ((), "")
 
     def release_launch_hold(self, job_id: str) -> None:
         if self.refuse:
@@ -86,7 +115,7 @@ def test_a_job_held_after_a_failed_launch_is_released_with_its_node_excluded(run
     client = LaunchClient(node="n1")
     w = watcher(run, client, start_now_delay_s=0)
     w.step(_launch_held(), NODES, T0)  # seen held at first sight: the launch failed at once
-    assert client.calls == [("failed_launch_node", "7"), ("exclude", "7", ("n1",)), ("release", "7"),
+    assert client.calls == [("failed_launch_nodes", "7"), ("exclude", "7", ("n1",)), ("release", "7"),
                             ("start_now", "7", ())]
     fault = [e for e in read_events(run.events) if e.kind == "fault_detected"][0]
     assert fault.get("cause") == "launch_failed" and fault.get("nodes") == ["n1"]
@@ -100,7 +129,7 @@ def test_accounting_that_lags_is_waited_for_before_acting(run):
     client = LaunchClient(node=None)
     w = watcher(run, client, start_now_delay_s=0)
     w.step(_launch_held(), NODES, T0)
-    assert client.calls == [("failed_launch_node", "7")] and w.state.phase == "watching"
+    assert client.calls == [("failed_launch_nodes", "7")] and w.state.phase == "watching"
     client.node = "n2"
     w.step(_launch_held(), NODES, T0 + 1)
     assert ("exclude", "7", ("n2",)) in client.calls and ("release", "7") in client.calls
@@ -145,7 +174,7 @@ def test_a_restart_that_fails_to_launch_mid_recovery_is_recovered_too(run):
     w.step(job(JobState.FAILED, exit_code=1), NODES, T0 + 5)
     assert client.calls == [("requeue", "7")]
     w.step(_launch_held(restart=1), NODES, T0 + 8)
-    assert client.calls[1:] == [("failed_launch_node", "7"), ("exclude", "7", ("n2",)), ("release", "7"),
+    assert client.calls[1:] == [("failed_launch_nodes", "7"), ("exclude", "7", ("n2",)), ("release", "7"),
                                 ("start_now", "7", ())]
     causes = [e.get("cause") for e in read_events(run.events, ["fault_detected"])]
     assert causes == ["crash", "launch_failed"]

@@ -29,7 +29,7 @@ from slurmft.slurm.devcluster.release import (
 )
 from slurmft.slurm.devcluster.render import (
     DEFAULT_MIN_JOB_AGE_S, DEFAULT_SLURMD_TIMEOUT_S, ConfSpec, check_min_job_age, check_partitions,
-    check_slurmd_timeout, render_slurm_conf, render_slurmdbd_conf,
+    check_prolog, check_slurmd_timeout, render_slurm_conf, render_slurmdbd_conf,
 )
 
 DEFAULT_NODES = 3
@@ -158,19 +158,24 @@ class DevCluster:
            timeout: float = UP_TIMEOUT_S,
            min_job_age_s: int = DEFAULT_MIN_JOB_AGE_S,
            slurmd_timeout_s: int = DEFAULT_SLURMD_TIMEOUT_S,
-           partitions: Mapping[str, Sequence[str]] | None = None) -> "DevCluster":
+           partitions: Mapping[str, Sequence[str]] | None = None,
+           prolog: str | None = None) -> "DevCluster":
         """Start a cluster of ``nodes`` nodes (n1..nN) in ``dir``; return once all are IDLE.
         ``daemon_env`` is added to every daemon's environment (default: from
         ``$SLURMFT_DEVCLUSTER_DAEMON_ENV``). ``min_job_age_s`` is slurm.conf's MinJobAge: how
         long the controller keeps an ended job before it forgets it; ``slurmd_timeout_s`` its
         SlurmdTimeout: how long a silent node stays up before it is called DOWN; ``partitions``
-        name -> its nodes (the first is the default; default: one ``debug`` of every node)."""
+        name -> its nodes (the first is the default; default: one ``debug`` of every node);
+        ``prolog`` slurm.conf's ``Prolog=``, a program every slurmd runs before a job's first
+        launch on its node (``$SLURMD_NODENAME`` names the node; a non-zero exit is a failed
+        prolog)."""
         check_node_count(nodes)
         node_names = [f"n{i}" for i in range(1, nodes + 1)]
         try:
             check_min_job_age(min_job_age_s)
             check_slurmd_timeout(slurmd_timeout_s)
             parts = check_partitions(partitions, node_names)
+            check_prolog(prolog)
         except ValueError as exc:
             raise DevClusterError(str(exc)) from None
         if daemon_env is None:
@@ -196,7 +201,7 @@ class DevCluster:
                                  daemon_env=dict(daemon_env or {}))
             cluster = cls(layout, state, bins)
             try:
-                cluster._start(versions[1], timeout, min_job_age_s, slurmd_timeout_s, parts)
+                cluster._start(versions[1], timeout, min_job_age_s, slurmd_timeout_s, parts, prolog)
             except BaseException:
                 cluster._stop_all()
                 raise
@@ -243,7 +248,7 @@ class DevCluster:
         return proc
 
     def _start(self, mariadb_ver: tuple[int, int, int], timeout: float, min_job_age_s: int,
-               slurmd_timeout_s: int, partitions=None) -> None:
+               slurmd_timeout_s: int, partitions=None, prolog: str | None = None) -> None:
         lay, st, bins = self._layout, self._state, self._bins
         deadline = time.monotonic() + timeout
 
@@ -260,7 +265,7 @@ class DevCluster:
                         ports=st.ports, cpus_per_node=CPUS_PER_NODE,
                         memory_mb_per_node=MEMORY_MB_PER_NODE, db_password=password,
                         min_job_age_s=min_job_age_s, slurmd_timeout_s=slurmd_timeout_s,
-                        partitions=partitions)
+                        partitions=partitions, prolog=prolog)
         atomic_write_bytes(lay.slurm_conf, render_slurm_conf(spec).encode())
         atomic_write_bytes(lay.slurmdbd_conf, render_slurmdbd_conf(spec).encode(), mode=0o600)
         daemons.write_munge_key(lay)

@@ -8,6 +8,7 @@ socket, ``AccountingStoragePass`` must name that socket or slurmctld 22.05 exits
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -69,6 +70,22 @@ def check_slurmd_timeout(seconds: int) -> int:
     return _whole_seconds("slurmd_timeout_s", seconds, *SLURMD_TIMEOUT_RANGE_S)
 
 
+_CONF_PATH_RE = re.compile(r"/[A-Za-z0-9_./+-]*")
+
+
+def check_prolog(prolog: str | None) -> str | None:
+    """``prolog`` when it is a program slurm.conf can name as ``Prolog=`` (an absolute path of
+    an executable regular file, no characters slurm.conf would split on), else ValueError."""
+    if prolog is None:
+        return None
+    if not isinstance(prolog, str) or not _CONF_PATH_RE.fullmatch(prolog):
+        raise ValueError(f"prolog {prolog!r}: must be an absolute path of letters, digits and "
+                         "'_./+-' only")
+    if not os.path.isfile(prolog) or not os.access(prolog, os.X_OK):
+        raise ValueError(f"prolog {prolog}: not an executable regular file")
+    return prolog
+
+
 @dataclass(frozen=True)
 class ConfSpec:
     """Everything the configuration files depend on."""
@@ -84,8 +101,11 @@ class ConfSpec:
     slurmd_timeout_s: int = DEFAULT_SLURMD_TIMEOUT_S
     # (name, nodes) per partition, the first the default; None: one partition of every node.
     partitions: tuple[tuple[str, tuple[str, ...]], ...] | None = None
+    # slurm.conf's Prolog: run by every slurmd as root before a job's first launch on its node.
+    prolog: str | None = None
 
     def __post_init__(self) -> None:
+        check_prolog(self.prolog)
         check_min_job_age(self.min_job_age_s)
         check_slurmd_timeout(self.slurmd_timeout_s)
         check_partitions(dict(self.partitions) if self.partitions is not None else None,
@@ -133,6 +153,8 @@ def render_slurm_conf(spec: ConfSpec) -> str:
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
     ]
+    if spec.prolog is not None:
+        lines.append(f"Prolog={spec.prolog}")
     for name in spec.node_names:
         lines.append(
             f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
