@@ -226,12 +226,23 @@ def read_done(run_dir: RunDir, cache: DoneCache | None = None) -> dict[str, Any]
     return value if isinstance(value, dict) else {}
 
 
-def read_run_files(run_dir: RunDir, cache: RunFilesCache) -> tuple[dict[str, Beat] | None,
-                                                                   dict[str, Any] | None]:
+def read_run_files(run_dir: RunDir, cache: RunFilesCache, *, look_for_done: bool = True
+                   ) -> tuple[dict[str, Beat] | None, dict[str, Any] | None]:
     """The heartbeats (``read_heartbeats``) and the DONE marker (``read_done``) for one cycle,
     at the cost of a ``stat`` of the run dir and, when it has one, of its heartbeat directory:
     DONE and the heartbeat directory are created by rename or mkdir in the run dir, which
-    changes its mtime, so while the run dir's signature holds neither is looked up again."""
+    changes its mtime, so while the run dir's signature holds neither is looked up again.
+
+    ``look_for_done`` False (``RunWatch``: a cycle whose job is where it was the cycle before,
+    deciding nothing unless it reads again): once a read has found the run dir settled and its
+    heartbeat directory there, the heartbeat directory's ``stat`` alone; DONE keeps the value
+    last read. Anything else (no heartbeat directory, one that cannot be read) reads in full."""
+    if (not look_for_done and cache.root_sig is not None and cache.observed
+            and not cache.no_heartbeat_dir and cache.beats.beats is not None):
+        beats = read_heartbeats(run_dir, cache.beats, root_exists=True)
+        if beats is not None and cache.beats.beats is not None:
+            return beats, cache.done.value
+        cache.root_sig = None  # gone or unreadable: the full read below says which
     try:
         info = os.stat(run_dir.root)
     except OSError:  # gone, or the filesystem does not answer: not observed

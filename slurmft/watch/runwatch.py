@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
@@ -91,6 +92,10 @@ class RunWatch:
         self._beats_seen = False
         self._no_beats_said = False
         self._job: Job | None = None
+        # The job as the last cycle saw it (state, restart count, completing): a cycle that sees
+        # it the same does not look for DONE unless it is about to act (``_watch``).
+        self._seen: tuple | None = None
+        self._light = False
         self.recorder = recorder
         self._capture_tries = 0
         self.holds = slurmhold.LaunchHolds(self.actor, self.emit, self.job_id, CAPTURE_TRIES, state)
@@ -144,10 +149,30 @@ class RunWatch:
     # -- the cycle ------------------------------------------------------------------------------
 
     def observe(self, job: Job | None, nodes: Mapping[str, Node], now: float) -> RunObservation:
+        """This cycle's observation. DONE matters when the job has moved (ended, gone, requeued)
+        or when a finding is about to be acted on: a cycle whose job is where it was and whose
+        run is watched reads it only then (``_watch`` reads again), so an idle run costs the
+        ``stat`` of its heartbeat directory and the ``lstat`` of its journal."""
         summary = self.tail.poll()
-        beats, done = read_run_files(self.run_dir, self._files)
+        seen = None if job is None else (job.state, job.restart_count, job.completing)
+        self._light = (job is not None and seen == self._seen and not job.state.finished
+                       and self.state.phase == WATCHING)
+        self._seen = seen
+        beats, done = read_run_files(self.run_dir, self._files, look_for_done=not self._light)
         self._learn(job, beats)
         return RunObservation(self.job_id, job, nodes, summary, beats, done, now)
+
+    def _look_for_done(self, obs: RunObservation) -> RunObservation | None:
+        """``obs`` read again in full (DONE looked for) before acting on it; None when the run
+        dir could not be observed."""
+        self._light = False
+        beats, done = read_run_files(self.run_dir, self._files)
+        self._learn(obs.job, beats)
+        if not self._files.observed:
+            log.warning("job %s: could not read the run dir in %s this cycle: deciding nothing",
+                        self.job_id, self.run_dir.root)
+            return None
+        return replace(obs, beats=beats, done=done)
 
     def memory(self) -> Memory:
         st = self.state
@@ -283,6 +308,14 @@ class RunWatch:
 
     def _watch(self, obs: RunObservation) -> None:
         findings = detect.detect(obs, self.memory(), self.config)
+        if self._light and any(f.action != detect.WARN for f in findings):
+            # About to act on a cycle that did not look for DONE: a run finishing (DONE written,
+            # its final upload under way, no beats) is no hang. Look, then decide again.
+            full = self._look_for_done(obs)
+            if full is None:
+                return
+            obs = full
+            findings = detect.detect(obs, self.memory(), self.config)
         for finding in findings:
             if finding.action == detect.WARN:
                 self._warn(finding, obs)
