@@ -51,9 +51,13 @@ def user_site(skip: int = 1) -> tuple[str, int, int]:
     return "<unknown>", 0, 1
 
 
-def warn_user(message: str) -> None:
-    """A :class:`ResumeDivergenceWarning` attributed to the user's line, whatever depth of slurmft
-    calls it (``skip_file_prefixes`` is Python 3.12+)."""
+def warn_user(message: str, site: tuple[str, int] | None = None) -> None:
+    """A :class:`ResumeDivergenceWarning` attributed to ``site`` (the user's line that drew, when
+    the draw tracer found it), else to the user's line that called into slurmft, whatever depth of
+    slurmft calls it (``skip_file_prefixes`` is Python 3.12+)."""
+    if site is not None:
+        warnings.warn_explicit(message, ResumeDivergenceWarning, site[0], site[1])
+        return
     _, _, level = user_site(2)  # level 1 = warn_user's caller
     warnings.warn(message, ResumeDivergenceWarning, stacklevel=level + 1)
 
@@ -119,8 +123,9 @@ class BoundaryCheck:
     def clear(self) -> None:
         self._mark = None
 
-    def check(self, where: str, advice: str) -> list[str]:
-        """Generators that moved since ``mark()`` (and warn about them once per ``where``)."""
+    def check(self, where: str, advice: str, site: tuple[str, int] | None = None) -> list[str]:
+        """Generators that moved since ``mark()`` (and warn about them once per ``where``, at
+        ``site`` when the line that drew is known)."""
         if not self.enabled or self._mark is None:
             return []
         moved = changed_generators(self._mark, rng_fingerprint())
@@ -131,5 +136,5 @@ class BoundaryCheck:
                 message = (f"slurmft: WARNING: {', '.join(moved)} random state advanced {where}: "
                            f"whatever was drawn there is in no checkpoint, so a resumed run will "
                            f"differ from one that never stopped. {advice}")
-                warn_user(message)
+                warn_user(message, site)
         return moved

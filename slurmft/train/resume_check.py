@@ -100,8 +100,9 @@ class ResumeCheck:
     def _same_world(self, fp: Print) -> bool:
         return fp.world_size == self.world_size
 
-    def start(self, rng: str, sampler: str | None, where: str) -> Divergence | None:
-        """At the start of the first step after the resume (before it draws anything)."""
+    def start(self, rng: str, sampler: str | None, where: str, where_sampler: str | None = None) -> Divergence | None:
+        """At the start of the first step after the resume (before it draws anything). ``where``,
+        ``where_sampler``: the lines that moved the generators, the sampler (default ``where``)."""
         step = self.restored_step + 1
         saved = self.prints.get(self.restored_step)
         if self.done or saved is None:
@@ -116,7 +117,7 @@ class ResumeCheck:
             return self._diverged(step, "sampler", (
                 f"the sampler's position at the start of step {step} is not the one step "
                 f"{self.restored_step} ended with: something moved the sampler between the restore "
-                f"and the loop ({where}). Take each step's batch from the sampler inside the step."))
+                f"and the loop ({where_sampler or where}). Take each step's batch from the sampler inside the step."))
         return None
 
     def after(self, step: int, rng: str | None, inputs: str | None, sampler: str | None) -> Divergence | None:

@@ -203,7 +203,8 @@ class Run:
         self.step = restored or 0
         self._audit = ResumeAudit(model=self.state.model, sampler=self.state.sampler, segment=self.segment,
                                   events=self.run_dir.events, log_every=self.config.log_every,
-                                  rank0=self.env.is_rank0, restored_step=restored, world_size=self.world_size)
+                                  rank0=self.env.is_rank0, restored_step=restored, world_size=self.world_size,
+                                  trace=self.config.check_boundaries)
         self._audit.start_site = start_site
         self.segment.started(restored_step=restored, load_s=round(load_s, 6),
                              load_bytes=self._checkpoint_bytes(restored), carries=self.state.carried(),
@@ -223,6 +224,7 @@ class Run:
                                              check_every=self.preemption_config.check_every).install()
         self._boundary = BoundaryCheck(rank=self.rank, enabled=self.config.check_boundaries)
         self._boundary.mark()
+        self._audit.trace_window()  # from here to the loop's first step: the lines that draw
         return self
 
     def close(self) -> None:
@@ -339,9 +341,11 @@ class Run:
                 if not self._audit.checks_start:  # the exact check compares the restored state itself
                     file, line, _ = user_site(1)
                     site = self._audit.start_site
-                    self._boundary.check(f"between the start of the Run (its checkpoint restore, "
+                    drawn, draw_site = self._audit.window_where("rng")
+                    self._boundary.check(f"{drawn}between the start of the Run (its checkpoint restore, "
                                          f"{site[0]}:{site[1]}) and step {step} ({file}:{line})"
-                                         if site else f"between the start of the Run and step {step}", _ADVICE)
+                                         if site else f"{drawn}between the start of the Run and step {step}",
+                                         _ADVICE, draw_site)
                 first = False
             self._in_step, self._reported, self._fields, self.result = step, False, {}, None
             if self._audit is not None:
@@ -415,7 +419,8 @@ class Run:
         if self._reported and self.config.log_every:
             loss = self.loss if self.loss is not None and math.isfinite(self.loss) else None
             fp = (None if self._audit is None else
-                  self._audit.step_done(step, loss, self.world_size, stop or self._saves_at(step)))
+                  self._audit.step_done(step, loss, self.world_size, stop or self._saves_at(step),
+                                        last=stop or step >= total))
             if fp is not None or step % self.config.log_every == 0:
                 norm = self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else None
                 self.segment.record(journal.LOSS, step=step, loss=loss, grad_norm=norm,
@@ -456,6 +461,8 @@ class Run:
             self.checkpoints.emergency_save(self.step, self.state)  # the final state; no-op if committed
         except CheckpointError as exc:  # no DONE without it: a requeue redoes the steps since the last one
             self._end(exitcodes.REQUEUE, f"final checkpoint at step {self.step} failed: {exc}", step=self.step)
+        if self._audit is not None:
+            self._audit.flush()  # a divergence still waiting for its line is journaled in this segment
         if self.env.is_rank0:
             write_done(self.run_dir, self.env, self.step, total)
         self._ended = True

@@ -33,7 +33,7 @@ from slurmft.train import CheckpointConfig, Run, RunConfig
 
 
 def draw() -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(4, 8)
+    x = torch.randn(4, 8)  # DRAW
     return x, x.sum(dim=1, keepdim=True)
 
 
@@ -61,7 +61,7 @@ def main() -> None:
     with Run(model, optimizer, run_dir=args.run_dir, checkpoint=CheckpointConfig(interval=args.ckpt_every),
              config=RunConfig(log_every=1, watchdog=False)) as run:
         if args.loop == "before_loop":
-            batch = draw()
+            batch = draw()  # BEFORE-LOOP
         for step in run.steps(args.steps):
             if args.loop in ("clean", "eval"):
                 batch = draw()
@@ -69,7 +69,7 @@ def main() -> None:
             x, y = batch
             loss = F.mse_loss(model(x), y)
             if args.loop in ("before_loop", "prefetch"):
-                batch = draw()  # the next step's batch, prefetched while this one trains
+                batch = draw()  # PREFETCH: the next step's batch, drawn while this one trains
             loss.backward()
             time.sleep(args.sleep)
             run.report(loss=loss)

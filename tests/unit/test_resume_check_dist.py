@@ -26,6 +26,11 @@ from slurmft.rundir import RunDir
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
 
 
+def worker_line(marker: str) -> int:
+    """The trap worker's line that holds ``marker``."""
+    return next(i for i, line in enumerate(WORKER.read_text().splitlines(), 1) if marker in line)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -87,10 +92,15 @@ def test_each_trap_is_journaled_at_the_first_resumed_step(tmp_path, loop, cause,
     assert [code for code, _ in results] == [0, 0], results
     (diverged,) = read_events(RunDir(run_dir).events, ["resume_diverged"])
     assert (diverged.get("step"), diverged.get("cause")) == (restored + 1, cause), diverged.fields
-    # The warning points at the user's loop, not at slurmft, and says the step.
+    # The warning is at the user's line that drew the held batch (torch.randn in draw()), names the
+    # loop's line that called it (the draw before the loop; the prefetch), and says the step.
     stderr = results[0][1]
     assert f"resume diverged at step {restored + 1}" in stderr, stderr
-    assert "trap_worker.py:" in stderr.split("ResumeDivergenceWarning")[0].splitlines()[-1], stderr
+    draw_site = f"{WORKER}:{worker_line('# DRAW')}"
+    assert stderr.split("ResumeDivergenceWarning")[0].splitlines()[-1] == f"{draw_site}: ", stderr
+    assert diverged.get("site") == draw_site, diverged.fields
+    caller = worker_line("# BEFORE-LOOP" if loop == "before_loop" else "# PREFETCH")
+    assert f"{draw_site} (torch, in draw(), called from {WORKER}:{caller}" in diverged.get("message"), diverged.fields
     assert "slurmft/train/" not in stderr, stderr
 
 

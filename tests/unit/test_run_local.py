@@ -36,8 +36,14 @@ def make_run(run_dir, *, interval=3, **config):
 
 
 def draw_batch():
-    x = torch.randn(8, 4)  # the global RNG, as most examples do
+    x = torch.randn(8, 4)  # the global RNG, as most examples do (DRAW-LINE)
     return x, x.sum(dim=1, keepdim=True)
+
+
+def line_of(marker: str) -> int:
+    """The line of this file holding ``marker`` (so the tests do not pin line numbers)."""
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line and "line_of(" not in line)
 
 
 def train(model, optimizer, run, batch):
@@ -56,7 +62,7 @@ def test_prefetched_batch_warns_loudly(tmp_path):
     model, optimizer, run = make_run(tmp_path / "run")
     with pytest.warns(ResumeDivergenceWarning) as caught:
         with run:
-            batch = draw_batch()
+            batch = draw_batch()  # FIRST-DRAW
             for _step in run.steps(6):
                 current = batch
                 batch = draw_batch()  # prefetch: the global RNG moves before the boundary
@@ -64,6 +70,11 @@ def test_prefetched_batch_warns_loudly(tmp_path):
     messages = [str(w.message) for w in caught]
     assert any("between the start of the Run" in m and "torch" in m for m in messages), messages
     assert run._boundary.warnings >= 1
+    # The warning is at the user's line that drew (inside draw_batch), and names the call to it.
+    (warning,) = [w for w in caught if issubclass(w.category, ResumeDivergenceWarning)]
+    assert (warning.filename, warning.lineno) == (__file__, line_of("(DRAW-LINE)")), warning
+    assert (f"at {__file__}:{line_of('(DRAW-LINE)')} (torch, in draw_batch(), called from "
+            f"{__file__}:{line_of('# FIRST-DRAW')}") in str(warning.message), warning.message
 
 
 @pytest.mark.timeout(60)
@@ -206,7 +217,7 @@ def test_a_batch_drawn_before_the_run_is_caught_at_the_first_redone_step(tmp_pat
         with run:
             for step in run.steps(total):
                 current = batch
-                batch = draw_batch()
+                batch = draw_batch()  # PREFETCH
                 train(model, optimizer, run, current)
                 if step == stop_after:
                     break
@@ -217,9 +228,12 @@ def test_a_batch_drawn_before_the_run_is_caught_at_the_first_redone_step(tmp_pat
                                                      r"inputs step 1 had") as caught:
         loop(6)
     ours = [w for w in caught if issubclass(w.category, ResumeDivergenceWarning)]
-    assert [w.filename for w in ours] == [__file__], ours  # the user's line, not slurmft's
+    # the user's line that draws the held batch (not slurmft's, not the loop's `for`), with its caller
+    assert [(w.filename, w.lineno) for w in ours] == [(__file__, line_of("(DRAW-LINE)"))], ours
+    assert f"called from {__file__}:{line_of('# PREFETCH')}" in str(ours[0].message), ours[0].message
     (diverged,) = read_events(RunDir(run_dir).events, ["resume_diverged"])
     assert (diverged.get("step"), diverged.get("cause")) == (4, "stale_inputs"), diverged.fields
+    assert diverged.get("site") == f"{__file__}:{line_of('(DRAW-LINE)')}", diverged.fields
 
 
 @pytest.mark.timeout(60)
