@@ -160,6 +160,12 @@ def render(report: Report, run_dir: Path, note: str = "", console: Console | Non
             console.print(f"[yellow]checkpoint skipped[/] segment {i} ({escape(seg.job_id)}."
                           f"{seg.restart_count}): step {'-' if step is None else step} at load: "
                           + escape(reason or "no reason recorded"))
+        if seg.resume_diverged is not None:  # the resumed run is not the one that was interrupted
+            d = seg.resume_diverged
+            site = f" at {d['site']}" if d["site"] else ""
+            console.print(f"[red]resume diverged[/] segment {i} ({escape(seg.job_id)}.{seg.restart_count}): "
+                          + escape(f"step {'-' if d['step'] is None else d['step']} ({d['cause'] or 'no cause recorded'}){site}: "
+                                   f"{d['message'] or 'no message recorded'}"))
     if report.faults:
         console.print(_faults(report))
         _evidence(report, console)

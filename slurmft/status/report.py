@@ -99,6 +99,8 @@ class Segment:
     median_step_s: float | None = None
     # (step, reason) of each checkpoint this segment passed over at its load (damaged)
     checkpoints_skipped: list[tuple[int | None, str]] = field(default_factory=list)
+    # the resume check's verdict on this segment: {step, cause, site, message} (the first only)
+    resume_diverged: dict[str, Any] | None = None
 
     @property
     def load_bandwidth(self) -> float | None:
@@ -208,6 +210,9 @@ def _segments(events: Sequence[Event], steps) -> list[Segment]:
                 load_s=event.seconds("load_s"), load_bytes=event.count("load_bytes"))
         elif event.kind == journal.CHECKPOINT_SKIPPED and key in segments:
             segments[key].checkpoints_skipped.append((event.count("step"), event.text("reason")))
+        elif event.kind == journal.RESUME_DIVERGED and key in segments and segments[key].resume_diverged is None:
+            segments[key].resume_diverged = {"step": event.count("step"), "cause": event.text("cause"),
+                                             "site": event.text("site"), "message": event.text("message", 4000)}
         elif event.kind == journal.SEGMENT_END and key in segments:
             seg = segments[key]
             seg.end, seg.exit_code = event.time, event.integer("exit_code")

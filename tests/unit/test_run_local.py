@@ -3,6 +3,7 @@ bad input. The multi-rank protocol is in test_run_dist.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import warnings
@@ -205,7 +206,7 @@ def test_bad_config_is_journaled_as_this_segments_deliberate_86(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_batch_drawn_before_the_run_is_caught_at_the_first_redone_step(tmp_path):
+def test_a_batch_drawn_before_the_run_is_caught_at_the_first_redone_step(tmp_path, monkeypatch):
     # The first prefetched batch drawn BEFORE `with Run` (where it lands when a loop is wrapped),
     # the next one inside the step: the restore overwrites the RNG after the draw, so no RNG check
     # sees it, and the resumed run silently differed. Step 4's inputs are step 1's: the exact check.
@@ -223,7 +224,9 @@ def test_a_batch_drawn_before_the_run_is_caught_at_the_first_redone_step(tmp_pat
                     break
         return run
 
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # segments are keyed by job
     loop(6, stop_after=5)                    # checkpoint at 3, steps 4 and 5 journaled, then "killed"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the job's requeue
     with pytest.warns(ResumeDivergenceWarning, match=r"step 4, the first after the resume, trained on the "
                                                      r"inputs step 1 had") as caught:
         loop(6)
@@ -234,6 +237,20 @@ def test_a_batch_drawn_before_the_run_is_caught_at_the_first_redone_step(tmp_pat
     (diverged,) = read_events(RunDir(run_dir).events, ["resume_diverged"])
     assert (diverged.get("step"), diverged.get("cause")) == (4, "stale_inputs"), diverged.fields
     assert diverged.get("site") == f"{__file__}:{line_of('(DRAW-LINE)')}", diverged.fields
+    # and `slurmft status` shows it under the segment that diverged, with the line (and in --json)
+    from typer.testing import CliRunner
+
+    from slurmft.cli import app
+
+    result = CliRunner().invoke(app, ["status", str(run_dir), "--no-slurm"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    shown = " ".join(result.output.split())
+    assert (f"resume diverged segment 1 (77.1): step 4 (stale_inputs) at {__file__}:{line_of('(DRAW-LINE)')}: "
+            "step 4, the first after the resume") in shown, result.output
+    assert "resume diverged segment 0" not in shown, result.output
+    result = CliRunner().invoke(app, ["status", str(run_dir), "--no-slurm", "--json"])
+    segments = json.loads(result.output)["segments"]
+    assert [seg["resume_diverged"] and seg["resume_diverged"]["cause"] for seg in segments] == [None, "stale_inputs"]
 
 
 @pytest.mark.timeout(60)
