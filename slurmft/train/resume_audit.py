@@ -101,8 +101,13 @@ class ResumeAudit:
 
     @property
     def checks_start(self) -> bool:
-        """The exact check has the restored step's fingerprint (so the RNG heuristic is not needed)."""
-        return self.check is not None and self.check.restored_step in self.check.prints
+        """The exact check has the restored step's RNG fingerprint from the same world size (so the
+        RNG heuristic is not needed). On another world size the restore reseeded the generators:
+        a draw before the loop is then warned about as on a fresh start."""
+        if self.check is None:
+            return False
+        saved = self.check.prints.get(self.check.restored_step)
+        return saved is not None and saved.rng is not None and saved.world_size == self.check.world_size
 
     def _sampler_digest(self) -> str | None:
         if self.sampler is None or not hasattr(self.sampler, "state_dict"):

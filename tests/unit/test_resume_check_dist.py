@@ -37,13 +37,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = 120) -> list[tuple[int, str]]:
-    """Start 2 ranks of the trap worker, wait for both: (exit code, stderr) per rank."""
+def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = 120,
+              world: int = 2) -> list[tuple[int, str]]:
+    """Start ``world`` ranks of the trap worker, wait for all: (exit code, stderr) per rank."""
     port = _free_port()
     procs = []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "77"}
         env.pop("SLURMFT_RUN_DIR", None)
         err = open(tmp_path / f"{port}-rank{rank}.err", "w+b")
@@ -122,3 +123,23 @@ def test_a_bit_identical_resume_gets_no_warning(tmp_path, loop, how):
         return {row["step"]: row["loss"] for row in rows}  # a redone step: its last value
 
     assert losses("run") == losses("ref")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("loop", ["clean", "before_loop"])
+def test_on_another_world_size_only_what_can_be_compared_is(tmp_path, loop):
+    # 2 ranks preempted at 5, resumed on 1: the restore reseeds the RNG (another rank's stream has
+    # no meaning here) and the batches differ by design, so nothing is "diverged"; a draw between
+    # the restore and the loop is still warned about at its line, as on a fresh start.
+    run_dir = tmp_path / "run"
+    interrupt(tmp_path, run_dir, loop, "preempt")
+    results = run_ranks(tmp_path, run_dir, ["--loop", loop], world=1)
+    assert [code for code, _ in results] == [0], results
+    assert read_events(RunDir(run_dir).events, ["resume_diverged"]) == []
+    stderr = results[0][1]
+    if loop == "clean":
+        assert "ResumeDivergenceWarning" not in stderr, stderr
+    else:
+        draw_site = f"{WORKER}:{worker_line('# DRAW')}"
+        assert stderr.split("ResumeDivergenceWarning")[0].splitlines()[-1] == f"{draw_site}: ", stderr
+        assert f"called from {WORKER}:{worker_line('# BEFORE-LOOP')}" in stderr, stderr
