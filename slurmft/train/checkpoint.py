@@ -35,7 +35,7 @@ import time
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -61,9 +61,14 @@ from slurmft.train.torch_compat import set_element
 from slurmft.train.verified_read import CorruptCheckpoint, VerifyingReader
 from slurmft.train.writer import LOAD_PHASE, CommitWriter, FaultPlan
 
-if TYPE_CHECKING:
-    from slurmft.train.heartbeat import Heartbeat
-    from slurmft.train.watchdog import StepWatchdog
+
+class PhaseWatcher(Protocol):
+    """What the manager asks of the training loop's step watchdog and heartbeat
+    (``StepWatchdog.phase``, ``Heartbeat.phase``): a block to run a save or load in, bounded.
+    Typed here, not imported, so that the checkpoint engine imports nothing from the loop."""
+
+    def phase(self, label: str, bound_s: float, /) -> ContextManager[None]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +205,8 @@ class CheckpointManager:
         job_id: str | None = None,
         restart_count: int | None = None,
         on_commit: OnCommit | None = None,
-        watchdog: "StepWatchdog | None" = None,
-        heartbeat: "Heartbeat | None" = None,
+        watchdog: PhaseWatcher | None = None,
+        heartbeat: PhaseWatcher | None = None,
     ) -> None:
         self.run = RunDir(Path(run_dir))
         # Saves and loads run as watched phases of this watchdog, announced in this heartbeat.
