@@ -24,8 +24,8 @@ from torch.distributed.fsdp import fully_shard
 
 from _bench_limits import max_across_ranks, sum_across_ranks
 from _bench_state import N_LAYERS
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointManager
+from slurmft.checkpoint.state import TrainState
 
 FROZEN_SHARE = 0.9
 WARMUP_SAVES = 1  # the first save of a manager is whole either way

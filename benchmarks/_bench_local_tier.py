@@ -23,8 +23,8 @@ from _bench_limits import DiskAndCopyProbe, max_across_ranks
 from _bench_loop import measure_in_loop
 from _bench_slurmft import SlurmftSave
 from _bench_state import touch_parameters
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointManager
+from slurmft.checkpoint.state import TrainState
 
 WARMUP_SAVES = 1  # the first save of a manager is also copied to the run dir
 

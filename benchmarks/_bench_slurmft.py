@@ -15,8 +15,8 @@ import torch
 
 from _bench_methods import SaveMethod
 from slurmft.rundir import RunDir
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointManager
+from slurmft.checkpoint.state import TrainState
 
 
 class SlurmftSave(SaveMethod):

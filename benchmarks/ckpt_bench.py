@@ -86,7 +86,7 @@ def _measure_verify(ckpt_dir: Path, probe, drop_all: bool, rounds: int = 7) -> d
     import torch.distributed as dist
 
     from _bench_limits import evict_from_page_cache, measure_cold_read
-    from slurmft.train.manifest import verify_checkpoint
+    from slurmft.checkpoint.manifest import verify_checkpoint
 
     files = [p for p in ckpt_dir.rglob("*") if p.is_file()]
     pairs = []
@@ -124,7 +124,7 @@ def _worker(args: argparse.Namespace) -> None:
                                 dcp_async_method)
     from _bench_slurmft import SlurmftSave
     from _bench_state import build_state, local_tensors, nbytes, rss_bytes
-    from slurmft.train.manifest import HASH_ALGO, StreamHasher
+    from slurmft.checkpoint.manifest import HASH_ALGO, StreamHasher
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{args.store}", rank=args.rank,

@@ -1,8 +1,8 @@
 """``slurmft ckpt``: list, verify, prune, inspect and export the checkpoints of one run directory.
 
 Works on a login node without torch: ``ls``, ``verify``, ``prune`` and ``inspect`` use only the
-torch-free :mod:`slurmft.train.manifest` and :mod:`slurmft.train.retention`. Only ``export`` and
-``inspect --tensors`` import torch, lazily, through :mod:`slurmft.train.export`.
+torch-free :mod:`slurmft.checkpoint.manifest` and :mod:`slurmft.checkpoint.retention`. Only ``export`` and
+``inspect --tensors`` import torch, lazily, through :mod:`slurmft.checkpoint.export`.
 
 A checkpoint is named by its step (``1200``) or its directory name (``step_000001200``). An
 in-flight or abandoned ``step_N.tmp-<id>`` directory is never a valid choice: it is not a
@@ -46,12 +46,12 @@ from slurmft import numbers
 from slurmft.config import ConfigError, find_config_file
 from slurmft.rundir import CHECKPOINTS, STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
 from slurmft.safeio import UnsafeFileError, kind_of, lstat_at, open_dir
-from slurmft.train.ckpt_config import CheckpointConfig
-from slurmft.train.ckpt_listing import CheckpointInfo, list_checkpoints, stray_entries
-from slurmft.train.tiers import holders, read_tier_index
-from slurmft.train.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError, VerifyReport,
+from slurmft.checkpoint.config import CheckpointConfig
+from slurmft.checkpoint.listing import CheckpointInfo, list_checkpoints, stray_entries
+from slurmft.checkpoint.tiers import holders, read_tier_index
+from slurmft.checkpoint.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError, VerifyReport,
                                     parse_tmp_dirname, read_manifest, unopened_report, verify_checkpoint)
-from slurmft.train.retention import (RetentionPolicy, apply_prune, plan_prune, read_references,
+from slurmft.checkpoint.retention import (RetentionPolicy, apply_prune, plan_prune, read_references,
                                      scan_checkpoint_dirs)
 
 EXIT_OK, EXIT_CORRUPT, EXIT_USAGE = 0, 1, 2
@@ -578,7 +578,7 @@ def inspect(
 
 
 def _describe_tensors(path: Path, dir_fd: int, manifest: Manifest):  # -> list[TensorInfo]
-    from slurmft.train.export import ExportError, describe_checkpoint
+    from slurmft.checkpoint.export import ExportError, describe_checkpoint
 
     try:
         return describe_checkpoint(path, manifest, dir_fd=dir_fd)
@@ -623,7 +623,7 @@ def _export(path: Path, dir_fd: int, out: Path, force: bool) -> None:
         for problem in report.problems:
             print(f"  {problem}", file=sys.stderr)
         raise typer.Exit(EXIT_CORRUPT)
-    from slurmft.train.export import ExportError, export_model_safetensors
+    from slurmft.checkpoint.export import ExportError, export_model_safetensors
 
     try:
         summary = export_model_safetensors(path, manifest, out, dir_fd=dir_fd)

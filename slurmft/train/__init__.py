@@ -1,8 +1,8 @@
-"""slurmft.train: the in-job side; the only package that imports torch.
+"""slurmft.train: the in-job side, the training loop (``Run`` and its helpers); with
+``slurmft.checkpoint`` (the checkpoint engine it uses) the only packages that import torch.
 
 The public API is importable from here (``from slurmft.train import Run, CheckpointManager``);
-each name is imported on first use, so ``import slurmft.train`` itself stays cheap and torch-free
-(``slurmft ckpt`` imports the torch-free modules of this package on login nodes).
+each name is imported on first use, so ``import slurmft.train`` itself stays cheap and torch-free.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 _EXPORTS: dict[str, str] = {
     "Run": "slurmft.train.run",
     "RunConfig": "slurmft.train.run_config",
-    "CheckpointManager": "slurmft.train.checkpoint",
-    "CheckpointError": "slurmft.train.checkpoint",
-    "SaveStats": "slurmft.train.checkpoint",
-    "CheckpointConfig": "slurmft.train.ckpt_config",
-    "TrainState": "slurmft.train.state",
+    "CheckpointManager": "slurmft.checkpoint.manager",
+    "CheckpointError": "slurmft.checkpoint.manager",
+    "SaveStats": "slurmft.checkpoint.manager",
+    "CheckpointConfig": "slurmft.checkpoint.config",
+    "TrainState": "slurmft.checkpoint.state",
     "ResumableSampler": "slurmft.train.sampler",
     "SamplerError": "slurmft.train.sampler",
     "PreemptionHandler": "slurmft.train.preemption",

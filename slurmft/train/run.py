@@ -51,17 +51,17 @@ from slurmft import exitcodes, journal, rundir
 from slurmft.config import ConfigError, load_section
 from slurmft.rundir import RUN_DIR_ENV, RunDir
 from slurmft.train.boundary import BoundaryCheck, step_generator, user_site
-from slurmft.train.checkpoint import CheckpointError, CheckpointManager
-from slurmft.train.ckpt_config import CheckpointConfig
+from slurmft.checkpoint.manager import CheckpointError, CheckpointManager
+from slurmft.checkpoint.config import CheckpointConfig
 from slurmft.train.guards import GuardConfig, GuardResult, StepGuard, Verdict
 from slurmft.train.busy import ForwardTimer
 from slurmft.train.heartbeat import Heartbeat
-from slurmft.train.manifest import ManifestError, read_manifest
+from slurmft.checkpoint.manifest import ManifestError, read_manifest
 from slurmft.train.preemption import PreemptionConfig, PreemptionHandler
 from slurmft.train.resume_audit import ResumeAudit
 from slurmft.train.run_config import RunConfig
 from slurmft.train.runtime import JobEnv, JobEnvError, RunDirError, Segment, check_run_dir_writable
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.state import TrainState
 from slurmft.train.watchdog import StepWatchdog
 
 _ADVICE = ("Draw each step's random batch inside the step (from run.rng(step), or the global RNG), "

@@ -1,7 +1,7 @@
 """``[loop]`` settings of :class:`slurmft.train.Run` (slurmft.toml, ``SLURMFT_LOOP_<FIELD>``, arguments).
 
 Torch-free. The other in-job sections ``Run`` reads are ``[checkpoint]``
-(:class:`slurmft.train.ckpt_config.CheckpointConfig`) and ``[guards]``
+(:class:`slurmft.checkpoint.config.CheckpointConfig`) and ``[guards]``
 (:class:`slurmft.train.guards.GuardConfig`).
 """
 

@@ -42,9 +42,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
-from slurmft.train.overlap import InFlightCopy
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointManager
+from slurmft.checkpoint.overlap import InFlightCopy
+from slurmft.checkpoint.state import TrainState
 
 
 class CountingSampler:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from slurmft.rundir import RunDir
-from slurmft.train.tiers import read_tier_index
-from slurmft.train.writer import FAULT_ENV, FAULT_MARK_ENV
+from slurmft.checkpoint.tiers import read_tier_index
+from slurmft.checkpoint.writer import FAULT_ENV, FAULT_MARK_ENV
 
 from train_job_support import TINY_ARGS, kill_ranks, losses, reference_losses, submit
 

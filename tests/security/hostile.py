@@ -22,8 +22,8 @@ from typing import Callable
 
 from slurmft.journal import Journal
 from slurmft.rundir import RunDir, step_dirname
-from slurmft.train.checksum import hash_file
-from slurmft.train.manifest import DCP_METADATA_NAME, MANIFEST_NAME, FileEntry, read_manifest, write_manifest
+from slurmft.checkpoint.checksum import hash_file
+from slurmft.checkpoint.manifest import DCP_METADATA_NAME, MANIFEST_NAME, FileEntry, read_manifest, write_manifest
 
 SECRET_TEXT = b"TOP-SECRET-slurmft-hostile-test-7f3a9c\n"
 
@@ -411,7 +411,7 @@ def make_model_state():
     """The training state the pristine run was saved from (and load_latest restores into)."""
     import torch
 
-    from slurmft.train.state import TrainState
+    from slurmft.checkpoint.state import TrainState
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
@@ -422,7 +422,7 @@ def make_pristine(root: Path) -> Path:
     """A run dir with committed steps 1, 2, 3 written by slurmft's own manager (real DCP)."""
     import torch
 
-    from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
+    from slurmft.checkpoint.manager import CheckpointConfig, CheckpointManager
 
     state = make_model_state()
     manager = CheckpointManager(root, CheckpointConfig(keep_last=10), job_id="7", restart_count=0)

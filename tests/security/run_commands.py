@@ -53,7 +53,7 @@ def run_load_latest(run: str) -> tuple[int, str]:
     sys.path.insert(0, str(Path(__file__).parent))
     from hostile import make_model_state  # noqa: PLC0415
 
-    from slurmft.train.checkpoint import CheckpointError, CheckpointManager
+    from slurmft.checkpoint.manager import CheckpointError, CheckpointManager
 
     log = io.StringIO()
     handler = logging.StreamHandler(log)
@@ -193,7 +193,7 @@ def one(case: dict, command: str) -> dict:
 
 def main() -> None:
     warnings.simplefilter("ignore")
-    import slurmft.cli, slurmft.train.checkpoint, slurmft.train.export  # noqa: F401,E401 - not timed
+    import slurmft.cli, slurmft.checkpoint.manager, slurmft.checkpoint.export  # noqa: F401,E401 - not timed
     spec = json.loads(Path(sys.argv[1]).read_text())
     results = [one(case, command) for case in spec for command in case["commands"]]
     print(json.dumps(results))

@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 import hostile  # noqa: E402
 
-from slurmft.train.checksum import hash_file  # noqa: E402
+from slurmft.checkpoint.checksum import hash_file  # noqa: E402
 
 HERE = Path(__file__).parent
 IDENTITIES = ("root", "user")

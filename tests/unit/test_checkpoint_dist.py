@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from slurmft.rundir import RunDir
-from slurmft.train.manifest import read_manifest, verify_checkpoint
-from slurmft.train.tiers import local_checkpoints, read_tier_index
-from slurmft.train.writer import FAULT_DELAY_ENV, FAULT_ENV, FAULT_MARK_ENV, PHASES
+from slurmft.checkpoint.manifest import read_manifest, verify_checkpoint
+from slurmft.checkpoint.tiers import local_checkpoints, read_tier_index
+from slurmft.checkpoint.writer import FAULT_DELAY_ENV, FAULT_ENV, FAULT_MARK_ENV, PHASES
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "ckpt_worker.py"
 COMMITTED_AT = {"renamed", "committed"}  # phases at which the paused save is already committed
@@ -207,7 +207,7 @@ def test_kill_9_at_any_moment_leaves_newest_committed_loadable(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_public_torch_paths_round_trip_fsdp2_across_world_sizes(tmp_path):
-    # Every private torch API replaced by its public path (slurmft.train.torch_compat), DTensor
+    # Every private torch API replaced by its public path (slurmft.checkpoint.torch_compat), DTensor
     # staging included: a 2-rank FSDP2 checkpoint loads on 3 ranks and back, bit-exact.
     out = tmp_path / "out.jsonl"
     for world in (2, 3):

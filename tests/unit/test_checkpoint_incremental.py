@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 from slurmft.cli import app
 from slurmft.rundir import RunDir
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
-from slurmft.train.manifest import (Manifest, ManifestError, read_manifest,
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
+from slurmft.checkpoint.manifest import (Manifest, ManifestError, read_manifest,
                                     verify_checkpoint)
-from slurmft.train.retention import RetentionPolicy, plan_prune
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.retention import RetentionPolicy, plan_prune
+from slurmft.checkpoint.state import TrainState
 
 
 def make_state(seed: int = 0) -> TrainState:
@@ -276,7 +276,7 @@ def test_references_need_format_2():
 
 
 def test_without_the_private_writer_api_every_save_is_whole(tmp_path, monkeypatch, caplog):
-    from slurmft.train import torch_compat
+    from slurmft.checkpoint import torch_compat
 
     monkeypatch.setattr(torch_compat, "FAST_SHARD_WRITE", False)  # as with SLURMFT_TORCH_PUBLIC_ONLY=1
     state = make_state()
@@ -292,7 +292,7 @@ def test_without_the_private_writer_api_every_save_is_whole(tmp_path, monkeypatc
 
 def test_references_of_a_checkpoint_that_can_never_load_are_none_but_a_newer_format_keeps_all(three_saves):
     from slurmft.safeio import open_dir
-    from slurmft.train.retention import read_references
+    from slurmft.checkpoint.retention import read_references
 
     root, _, _ = three_saves
     run = RunDir(root)

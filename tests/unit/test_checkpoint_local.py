@@ -14,12 +14,12 @@ import torch
 
 from slurmft.config import ConfigError
 from slurmft.rundir import RunDir
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
-from slurmft.train.ckpt_listing import list_checkpoints
-from slurmft.train.manifest import DCP_METADATA_NAME, MANIFEST_NAME, verify_checkpoint
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
+from slurmft.checkpoint.listing import list_checkpoints
+from slurmft.checkpoint.manifest import DCP_METADATA_NAME, MANIFEST_NAME, verify_checkpoint
+from slurmft.checkpoint.state import TrainState
 from slurmft.train.watchdog import StepWatchdog
-from slurmft.train.writer import CommitWriter
+from slurmft.checkpoint.writer import CommitWriter
 
 
 class CountingSampler:
@@ -135,7 +135,7 @@ def test_corrupt_newest_is_skipped_and_previous_loaded(tmp_path, damage, caplog)
     CORRUPTIONS[damage](RunDir(tmp_path).checkpoint(2))
 
     fresh = make_state(seed=99)
-    with caplog.at_level(logging.WARNING, logger="slurmft.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="slurmft.checkpoint.manager"):
         assert manager.load_latest(fresh) == 1
     assert any("checkpoint step 2 skipped" in r.getMessage() for r in caplog.records)
     assert_same_model(at_step_1, snapshot(fresh))
@@ -148,7 +148,7 @@ def test_nothing_valid_is_a_fresh_start(tmp_path, caplog):
     manager.save(1, state, block=True)
     (RunDir(tmp_path).checkpoint(1) / DCP_METADATA_NAME).unlink()
     before = snapshot(state)
-    with caplog.at_level(logging.INFO, logger="slurmft.train.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="slurmft.checkpoint.manager"):
         assert manager.load_latest(state) is None
         assert CheckpointManager(tmp_path / "empty").load_latest(state) is None
     assert sum("fresh start" in r.getMessage() for r in caplog.records) == 2
@@ -275,7 +275,7 @@ def test_config_from_toml_and_errors(tmp_path):
 
 
 def test_generator_state_missing_from_checkpoint_is_not_requested(tmp_path, monkeypatch):
-    import slurmft.train.state as state_module
+    import slurmft.checkpoint.state as state_module
 
     state = make_state()
     manager = CheckpointManager(tmp_path)
@@ -288,7 +288,7 @@ def test_generator_state_missing_from_checkpoint_is_not_requested(tmp_path, monk
 
 
 def test_fault_plan_rejects_unknown_phase(monkeypatch):
-    from slurmft.train.writer import FAULT_ENV, FaultPlan
+    from slurmft.checkpoint.writer import FAULT_ENV, FaultPlan
 
     monkeypatch.setenv(FAULT_ENV, "renamed@12")
     assert FaultPlan.from_env().pause_phase == "renamed" and FaultPlan.from_env().pause_step == 12
@@ -301,7 +301,7 @@ def test_commit_refuses_ranks_that_wrote_another_checkpoint(tmp_path):
     from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
     from torch.distributed.checkpoint.storage import WriteResult
 
-    from slurmft.train.writer import _FILES_FQN
+    from slurmft.checkpoint.writer import _FILES_FQN
 
     writer = CommitWriter(RunDir(tmp_path).checkpoint(7), "abc", 7, 2)
     other = RunDir(tmp_path).checkpoints / "step_000000006.tmp-xyz"
@@ -376,10 +376,10 @@ def test_saves_and_loads_are_phases_of_the_step_watchdog(tmp_path, monkeypatch):
 
 
 def test_a_restart_reads_the_checkpoint_once_verifying_as_it_loads(tmp_path, monkeypatch):
-    import slurmft.train.checkpoint as checkpoint_module
-    import slurmft.train.manifest as manifest_module
-    from slurmft.train.manifest import read_manifest
-    from slurmft.train.verified_read import VerifyingReader
+    import slurmft.checkpoint.manager as checkpoint_module
+    import slurmft.checkpoint.manifest as manifest_module
+    from slurmft.checkpoint.manifest import read_manifest
+    from slurmft.checkpoint.verified_read import VerifyingReader
 
     state = make_state()
     train_step(state)

@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 from slurmft.cli import app
 from slurmft.config import ConfigError
 from slurmft.rundir import RunDir, atomic_write_json
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
-from slurmft.train.local_tier import NodeMap, copy_verified
-from slurmft.train.manifest import FileEntry, verify_checkpoint
-from slurmft.train.state import TrainState
-from slurmft.train.tiers import local_checkpoints, read_tier_index, write_tier_index
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
+from slurmft.checkpoint.local_tier import NodeMap, copy_verified
+from slurmft.checkpoint.manifest import FileEntry, verify_checkpoint
+from slurmft.checkpoint.state import TrainState
+from slurmft.checkpoint.tiers import local_checkpoints, read_tier_index, write_tier_index
 
 
 def make_state() -> TrainState:
@@ -209,14 +209,14 @@ def test_a_local_metadata_that_differs_from_the_manifest_is_not_trusted(tmp_path
     metadata.write_bytes(data[:at] + b"Weight" + data[at + 6:])
     fresh = make_state()
     loader = CheckpointManager(run.root, tiered(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="slurmft.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="slurmft.checkpoint.manager"):
         assert loader.load_latest(fresh) == 1
     loader.close()
     assert ".metadata: does not match the manifest" in caplog.text
 
 
 def test_a_blocking_save_whose_copy_to_the_run_dir_fails_raises(tmp_path, node, monkeypatch):
-    import slurmft.train.local_tier as local_tier
+    import slurmft.checkpoint.local_tier as local_tier
 
     real_copy = local_tier.copy_verified
 

@@ -11,9 +11,9 @@ import time
 import pytest
 import torch
 
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
-from slurmft.train.overlap import InFlightCopy
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
+from slurmft.checkpoint.overlap import InFlightCopy
+from slurmft.checkpoint.state import TrainState
 
 SLOW_COPY_S = 1.0
 

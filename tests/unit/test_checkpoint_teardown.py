@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from slurmft.rundir import RunDir
-from slurmft.train.checkpoint import CheckpointManager
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.manager import CheckpointManager
+from slurmft.checkpoint.state import TrainState
 
 RUNS = 3
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
@@ -43,8 +43,8 @@ RANK_SCRIPT = textwrap.dedent("""
     import time
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from slurmft.train.checkpoint import CheckpointManager
-    from slurmft.train.state import TrainState
+    from slurmft.checkpoint.manager import CheckpointManager
+    from slurmft.checkpoint.state import TrainState
 
     sys.path.insert(0, sys.argv[4])
     from gloo_threads import gloo_threads
@@ -134,8 +134,8 @@ DEAD_PEER_SCRIPT = textwrap.dedent("""
     import sys
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
-    from slurmft.train.state import TrainState
+    from slurmft.checkpoint.manager import CheckpointConfig, CheckpointManager
+    from slurmft.checkpoint.state import TrainState
 
     rank, store, run_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     if rank == 1:  # this rank stops dead at its first shard write, like a peer that hung or died

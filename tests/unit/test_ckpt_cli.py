@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from slurmft.cli import app
 from slurmft.rundir import RunDir, step_dirname
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointManager
-from slurmft.train.manifest import FORMAT_VERSION, MANIFEST_NAME
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointManager
+from slurmft.checkpoint.manifest import FORMAT_VERSION, MANIFEST_NAME
+from slurmft.checkpoint.state import TrainState
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -272,8 +272,8 @@ def test_export_reads_no_file_swapped_after_its_verification(run, tmp_path, swap
     # bytes elsewhere) or a FIFO was followed, or hung root's export. It is refused, naming it.
     import os
 
-    from slurmft.train.export import ExportError, load_model_weights
-    from slurmft.train.manifest import read_manifest
+    from slurmft.checkpoint.export import ExportError, load_model_weights
+    from slurmft.checkpoint.manifest import read_manifest
 
     ckpt_dir = RunDir(run).checkpoint(3)
     manifest = read_manifest(ckpt_dir)
@@ -298,8 +298,8 @@ FSDP_WRITER = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    from slurmft.train.checkpoint import CheckpointManager
-    from slurmft.train.state import TrainState
+    from slurmft.checkpoint.manager import CheckpointManager
+    from slurmft.checkpoint.state import TrainState
 
     rank, store, run_dir, reference = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
@@ -545,12 +545,12 @@ def test_ls_verify_prune_inspect_work_without_torch(run):
 
 
 def test_checkpoint_config_imports_without_torch():
-    code = ("import sys, slurmft.train.ckpt_config as c; c.CheckpointConfig.load(environ={}); "
+    code = ("import sys, slurmft.checkpoint.config as c; c.CheckpointConfig.load(environ={}); "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60, cwd=REPO).returncode == 0
 
 
 def test_checkpoint_config_is_the_one_the_manager_uses():
-    from slurmft.train import checkpoint, ckpt_config
+    from slurmft.checkpoint import config, manager
 
-    assert checkpoint.CheckpointConfig is ckpt_config.CheckpointConfig
+    assert manager.CheckpointConfig is config.CheckpointConfig

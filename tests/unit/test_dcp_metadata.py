@@ -1,4 +1,4 @@
-"""The allow-list unpickler for DCP's ``.metadata`` (slurmft/train/dcp_metadata.py), on a real
+"""The allow-list unpickler for DCP's ``.metadata`` (slurmft/checkpoint/dcp_metadata.py), on a real
 checkpoint written by CheckpointManager and on hand-made pickles the opcode scan lets through."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from torch.distributed.checkpoint.metadata import Metadata
 
 from slurmft.rundir import RunDir
-from slurmft.train.dcp_metadata import MetadataRefused, SafeMetadataReader, load_dcp_metadata, parse_dcp_metadata
-from slurmft.train.manifest import DCP_METADATA_NAME
-from slurmft.train.pickle_scan import metadata_pickle_problem
+from slurmft.checkpoint.dcp_metadata import MetadataRefused, SafeMetadataReader, load_dcp_metadata, parse_dcp_metadata
+from slurmft.checkpoint.manifest import DCP_METADATA_NAME
+from slurmft.checkpoint.pickle_scan import metadata_pickle_problem
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
 import hostile  # noqa: E402

@@ -26,7 +26,7 @@ PAGES = sorted(DOCS.glob("*.md"))
 
 # Each table of slurmft.toml and the dataclass load_section reads it into.
 CONFIG_CLASSES = {
-    "checkpoint": "slurmft.train.ckpt_config:CheckpointConfig",
+    "checkpoint": "slurmft.checkpoint.config:CheckpointConfig",
     "guards": "slurmft.train.guards:GuardConfig",
     "health_dcgm": "slurmft.health.dcgm:DcgmConfig",
     "health_external": "slurmft.health.external:ExternalConfig",

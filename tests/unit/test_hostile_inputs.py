@@ -21,7 +21,7 @@ from slurmft.journal import append_event, main as journal_main, read_events
 from slurmft.rundir import RunDir, parse_step_dirname, step_dirname
 from slurmft.safeio import UnsafeFileError
 from slurmft.sweep.lock import SweepLock
-from slurmft.train.retention import PrunePlan, apply_prune, scan_checkpoint_dirs
+from slurmft.checkpoint.retention import PrunePlan, apply_prune, scan_checkpoint_dirs
 
 REPO = Path(__file__).resolve().parents[2]
 CRON = REPO / "bin" / "slurmft-sweep-cron"
@@ -232,7 +232,7 @@ def test_an_interrupted_prune_is_finished_by_the_next(tmp_path):
     (half / "sub" / "link").symlink_to(tmp_path / "outside")
     (tmp_path / "outside").mkdir()
     committed, tmp = scan_checkpoint_dirs(tmp_path)
-    from slurmft.train.retention import RetentionPolicy, plan_prune
+    from slurmft.checkpoint.retention import RetentionPolicy, plan_prune
 
     plan = plan_prune(committed, 5, tmp, RetentionPolicy(keep_last=1))
     assert apply_prune(tmp_path, plan) == [half]

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from linear_cost import assert_linear
 from slurmft.cli import app
-from slurmft.train.tiers import MAX_TIERS_BYTES
+from slurmft.checkpoint.tiers import MAX_TIERS_BYTES
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -66,7 +66,7 @@ def test_ckpt_ls_over_a_tier_record_at_its_cap(tmp_path, nodes, as_json):
 
 def test_manifest_at_its_cap(tmp_path):
     """``manifest.json`` at 64 MiB (~400,000 file entries), read by every ``ckpt`` command as root."""
-    from slurmft.train.manifest import MAX_MANIFEST_BYTES, FileEntry, build_manifest, read_manifest, write_manifest
+    from slurmft.checkpoint.manifest import MAX_MANIFEST_BYTES, FileEntry, build_manifest, read_manifest, write_manifest
 
     per_entry = 140  # bytes of one indented entry, with room to spare
 

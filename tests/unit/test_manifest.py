@@ -12,8 +12,8 @@ import pytest
 
 from slurmft.rundir import RunDir, step_dirname
 from slurmft.safeio import UnsafeFileError
-from slurmft.train.ckpt_listing import list_checkpoints
-from slurmft.train.manifest import (
+from slurmft.checkpoint.listing import list_checkpoints
+from slurmft.checkpoint.manifest import (
     DCP_METADATA_NAME,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -68,7 +68,7 @@ def test_streaming_hash_matches_file_hash(tmp_path):
 
 
 def test_manifest_module_does_not_import_torch():
-    code = "import sys, slurmft.train.manifest, slurmft.train.retention; sys.exit('torch' in sys.modules)"
+    code = "import sys, slurmft.checkpoint.manifest, slurmft.checkpoint.retention; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 

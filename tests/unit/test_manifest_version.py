@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from slurmft.rundir import RunDir
-from slurmft.train.checkpoint import CheckpointConfig, CheckpointError, CheckpointManager
-from slurmft.train.ckpt_listing import list_checkpoints
-from slurmft.train.manifest import (FORMAT_VERSION, MANIFEST_NAME, ManifestError, ManifestVersionError,
+from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
+from slurmft.checkpoint.listing import list_checkpoints
+from slurmft.checkpoint.manifest import (FORMAT_VERSION, MANIFEST_NAME, ManifestError, ManifestVersionError,
                                     read_manifest, verify_checkpoint)
-from slurmft.train.state import TrainState
+from slurmft.checkpoint.state import TrainState
 
 
 def _state() -> TrainState:

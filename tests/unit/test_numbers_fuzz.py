@@ -241,7 +241,7 @@ def test_any_interval_inputs_give_finite_intervals_or_name_the_option(cost, mtbf
        updated=hostile_numbers, fmt=st.one_of(st.just(1), hostile_values))
 def test_any_local_tier_record_is_read_or_named_invalid(tmp_path_factory, nodes, updated, fmt):
     from slurmft.rundir import RunDir
-    from slurmft.train.tiers import read_tier_index
+    from slurmft.checkpoint.tiers import read_tier_index
 
     run = RunDir(tmp_path_factory.mktemp("run"))
     run.ckpt_tiers.write_text(json.dumps({"format": fmt, "updated": updated, "nodes": nodes}))

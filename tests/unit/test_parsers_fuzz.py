@@ -21,10 +21,10 @@ from slurmft.config import ConfigError, load_section
 from slurmft.journal import encode_event, parse_line, read_events, segment_outcome
 from slurmft.rundir import parse_step_dirname, step_dirname
 from slurmft.sweep.config import SweepConfig
-from slurmft.train.ckpt_config import CheckpointConfig
-from slurmft.train.manifest import (MANIFEST_NAME, FileEntry, Manifest, ManifestError, build_manifest,
+from slurmft.checkpoint.config import CheckpointConfig
+from slurmft.checkpoint.manifest import (MANIFEST_NAME, FileEntry, Manifest, ManifestError, build_manifest,
                                     read_manifest, write_manifest)
-from slurmft.train.pickle_scan import metadata_pickle_problem
+from slurmft.checkpoint.pickle_scan import metadata_pickle_problem
 
 pytestmark = pytest.mark.timeout(120)
 FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

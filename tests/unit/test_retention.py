@@ -5,8 +5,8 @@ import random
 import pytest
 
 from slurmft.rundir import RunDir
-from slurmft.train.manifest import tmp_dirname
-from slurmft.train.retention import (
+from slurmft.checkpoint.manifest import tmp_dirname
+from slurmft.checkpoint.retention import (
     PrunePlan,
     RetentionPolicy,
     apply_prune,

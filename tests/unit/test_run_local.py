@@ -409,7 +409,7 @@ def test_a_grad_scaler_in_extras_round_trips_and_the_journal_lists_what_is_carri
 
 
 def test_a_stateful_extra_missing_from_the_checkpoint_is_named():
-    from slurmft.train.state import TrainState
+    from slurmft.checkpoint.state import TrainState
 
     class Counter:  # the state_dict contract, as GradScaler has it
         def __init__(self) -> None:

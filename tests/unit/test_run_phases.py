@@ -94,7 +94,7 @@ def test_a_heartbeat_interval_out_of_range_is_refused(bad):
 
 
 def test_the_slow_storage_knob_for_tests_parses_and_refuses_bad_input(monkeypatch):
-    from slurmft.train.writer import FAULT_SLOW_ENV, FaultPlan
+    from slurmft.checkpoint.writer import FAULT_SLOW_ENV, FaultPlan
 
     monkeypatch.setenv(FAULT_SLOW_ENV, "load@4=65, write=1.5")
     assert FaultPlan.from_env().slow == (("load", 4, 65.0), ("write", None, 1.5))

@@ -12,10 +12,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.planner import WriteItemType
 
-from slurmft.train import shard_writer
-from slurmft.train.manifest import hash_file
-from slurmft.train.shard_writer import ShardStream, save_tensor, write_shard_file
-from slurmft.train.writer import CommitWriter
+from slurmft.checkpoint import shard_writer
+from slurmft.checkpoint.manifest import hash_file
+from slurmft.checkpoint.shard_writer import ShardStream, save_tensor, write_shard_file
+from slurmft.checkpoint.writer import CommitWriter
 
 
 def test_save_tensor_is_torch_save_without_crc(tmp_path):

@@ -1,6 +1,6 @@
 """Every private torch API has a public path, and a checkpoint still round-trips on it.
 
-``SLURMFT_TORCH_PUBLIC_ONLY=1`` (read once, when ``slurmft.train.torch_compat`` is imported) forces
+``SLURMFT_TORCH_PUBLIC_ONLY=1`` (read once, when ``slurmft.checkpoint.torch_compat`` is imported) forces
 every public path; each check runs in a fresh interpreter so the choice is really made at import.
 The multi-rank FSDP2 round trip on the public paths is in test_checkpoint_dist.py.
 """
@@ -16,17 +16,17 @@ import textwrap
 import pytest
 import torch
 
-from slurmft.train import torch_compat
+from slurmft.checkpoint import torch_compat
 
 ROUND_TRIP = textwrap.dedent("""
     import json, sys
     import torch
     import torch.distributed.checkpoint as dcp
-    from slurmft.train import torch_compat
-    from slurmft.train.checkpoint import CheckpointManager
-    from slurmft.train.manifest import verify_checkpoint
+    from slurmft.checkpoint import torch_compat
+    from slurmft.checkpoint.manager import CheckpointManager
+    from slurmft.checkpoint.manifest import verify_checkpoint
     from slurmft.rundir import RunDir
-    from slurmft.train.state import TrainState
+    from slurmft.checkpoint.state import TrainState
 
     def make(seed):
         torch.manual_seed(seed)

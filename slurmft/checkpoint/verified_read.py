@@ -1,7 +1,7 @@
 """Loading a checkpoint with ONE read: every file is checksummed as DCP's reads stream through.
 
 ``VerifyingReader`` is DCP's ``FileSystemReader`` with its ``read_data`` replaced (and, through
-:class:`slurmft.train.dcp_metadata.SafeMetadataReader`, ``.metadata`` read by the allow-list). Each rank reads
+:class:`slurmft.checkpoint.dcp_metadata.SafeMetadataReader`, ``.metadata`` read by the allow-list). Each rank reads
 each file its load plan needs once, front to back in 1 MiB pieces, hashing every byte and keeping
 the byte ranges its plan asks for; files no rank's plan needs (``.metadata``, which DCP already
 parsed, or shards another world size does not read) are hashed by one rank each, byte-balanced.
@@ -28,9 +28,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from slurmft import safeio
-from slurmft.train.checksum import HASH_CHUNK, StreamHasher
-from slurmft.train.dcp_metadata import SafeMetadataReader
-from slurmft.train.manifest import REF_PREFIX, FileEntry, ref_target, split_files
+from slurmft.checkpoint.checksum import HASH_CHUNK, StreamHasher
+from slurmft.checkpoint.dcp_metadata import SafeMetadataReader
+from slurmft.checkpoint.manifest import REF_PREFIX, FileEntry, ref_target, split_files
 
 _ABSENT = "\0absent"  # _read_from: the directory has no such file (not a problem by itself)
 

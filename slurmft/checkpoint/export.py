@@ -7,7 +7,7 @@ chunks each rank wrote, and ``dcp.load`` assembles full tensors from them.
 
 DCP's ``.metadata`` is a pickle written by the job's user, and this may run as root: it is read
 once (a regular file, no link followed), its bytes checked against the manifest, and unpickled
-only through the allow-list of :mod:`slurmft.train.dcp_metadata`; ``dcp.load`` reads it through
+only through the allow-list of :mod:`slurmft.checkpoint.dcp_metadata`; ``dcp.load`` reads it through
 the same allow-list (:class:`SafeMetadataReader`). Every function takes ``dir_fd``, a descriptor
 of the checkpoint directory that ``slurmft ckpt`` opened once below the run dir: everything is
 then read there, and ``ckpt_dir`` only names files in errors.
@@ -28,13 +28,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from slurmft.rundir import fsync_dir
-from slurmft.train.checkpoint import describe_failure
-from slurmft.train.checksum import StreamHasher
-from slurmft.train.dcp_metadata import (MetadataRefused, parse_dcp_metadata,
+from slurmft.checkpoint.manager import describe_failure
+from slurmft.checkpoint.checksum import StreamHasher
+from slurmft.checkpoint.dcp_metadata import (MetadataRefused, parse_dcp_metadata,
                                         read_dcp_metadata_bytes)
-from slurmft.train.manifest import DCP_METADATA_NAME, Manifest
-from slurmft.train.verified_read import VerifyingReader
-from slurmft.train.state import MODEL
+from slurmft.checkpoint.manifest import DCP_METADATA_NAME, Manifest
+from slurmft.checkpoint.verified_read import VerifyingReader
+from slurmft.checkpoint.state import MODEL
 
 
 class ExportError(Exception):

@@ -5,7 +5,7 @@ copy while training changes the live parameters. Buffers are one empty host tens
 tensor, pinned when CUDA is in use (so device-to-host copies are fast and asynchronous), allocated
 here rather than by DCP's ``_create_cpu_state_dict``, which deep-copies every CPU DTensor first (a
 transient second copy of the state); they are refilled with DCP's ``_copy_state_dict``. Both the
-DTensor wrapping and that copy are private torch APIs: without them (:mod:`slurmft.train.torch_compat`)
+DTensor wrapping and that copy are private torch APIs: without them (:mod:`slurmft.checkpoint.torch_compat`)
 buffers of CPU-mesh DTensors are wrapped with ``DTensor.from_local`` and copied with a plain
 ``copy_``, and a state with DTensors on a device mesh is staged by DCP's public
 ``BlockingAsyncStager`` instead. They are re-allocated only when the
@@ -14,7 +14,7 @@ grow from save to save; ``allocations`` counts how often that happened.
 
 ``stage_overlapped`` copies only what must not wait (all but parameters and optimizer state, e.g.
 module buffers that a forward pass changes) before it returns, and hands the rest back as an
-:class:`slurmft.train.overlap.InFlightCopy`: queued on a CUDA side stream (after everything already
+:class:`slurmft.checkpoint.overlap.InFlightCopy`: queued on a CUDA side stream (after everything already
 queued on the tensors' device's current stream) into pinned buffers, or left for the save thread to copy on CPU. That
 path uses plain ``copy_`` only; a state that needs DCP's public stager is staged before returning.
 """
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from slurmft.train import torch_compat
-from slurmft.train.overlap import CopyPair, InFlightCopy, LiveState
+from slurmft.checkpoint import torch_compat
+from slurmft.checkpoint.overlap import CopyPair, InFlightCopy, LiveState
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from slurmft.train.torch_compat import destroy_group
+from slurmft.checkpoint.torch_compat import destroy_group
 
 
 class CheckpointGroups:

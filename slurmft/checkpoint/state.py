@@ -9,7 +9,7 @@ rank's RNG state. The checkpoint's top-level keys:
 * ``train``: ``step`` (int) and ``scheduler``/``sampler``/``extras`` as JSON strings, so their
   keys may change between code versions without breaking DCP's key matching, and loading them
   needs no unpickling beyond plain strings;
-* ``rng``: ``rank<r>`` -> that rank's generator tensors (see :mod:`slurmft.train.rng`).
+* ``rng``: ``rank<r>`` -> that rank's generator tensors (see :mod:`slurmft.checkpoint.rng`).
 
 The sampler and extras are global (identical on every rank); only one copy is stored.
 
@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from slurmft.train.rng import capture_rng_state, restore_rng_state
+from slurmft.checkpoint.rng import capture_rng_state, restore_rng_state
 
 MODEL, OPTIM, TRAIN, RNG = "model", "optim", "train", "rng"
 

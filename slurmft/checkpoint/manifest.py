@@ -4,12 +4,12 @@ This module owns the ``manifest.json`` format (every file's size and checksum, a
 incremental save, the files of older checkpoints it references: ``refs``), the
 names of checkpoint directories (committed ``step_N`` and in-flight ``step_N.tmp-<id>``), and
 the torch-free check built on them: :func:`verify_checkpoint` (listing a run's checkpoint
-directories is :mod:`slurmft.train.ckpt_listing`).
-The checksum itself, and reading files fast to compute it, live in :mod:`slurmft.train.checksum`.
+directories is :mod:`slurmft.checkpoint.listing`).
+The checksum itself, and reading files fast to compute it, live in :mod:`slurmft.checkpoint.checksum`.
 
 It never imports torch: the cluster side (``slurmft ckpt``, the watcher) uses it on login nodes.
 DCP's ``.metadata`` is a pickle; it is verified here by size, checksum and the globals it names
-(:mod:`slurmft.train.pickle_scan`: only DCP's metadata types), never unpickled.
+(:mod:`slurmft.checkpoint.pickle_scan`: only DCP's metadata types), never unpickled.
 
 The checkpoint is untrusted input (the job's user writes it; root and admins read it): every
 file is opened below a descriptor of the checkpoint directory without following any link, only
@@ -29,10 +29,10 @@ from typing import Any, Callable, Iterable
 from slurmft import numbers
 from slurmft.safeio import UnsafeFileError, kind_of, open_dir, open_inside, read_regular
 from slurmft.rundir import TMP_MARK, atomic_write_json, parse_step_dirname, step_dirname
-from slurmft.train.pickle_scan import metadata_pickle_problem
-from slurmft.train.checksum import HASH_ALGO, VERIFY_THREADS, hash_files
-from slurmft.train.checksum import StreamHasher as StreamHasher  # re-exported for writers
-from slurmft.train.checksum import hash_file as hash_file  # re-exported for export
+from slurmft.checkpoint.pickle_scan import metadata_pickle_problem
+from slurmft.checkpoint.checksum import HASH_ALGO, VERIFY_THREADS, hash_files
+from slurmft.checkpoint.checksum import StreamHasher as StreamHasher  # re-exported for writers
+from slurmft.checkpoint.checksum import hash_file as hash_file  # re-exported for export
 
 FORMAT_VERSION = 2  # 2: ``refs``; a manifest without refs is still written as format 1
 REFS_FORMAT = 2
@@ -375,7 +375,7 @@ def verify_checkpoint(ckpt_dir: str | os.PathLike[str], progress: ProgressFn | N
     byte-balanced groups of files (ranks share the work and merge their problems); presence and
     sizes are always checked for every file. ``threads``: files hashed at once. ``checksums=False``
     checks only the manifest, presence, sizes and extra files (stat calls, no reads): a loader
-    that checksums while it reads (:mod:`slurmft.train.verified_read`) does the rest.
+    that checksums while it reads (:mod:`slurmft.checkpoint.verified_read`) does the rest.
 
     With ``dir_fd`` (a descriptor of ``ckpt_dir``) the checkpoint is read there and ``ckpt_dir``
     only names it in the problems.

@@ -1,10 +1,10 @@
 """The node-local checkpoint tier: commit on the nodes' own disks, then copy to the run directory.
 
-With ``[checkpoint] local_dir`` a save (:class:`slurmft.train.checkpoint.CheckpointManager`) runs
+With ``[checkpoint] local_dir`` a save (:class:`slurmft.checkpoint.manager.CheckpointManager`) runs
 in its background thread as:
 
 1. ``dcp.save`` through ``CommitWriter`` into ``step_N.tmp-<id>`` of each node's local tier
-   (:mod:`slurmft.train.tiers` says where): each rank writes its shards on its own node, the
+   (:mod:`slurmft.checkpoint.tiers` says where): each rank writes its shards on its own node, the
    coordinator also ``.metadata`` and the manifest (every file of the checkpoint, checksummed);
 2. :meth:`LocalTier.commit_local`: the manifest and ``.metadata`` go to every rank; with
    ``replicate`` each rank sends its shard files to a rank of the next node (nodes ordered by
@@ -24,7 +24,7 @@ Loading (:meth:`LocalTier.prepare_load`) takes the newest step any tier holds. A
 ``step_N`` holds only its own ranks' shards and a replica of one other node's, so before DCP reads
 the ranks agree on the manifest, each rank plans which files its load will read (the state's own
 load plan against ``.metadata``), and every file a rank needs but cannot reach on its node or in
-the run directory is sent to it by a rank whose node holds it (:mod:`slurmft.train.tier_transfer`),
+the run directory is sent to it by a rank whose node holds it (:mod:`slurmft.checkpoint.tier_transfer`),
 checked on arrival and kept in a per-rank fetch directory until the load is over. A step some
 rank cannot complete this way is skipped by every rank, like a checkpoint that fails its checksums.
 """
@@ -44,13 +44,13 @@ import torch.distributed as dist
 
 from slurmft.rundir import TMP_MARK, RunDir, atomic_write_bytes, fsync_dir, step_dirname
 from slurmft.safeio import is_real_dir
-from slurmft.train.checksum import StreamHasher
-from slurmft.train.dcp_metadata import DCP_METADATA_NAME, read_dcp_metadata_bytes
-from slurmft.train.manifest import (FileEntry, Manifest, ManifestError, ManifestVersionError,
+from slurmft.checkpoint.checksum import StreamHasher
+from slurmft.checkpoint.dcp_metadata import DCP_METADATA_NAME, read_dcp_metadata_bytes
+from slurmft.checkpoint.manifest import (FileEntry, Manifest, ManifestError, ManifestVersionError,
                                     read_manifest, tmp_dirname, write_manifest)
-from slurmft.train.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
-from slurmft.train.tier_transfer import Transfer, open_checkpoint_file, run_transfers
-from slurmft.train.tiers import local_checkpoints, node_name, write_tier_index
+from slurmft.checkpoint.retention import RetentionPolicy, apply_prune, plan_prune, scan_checkpoint_dirs
+from slurmft.checkpoint.tier_transfer import Transfer, open_checkpoint_file, run_transfers
+from slurmft.checkpoint.tiers import local_checkpoints, node_name, write_tier_index
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class LoadPlanFiles:
 class LocalTier:
     """One rank's view of the run's local tier. Construct on every rank together (one all-gather).
 
-    ``groups``: the manager's :class:`slurmft.train.groups.CheckpointGroups`. ``faults``: the
+    ``groups``: the manager's :class:`slurmft.checkpoint.groups.CheckpointGroups`. ``faults``: the
     manager's fault plan (phase ``shared_copy`` pauses once a rank copied its files to the run directory, before the commit).
     """
 

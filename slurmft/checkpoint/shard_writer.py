@@ -32,8 +32,8 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from slurmft.train import torch_compat
-from slurmft.train.manifest import FileEntry, StreamHasher
+from slurmft.checkpoint import torch_compat
+from slurmft.checkpoint.manifest import FileEntry, StreamHasher
 
 WRITEBACK_BYTES = 32 << 20
 _CAN_START_WRITEBACK = hasattr(os, "posix_fadvise") and os.uname().sysname == "Linux"
@@ -86,7 +86,7 @@ class ShardStream(io.RawIOBase):
 def save_tensor(tensor: torch.Tensor, stream: Any) -> None:
     """``torch.save(tensor, stream)`` byte for byte, except that the zip records carry no CRC-32.
 
-    Only used when :data:`slurmft.train.torch_compat.FAST_SHARD_WRITE` (torch's private zip
+    Only used when :data:`slurmft.checkpoint.torch_compat.FAST_SHARD_WRITE` (torch's private zip
     writer is there); otherwise ``CommitWriter`` lets DCP write the shards.
     """
     torch_compat.save_tensor_without_crc(tensor, stream)

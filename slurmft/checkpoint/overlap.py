@@ -37,8 +37,8 @@ from typing import Any, Iterable
 import torch
 from torch.distributed.tensor import DTensor
 
-from slurmft.train import torch_compat
-from slurmft.train.save_thread import SaveWaitTimeout
+from slurmft.checkpoint import torch_compat
+from slurmft.checkpoint.save_thread import SaveWaitTimeout
 
 # A bounded wait for a CUDA event polls it (an event has no timed wait), backing off to the max.
 _EVENT_POLL_S = (0.0005, 0.01)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from slurmft.config import load_section
-from slurmft.train.retention import RetentionPolicy
+from slurmft.checkpoint.retention import RetentionPolicy
 
 SECTION = "checkpoint"
 
@@ -37,7 +37,7 @@ class CheckpointConfig:
     local_dir: node-local directory (NVMe) of the local tier; ``{node}`` is replaced by the node's
     name (None: every save goes straight to the run directory). With it, a save commits on the
     local disks first (each node's own shards, plus a replica of one other node's), then is
-    copied to the run directory in the background (:mod:`slurmft.train.local_tier`).
+    copied to the run directory in the background (:mod:`slurmft.checkpoint.local_tier`).
     shared_interval: with ``local_dir``, a committed local checkpoint is copied to the run
     directory when at least this many steps passed since the last one copied (None: every save;
     a process's first save and blocking saves are always copied). keep_local: local checkpoints
@@ -63,7 +63,7 @@ class CheckpointConfig:
     # Write only the tensors that changed since the last save (frozen layers are referenced).
     incremental: bool = False
     full_every: int = 8
-    # Node-local tier (slurmft.train.local_tier): commit locally, copy to the run dir behind.
+    # Node-local tier (slurmft.checkpoint.local_tier): commit locally, copy to the run dir behind.
     local_dir: str | None = None
     shared_interval: int | None = None
     keep_local: int = 2

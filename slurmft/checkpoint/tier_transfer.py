@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from slurmft import safeio
-from slurmft.train.checksum import StreamHasher
-from slurmft.train.manifest import FileEntry
+from slurmft.checkpoint.checksum import StreamHasher
+from slurmft.checkpoint.manifest import FileEntry
 
 CHUNK_BYTES = 16 << 20
 

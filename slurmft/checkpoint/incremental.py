@@ -14,7 +14,7 @@ whole chain, and a step that a newer checkpoint references is never replaced by 
 
 What is remembered lives in memory only: the first save of a process is whole, and so is every
 ``full_every``-th save, so old checkpoints stop being referenced and retention (which keeps every
-checkpoint a kept one references, :mod:`slurmft.train.retention`) can delete them. Before a record
+checkpoint a kept one references, :mod:`slurmft.checkpoint.retention`) can delete them. Before a record
 is referenced, its file is checked to be the one written (size, inode, mtime); damage a stat cannot
 see is caught by the checksums when the new checkpoint is verified or loaded, and retention keeps a
 whole checkpoint older than every referenced one as the fallback.
@@ -33,8 +33,8 @@ from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
-from slurmft.train import torch_compat
-from slurmft.train.manifest import REF_PREFIX, FileEntry, ref_step
+from slurmft.checkpoint import torch_compat
+from slurmft.checkpoint.manifest import REF_PREFIX, FileEntry, ref_step
 
 Key = tuple[str, tuple[int, ...] | None]
 

@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Mapping
 
 from slurmft.rundir import RunDir, parse_step_dirname, step_dirname
 from slurmft.safeio import UnsafeFileError, kind_of, open_dir
-from slurmft.train.manifest import (ManifestError, ManifestUnreadable, ManifestVersionError, parse_tmp_dirname,
+from slurmft.checkpoint.manifest import (ManifestError, ManifestUnreadable, ManifestVersionError, parse_tmp_dirname,
                                     read_manifest, tmp_dirname)
 
 

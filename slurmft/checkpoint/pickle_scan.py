@@ -6,7 +6,7 @@ that is not one of DCP's metadata types, or the first opcode that could reach co
 (a persistent id, a copyreg extension, a global whose name is not a plain string). It is
 torch-free, so ``slurmft ckpt verify``/``prune`` on a login node and the in-job verification
 all call a checkpoint with such a ``.metadata`` invalid, and the same :data:`ALLOWED` table drives
-the unpickler that actually loads it (:mod:`slurmft.train.dcp_metadata`).
+the unpickler that actually loads it (:mod:`slurmft.checkpoint.dcp_metadata`).
 """
 
 from __future__ import annotations

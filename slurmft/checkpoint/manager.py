@@ -1,25 +1,25 @@
 """CheckpointManager: async sharded saves with an atomic commit, and loading the newest valid one.
 
 A save blocks the training loop only while the state that a forward pass changes (module buffers)
-and the small values are staged into reused host buffers (:mod:`slurmft.train.staging`); parameters
+and the small values are staged into reused host buffers (:mod:`slurmft.checkpoint.staging`); parameters
 and optimizer state are copied while the next step computes, and the optimizer's step pre-hook
-waits for that copy (:mod:`slurmft.train.overlap`; ``fence()`` for loops that change state another
+waits for that copy (:mod:`slurmft.checkpoint.overlap`; ``fence()`` for loops that change state another
 way; ``[checkpoint] overlap = false`` copies everything before ``save()`` returns). A background
-thread then runs ``dcp.save`` on a dedicated gloo group (:mod:`slurmft.train.groups`) through
-:class:`slurmft.train.writer.CommitWriter`, which checksums, fsyncs, writes the manifest and
+thread then runs ``dcp.save`` on a dedicated gloo group (:mod:`slurmft.checkpoint.groups`) through
+:class:`slurmft.checkpoint.writer.CommitWriter`, which checksums, fsyncs, writes the manifest and
 renames ``step_N.tmp-<id>`` to ``step_N``; with ``[checkpoint] incremental`` it writes only the tensors
-that changed since the last save (:mod:`slurmft.train.incremental`). At most one save is in flight; the next one waits for
+that changed since the last save (:mod:`slurmft.checkpoint.incremental`). At most one save is in flight; the next one waits for
 it or, with ``on_busy = "skip"``, is skipped by every rank together. After each commit the
 coordinator applies retention and calls ``on_commit``.
 
 ``load_latest`` tries committed checkpoints newest first: the manifest, presence and sizes are
 checked first (no reads), then DCP loads it (resharding to the current world size) through
-:class:`slurmft.train.verified_read.VerifyingReader`, which checksums every file in the same
+:class:`slurmft.checkpoint.verified_read.VerifyingReader`, which checksums every file in the same
 single read and lets the ranks agree before anything is copied into the state. A checkpoint that
 fails is skipped (and logged) by all ranks together, the state untouched, and the next older one
 is tried. None left means a fresh start, logged. DCP's
 ``.metadata`` (a pickle) is only ever unpickled through the allow-list of
-:mod:`slurmft.train.dcp_metadata`; one it refuses fails that checkpoint like a bad checksum.
+:mod:`slurmft.checkpoint.dcp_metadata`; one it refuses fails that checkpoint like a bad checksum.
 """
 
 from __future__ import annotations
@@ -44,22 +44,22 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from slurmft.rundir import RunDir
 from slurmft.safeio import open_dir
-from slurmft.train.ckpt_config import CheckpointConfig
-from slurmft.train.dcp_metadata import metadata_problem, parse_dcp_metadata, read_dcp_metadata_bytes
-from slurmft.train import torch_compat
-from slurmft.train.groups import CheckpointGroups
-from slurmft.train.incremental import TensorIndex
-from slurmft.train.local_tier import LocalTier, NewerFormatError
-from slurmft.train.manifest import Manifest, ManifestVersionError, read_manifest, verify_checkpoint
-from slurmft.train.overlap import RACED, InFlightCopy, LiveState, optimizers_of
-from slurmft.train.retention import apply_prune, plan_prune, read_references, scan_checkpoint_dirs
-from slurmft.train.rng import reseed_for_new_world
-from slurmft.train.save_thread import SaveThread, SaveWaitTimeout
-from slurmft.train.staging import Stager
-from slurmft.train.state import RNG, TrainState
-from slurmft.train.torch_compat import set_element
-from slurmft.train.verified_read import CorruptCheckpoint, VerifyingReader
-from slurmft.train.writer import LOAD_PHASE, CommitWriter, FaultPlan
+from slurmft.checkpoint.config import CheckpointConfig
+from slurmft.checkpoint.dcp_metadata import metadata_problem, parse_dcp_metadata, read_dcp_metadata_bytes
+from slurmft.checkpoint import torch_compat
+from slurmft.checkpoint.groups import CheckpointGroups
+from slurmft.checkpoint.incremental import TensorIndex
+from slurmft.checkpoint.local_tier import LocalTier, NewerFormatError
+from slurmft.checkpoint.manifest import Manifest, ManifestVersionError, read_manifest, verify_checkpoint
+from slurmft.checkpoint.overlap import RACED, InFlightCopy, LiveState, optimizers_of
+from slurmft.checkpoint.retention import apply_prune, plan_prune, read_references, scan_checkpoint_dirs
+from slurmft.checkpoint.rng import reseed_for_new_world
+from slurmft.checkpoint.save_thread import SaveThread, SaveWaitTimeout
+from slurmft.checkpoint.staging import Stager
+from slurmft.checkpoint.state import RNG, TrainState
+from slurmft.checkpoint.torch_compat import set_element
+from slurmft.checkpoint.verified_read import CorruptCheckpoint, VerifyingReader
+from slurmft.checkpoint.writer import LOAD_PHASE, CommitWriter, FaultPlan
 
 
 class PhaseWatcher(Protocol):
@@ -430,7 +430,7 @@ class CheckpointManager:
         Runs at interpreter exit (``atexit``, while Python is still whole) for a manager the script
         did not close, so a script that ends with a save in flight commits it and exits 0 instead
         of having the save thread and gloo workers killed inside torch (SIGABRT, see
-        :mod:`slurmft.train.groups`).
+        :mod:`slurmft.checkpoint.groups`).
         """
         self._unguard()  # the optimizer may outlive this manager
         if not self._save_thread.stop(self.config.exit_timeout_s):
@@ -491,7 +491,7 @@ class CheckpointManager:
 
     def _persist_tiered(self, step: int, staged: dict[str, Any], tmp_id: str,
                         timing: tuple[float, float, float], copy: InFlightCopy | None, to_shared: bool) -> None:
-        """The node-local tier's save (:mod:`slurmft.train.local_tier`): commit on the nodes' disks,
+        """The node-local tier's save (:mod:`slurmft.checkpoint.local_tier`): commit on the nodes' disks,
         then, when ``to_shared``, copy to the run directory."""
         entered, blocking_s, waited_s = timing
         tier = self._tier

@@ -4,7 +4,7 @@ DCP stores a checkpoint's metadata as a pickle, and its ``FileSystemReader.read_
 plain ``pickle.load``: a ``.metadata`` written by the job's user would run any code in whoever
 loads it (root's ``slurmft ckpt export``, the next job). The manifest's checksum does not help,
 since the manifest sits in the same user-writable directory. Here the pickle may name only the
-types DCP's metadata is made of (:data:`slurmft.train.pickle_scan.ALLOWED`, the table the
+types DCP's metadata is made of (:data:`slurmft.checkpoint.pickle_scan.ALLOWED`, the table the
 torch-free verification uses too; each is a plain record whose construction runs no user-chosen
 code) and every other global is refused with an error naming
 the file and the global. The file itself is read like every run-dir file: a regular file, no
@@ -29,8 +29,8 @@ from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadat
                                                    TensorStorageMetadata)
 
 from slurmft.safeio import open_dir, read_regular
-from slurmft.train.manifest import DCP_METADATA_NAME, MAX_METADATA_BYTES
-from slurmft.train.pickle_scan import global_allowed
+from slurmft.checkpoint.manifest import DCP_METADATA_NAME, MAX_METADATA_BYTES
+from slurmft.checkpoint.pickle_scan import global_allowed
 
 class MetadataRefused(ValueError):
     """``.metadata`` is not a DCP metadata pickle of allowed types; the message names the file."""

@@ -2,11 +2,11 @@
 
 ``CommitWriter`` is a ``FileSystemWriter`` writing into ``step_N.tmp-<id>``:
 
-* each rank writes its shard file(s) in DCP's layout through :mod:`slurmft.train.shard_writer`,
+* each rank writes its shard file(s) in DCP's layout through :mod:`slurmft.checkpoint.shard_writer`,
   which checksums every byte on its way to the file (nothing is read back) and fsyncs it; the
   rank then fsyncs the directory, and its write results carry its ``FileEntry`` list to the
   coordinator;
-* for an incremental save (:mod:`slurmft.train.incremental`) the tensors whose bytes did not change
+* for an incremental save (:mod:`slurmft.checkpoint.incremental`) the tensors whose bytes did not change
   are left out of the rank's files; their results point at the records of an older checkpoint,
   and the referenced files travel to the coordinator with the file entries;
 * the coordinator's ``finish`` strips the file entries (so ``.metadata`` stays plain DCP metadata
@@ -45,16 +45,16 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from slurmft.rundir import fsync_dir
 from slurmft.safeio import open_dir
-from slurmft.train import torch_compat
-from slurmft.train.incremental import SaveDelta
-from slurmft.train.manifest import FileEntry, Manifest, build_manifest, tmp_dirname, write_manifest
-from slurmft.train.retention import read_references, scan_checkpoint_dirs
-from slurmft.train.shard_writer import ShardStream, write_shard_file
+from slurmft.checkpoint import torch_compat
+from slurmft.checkpoint.incremental import SaveDelta
+from slurmft.checkpoint.manifest import FileEntry, Manifest, build_manifest, tmp_dirname, write_manifest
+from slurmft.checkpoint.retention import read_references, scan_checkpoint_dirs
+from slurmft.checkpoint.shard_writer import ShardStream, write_shard_file
 
 # Rank-local phases run on every rank; the others on the coordinator only, in this order.
 PHASES = ("write", "shards_written", "shards_synced", "metadata_written", "manifest_written",
           "renamed", "committed")
-# With the node-local tier (slurmft.train.local_tier): every rank, its files copied to the run
+# With the node-local tier (slurmft.checkpoint.local_tier): every rank, its files copied to the run
 # dir's tmp dir, before the commit there.
 TIER_PHASES = ("shared_copy",)
 FAULT_ENV = "SLURMFT_CKPT_FAULT"
@@ -179,7 +179,7 @@ class CommitWriter(FileSystemWriter):
         self.before_write = before_write
         self.delta = delta  # incremental: what this rank need not write again
         # False (the node-local tier): finish writes .metadata and the manifest but leaves the
-        # tmp dir for slurmft.train.local_tier to replicate and commit on every node.
+        # tmp dir for slurmft.checkpoint.local_tier to replicate and commit on every node.
         self.commit = commit
         self.recorded_as = Path(recorded_as) if recorded_as is not None else self.final_dir
         self.manifest: Manifest | None = None
@@ -199,7 +199,7 @@ class CommitWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         # DCP's own write_data would do the same split into files (one per writer thread), but
-        # through torch.save with its CRC-32 and a buffered stream; see slurmft.train.shard_writer.
+        # through torch.save with its CRC-32 and a buffered stream; see slurmft.checkpoint.shard_writer.
         # Without the private APIs that needs, DCP's own (public) path writes them instead.
         if self.before_write is not None:
             self.before_write()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from slurmft.rundir import STEP_PREFIX, RunDir, parse_step_dirname, step_dirname
 from slurmft.safeio import UnsafeFileError, kind_of, lstat_at, open_dir
-from slurmft.train.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError,
+from slurmft.checkpoint.manifest import (MANIFEST_NAME, Manifest, ManifestError, ManifestVersionError,
                                     parse_tmp_dirname, read_manifest)
 
 

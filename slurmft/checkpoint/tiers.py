@@ -23,7 +23,7 @@ from pathlib import Path
 from slurmft import numbers
 from slurmft.rundir import CHECKPOINTS, RunDir, atomic_write_json
 from slurmft.safeio import UnsafeFileError, read_regular
-from slurmft.train.manifest import parse_json_bounded
+from slurmft.checkpoint.manifest import parse_json_bounded
 
 NODE_ENV = "SLURMD_NODENAME"
 NODE_FIELD = "{node}"
