@@ -100,3 +100,28 @@ def test_user_files_are_the_users_own():
     assert not is_user_file(random.__file__)
     assert not is_user_file(sys.modules["slurmft.train.rng_trace"].__file__)
     assert not is_user_file("<string>")
+
+
+def test_each_cause_is_explained_by_the_lines_the_next_step_drew_at():
+    from slurmft.train.resume_audit import explain_step
+    from slurmft.train.resume_check import Divergence
+    from slurmft.train.rng_trace import Draw
+
+    before = Draw(("torch",), "/u/train.py", 10, "get_batch", (("/u/train.py", 50),), False)
+    after = Draw(("torch",), "/u/train.py", 11, "get_batch", (("/u/train.py", 60),), True)
+    smp = Draw(("sampler",), "/u/train.py", 12, "main", (), False)
+
+    def why(cause, draws):
+        return explain_step(Divergence(4, cause, "m"), 5, draws)
+
+    # the held batch: the draw after the forward pass is the one named (the prefetch), first
+    text, draw = why("stale_inputs", [before, after])
+    assert draw is after and text.index("/u/train.py:11") < text.index("/u/train.py:10"), text
+    assert "called from /u/train.py:60" in text and "Draw each step's batch inside the step" in text
+    # no line of the user's drew: the batch comes from state not carried (a loader's iterator)
+    text, draw = why("inputs", [])
+    assert draw is None and "Run(sampler=...)" in text, text
+    # the sampler moved: its line; the RNG drew differently: the lines that draw
+    assert why("sampler", [before, smp])[1] is smp
+    assert why("rng", [before, after])[1] is before
+    assert why("loss", [])[1] is None
