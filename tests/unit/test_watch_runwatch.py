@@ -14,7 +14,8 @@ from slurmft.journal import read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.client import Job, JobState, Node, NodeState, SlurmError
 from slurmft.watch.config import WatchConfig
-from slurmft.watch.runwatch import RunWatch, fit_exclusions, readmit_to_fit
+from slurmft.watch.exclusions import fit_exclusions, readmit_to_fit
+from slurmft.watch.runwatch import RunWatch
 from slurmft.watch.state import LockError, RunLock, RunState, StateError, load_state
 
 T0 = 1_800_000_000.0

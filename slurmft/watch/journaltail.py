@@ -1,0 +1,200 @@
+"""The run's journal as the watcher follows it: ``JournalTail`` reads ``events.jsonl`` from a
+byte offset (a cycle costs the new lines, not the whole history of a weeks-long run; a journal
+that exists but cannot be read is "could not observe") and keeps ``JournalSummary`` up to date
+line by line: segment starts and ends, commits, requeue requests, self-requeues, preemptions.
+The journal is untrusted: opened without following a symlink, a regular file only, read in
+bounded chunks, a line past ``MAX_LINE`` dropped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slurmft import exitcodes, journal, safeio
+from slurmft.journal import Event, parse_line
+
+MAX_JOURNAL_CHUNK = 8 * 1024 * 1024
+MAX_LINE = 64 * 1024
+_KEEP_COMMITS = 32
+MAX_KEPT_LINES = 4096  # journal lines a --once invocation hands to the next
+
+
+@dataclass
+class JournalSummary:
+    """What the watcher needs from ``events.jsonl``, kept up to date line by line."""
+
+    segment_starts: list[Event] = field(default_factory=list)
+    segment_ends: dict[tuple[str, int], Event] = field(default_factory=dict)
+    commits: deque = field(default_factory=lambda: deque(maxlen=_KEEP_COMMITS))
+    requeue_requests: dict[tuple[str, int], Event] = field(default_factory=dict)
+    self_requeues: dict[tuple[str, int], str] = field(default_factory=dict)  # -> the launcher's reason
+    preemptions: dict[tuple[str, int], Event] = field(default_factory=dict)  # the run saved on a signal
+    last_loss_step: int | None = None
+    last_loss_time: float | None = None
+    events_read: int = 0
+
+    @staticmethod
+    def key(event: Event) -> tuple[str, int] | None:
+        job, restart = event.get("job_id"), event.get("restart_count")
+        if not isinstance(job, (str, int)) or isinstance(restart, bool) or not isinstance(restart, int):
+            return None
+        return str(job), restart
+
+    def add(self, event: Event) -> None:
+        self.events_read += 1
+        key = self.key(event)
+        kind = event.kind
+        if kind == journal.LOSS:
+            step = event.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.last_loss_step, self.last_loss_time = step, event.time
+        elif kind == journal.CHECKPOINT_COMMITTED:
+            step = event.get("step")
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.commits.append((event.time, step, event.seconds("blocking_s")))
+        elif key is None:
+            return
+        elif kind == journal.SEGMENT_START:
+            self.segment_starts.append(event)
+            del self.segment_starts[:-64]
+        elif kind == journal.SEGMENT_END:
+            self.segment_ends[key] = event
+        elif kind == journal.REQUEUE_REQUEST:
+            self.requeue_requests[key] = event
+        elif kind == journal.TEMPLATE and event.get("action") == "requeue":
+            self.self_requeues[key] = str(event.get("reason") or "")
+        elif kind == journal.PREEMPTION:
+            self.preemptions[key] = event
+
+    @staticmethod
+    def find(mapping: dict, ids, restart_count: int):
+        """``mapping[(id, restart)]`` for the first of the job's ``ids`` that has an entry (an
+        array task's processes name it by its own number, Slurm by ``<array>_<task>``)."""
+        for job_id in ([ids] if isinstance(ids, str) else sorted(ids)):
+            value = mapping.get((str(job_id), restart_count))
+            if value is not None:
+                return value
+        return None
+
+    def outcome(self, ids, restart_count: int) -> int | None:
+        """The exit code the segment (job, restart) recorded, if any."""
+        event = self.find(self.segment_ends, ids, restart_count)
+        code = None if event is None else event.get("exit_code")
+        return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+    def no_requeue(self, ids, restart_count: int) -> bool:
+        return self.outcome(ids, restart_count) == exitcodes.NO_REQUEUE
+
+    def self_requeued(self, ids, restart_count: int) -> bool:
+        ids = [ids] if isinstance(ids, str) else ids
+        return any((str(i), restart_count) in self.self_requeues for i in ids)
+
+    def newest_commit_step(self) -> int | None:
+        return self.commits[-1][1] if self.commits else None
+
+    def last_segment(self, job_id: str) -> Event | None:
+        for event in reversed(self.segment_starts):
+            if str(event.get("job_id")) == str(job_id):
+                return event
+        return None
+
+
+class JournalTail:
+    """Follows one run's ``events.jsonl`` from a byte offset; lines are parsed as they arrive."""
+
+    def __init__(self, path: Path, *, keep_lines: bool = False) -> None:
+        """``keep_lines``: also keep the lines the summary is made of (every line but the
+        losses, the newest of those, up to ``MAX_KEPT_LINES``) so that ``save`` can hand the
+        place in the journal to the next ``--once`` invocation."""
+        self.path = path
+        self.offset = 0
+        self.identity: tuple[int, int] | None = None
+        self.summary = JournalSummary()
+        self._partial = b""
+        self._kept: deque[bytes] | None = deque(maxlen=MAX_KEPT_LINES) if keep_lines else None
+        self._last_loss = b""
+        # False when the last poll could not read the journal (it exists, but the filesystem or
+        # its type refused: an NFS ESTALE, EIO, a FIFO): the summary is then older than the run,
+        # and deciding on it could take a planned end for a fault (could not observe, not absent).
+        self.observed = True
+
+    def poll(self) -> JournalSummary:
+        """The summary with the lines appended since the last poll; a journal whose identity
+        and size have not changed costs one ``lstat``."""
+        self.observed = True
+        try:
+            seen = os.lstat(self.path)
+        except OSError as exc:
+            self.observed = exc.errno == errno.ENOENT  # none yet: nothing to read is the truth
+            return self.summary
+        if (seen.st_dev, seen.st_ino) == self.identity and seen.st_size == self.offset:
+            return self.summary
+        try:
+            fd, info = safeio.open_regular(self.path)
+        except OSError:
+            self.observed = False
+            return self.summary
+        try:
+            identity = (info.st_dev, info.st_ino)
+            if identity != self.identity or info.st_size < self.offset:  # replaced or truncated
+                self.identity, self.offset, self._partial = identity, 0, b""
+                self.summary = JournalSummary()
+                if self._kept is not None:
+                    self._kept.clear()
+                self._last_loss = b""
+            while self.offset < info.st_size:
+                chunk = os.pread(fd, min(MAX_JOURNAL_CHUNK, info.st_size - self.offset), self.offset)
+                if not chunk:
+                    break
+                self.offset += len(chunk)
+                self._feed(chunk)
+        except OSError:
+            self.observed = False
+        finally:
+            os.close(fd)
+        return self.summary
+
+    def _feed(self, chunk: bytes) -> None:
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > MAX_LINE:  # a line without end: drop it, keep going
+            self._partial = b""
+        for raw in lines:
+            if not raw.strip() or len(raw) > MAX_LINE:
+                continue
+            try:
+                event = parse_line(raw.decode("utf-8", errors="replace"))
+            except (RecursionError, ValueError):
+                event = None
+            if event is not None:
+                self.summary.add(event)
+                if self._kept is not None:
+                    if event.kind == journal.LOSS:
+                        self._last_loss = raw
+                    else:
+                        self._kept.append(raw)
+
+    def kept_lines(self) -> list[bytes]:
+        """With ``keep_lines``: the lines the summary is made of, in journal order (enough to
+        rebuild it: ``restore``)."""
+        return [*(self._kept or ()), *([self._last_loss] if self._last_loss else [])]
+
+    def restore(self, identity: tuple[int, int], offset: int, lines: list[bytes]) -> None:
+        """Carry on at ``offset`` of the journal ``identity`` (device, inode), the summary
+        rebuilt from ``lines`` (``kept_lines`` of an earlier tail)."""
+        self.summary, self._partial, self._last_loss = JournalSummary(), b"", b""
+        if self._kept is not None:
+            self._kept.clear()
+        self._feed(b"".join(raw + b"\n" for raw in lines))
+        self._partial = b""
+        self.identity, self.offset = identity, offset
+
+    @property
+    def complete_offset(self) -> int:
+        """The offset of the end of the last whole line read."""
+        return self.offset - len(self._partial)
