@@ -118,7 +118,8 @@ def test_torch_is_imported_only_by_the_loop_and_the_engine():
     # outside the two packages, no statement imports torch even lazily (commands ask the engine)
     for module in MODULES:
         if not any(_in(module, p) for p in TORCH_PACKAGES):
-            assert not [n for n in _imports(module, at_import_only=False) if _in(n, "torch")], module
+            lazy = sorted(n for n in _imports(module, at_import_only=False) if _in(n, "torch"))
+            assert not lazy, f"{module} imports {lazy} (inside a function): only slurmft.train/slurmft.checkpoint may"
 
 
 def test_the_torch_free_modules_are_torch_free():
