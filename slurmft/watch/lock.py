@@ -3,7 +3,10 @@
 
 ``flock`` is node-local on many NFS and Lustre setups: two watchers on two login nodes would
 both get it. The lease holds there: written atomically (temp, fsync, rename), renewed every
-``lease_s / 4`` by the cycle (``keep``), and taken over only when stale: on the same host when its
+``lease_s / 4`` by the cycle (``keep``; the first renewal after taking it comes at a random
+point between a sixteenth and a quarter of the lease, so that a watcher that took a thousand runs
+in one cycle does not rewrite a thousand leases in one cycle every ``lease_s / 4`` after), and
+taken over only when stale: on the same host when its
 process is gone (pid and its start time: a reused pid is not the watcher) or it is older than
 ``lease_s``, from another host only when older than ``lease_s``
 (clocks of hosts differ by seconds, the lease by minutes). A watcher whose lease was taken over
@@ -20,6 +23,7 @@ import errno
 import fcntl
 import logging
 import os
+import random
 import secrets
 import socket
 import time
@@ -122,6 +126,7 @@ class RunLock:
         self.token = secrets.token_hex(8)
         self._fd: int | None = None
         self._renewed: float | None = None
+        self._due: float | None = None  # when the next renewal is due
 
     # -- flock ------------------------------------------------------------------------------------
 
@@ -166,11 +171,14 @@ class RunLock:
             return not pid_alive(lease.pid, lease.started) or now - lease.time > self.lease_s
         return now - lease.time > self.lease_s
 
-    def _write_lease(self, now: float) -> None:
+    def _write_lease(self, now: float, *, first: bool = False) -> None:
         atomic_write_json(self.lease_path, {"version": LEASE_VERSION, "host": self.host,
                                             "pid": self.pid, "token": self.token, "time": now,
                                             "started": self.started})
         self._renewed = now
+        # Never later than a quarter of the lease; the first one spread over its last three
+        # quarters of that, so that leases taken in one cycle are not all renewed in one.
+        self._due = now + self.lease_s / 4 * (random.uniform(0.25, 1.0) if first else 1.0)
 
     def acquire(self) -> None:
         fd = self._flock()
@@ -181,7 +189,7 @@ class RunLock:
                 raise LockError(f"{self.path.parent.parent} is already watched by "
                                 f"{held.describe(now)}")
             try:
-                self._write_lease(now)
+                self._write_lease(now, first=True)
             except OSError as exc:
                 why = "flock is not supported here and " if fd is None else ""
                 raise LockError(f"cannot lock {self.path.parent.parent}: {why}the lease "
@@ -200,7 +208,8 @@ class RunLock:
         """Before a cycle acts on the run: renew the lease when a quarter of it has passed; raise
         LeaseLost when another watcher has taken it over meanwhile."""
         now = self.clock() if now is None else now
-        if self._renewed is not None and 0 <= now - self._renewed < self.lease_s / 4:
+        if (self._renewed is not None and self._due is not None
+                and 0 <= now - self._renewed and now < self._due):
             return
         held = read_lease(self.lease_path)
         if held is not None and held.token != self.token:

@@ -159,3 +159,38 @@ def test_a_watcher_that_cannot_renew_its_lease_stops_acting_before_it_can_be_tak
     clock.now += 10
     w.step(job(JobState.FAILED, exit_code=1), NODES, clock.now)  # renewed: acts again
     assert client.calls == [("requeue", "7")]
+
+
+def test_leases_taken_in_one_cycle_are_not_all_renewed_in_one_cycle(tmp_path, monkeypatch):
+    """A watcher that takes 200 runs in its first cycle renewed all 200 leases in one cycle every
+    lease_s/4 (the live benchmark at 1,000 runs: ~1,000 atomic writes, ~15 s, in one cycle). The
+    first renewals are spread; each lease is still renewed at most lease_s/4 after the last."""
+    clock = Clock()
+    locks = []
+    for i in range(200):
+        rd = RunDir(tmp_path / f"run{i:03d}")
+        rd.root.mkdir()
+        held = RunLock(rd, host="login1", pid=1, clock=clock, lease_s=300)
+        held.acquire()
+        locks.append(held)
+    renewed: list[tuple[int, float]] = []
+    last = {id(held): clock.now for held in locks}
+
+    def counted(path, data):
+        renewed.append((id(path), clock.now))
+
+    monkeypatch.setattr(lockmod, "atomic_write_json", counted)
+    per_cycle = []
+    for _ in range(60):  # 5 s cycles over a whole lease
+        clock.now += 5
+        before = len(renewed)
+        for held in locks:
+            was = held._renewed
+            held.keep()
+            if held._renewed != was:
+                assert held._renewed - last[id(held)] <= 75, "renewed later than lease_s/4"
+                last[id(held)] = held._renewed
+        per_cycle.append(len(renewed) - before)
+    assert max(per_cycle) <= 200 // 3, per_cycle  # spread over at least 3 cycles (was 200 in one)
+    assert all(clock.now - t <= 75 for t in last.values())
+    assert 200 * 3 <= sum(per_cycle) <= 200 * 5  # every lease_s/4: 4 a lease period (+1 early)
