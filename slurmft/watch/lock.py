@@ -3,9 +3,10 @@
 
 ``flock`` is node-local on many NFS and Lustre setups: two watchers on two login nodes would
 both get it. The lease holds there: written atomically (temp, fsync, rename), renewed every
-``lease_s / 4`` by the cycle (``keep``; the first renewal after taking it comes at a random
-point between a sixteenth and a quarter of the lease, so that a watcher that took a thousand runs
-in one cycle does not rewrite a thousand leases in one cycle every ``lease_s / 4`` after), and
+``lease_s / 4`` by the cycle (``keep``; each renewal comes at a random point between 85 %
+and all of that quarter, the first after taking it between a quarter and all of it, so that a
+watcher that took a thousand runs in one cycle does not rewrite a thousand leases in one cycle
+every ``lease_s / 4`` after), and
 taken over only when stale: on the same host when its
 process is gone (pid and its start time: a reused pid is not the watcher) or it is older than
 ``lease_s``, from another host only when older than ``lease_s``
@@ -176,9 +177,10 @@ class RunLock:
                                             "pid": self.pid, "token": self.token, "time": now,
                                             "started": self.started})
         self._renewed = now
-        # Never later than a quarter of the lease; the first one spread over its last three
-        # quarters of that, so that leases taken in one cycle are not all renewed in one.
-        self._due = now + self.lease_s / 4 * (random.uniform(0.25, 1.0) if first else 1.0)
+        # Never later than a quarter of the lease, at a random point of that quarter's end (the
+        # first one of its last three quarters): leases taken in one cycle, or all renewed in one
+        # long cycle (a thousand runs taken on), drift apart instead of staying together.
+        self._due = now + self.lease_s / 4 * random.uniform(0.25 if first else 0.85, 1.0)
 
     def acquire(self) -> None:
         fd = self._flock()

@@ -193,4 +193,31 @@ def test_leases_taken_in_one_cycle_are_not_all_renewed_in_one_cycle(tmp_path, mo
         per_cycle.append(len(renewed) - before)
     assert max(per_cycle) <= 200 // 3, per_cycle  # spread over at least 3 cycles (was 200 in one)
     assert all(clock.now - t <= 75 for t in last.values())
-    assert 200 * 3 <= sum(per_cycle) <= 200 * 5  # every lease_s/4: 4 a lease period (+1 early)
+    assert 200 * 3 <= sum(per_cycle) <= 200 * 5  # every 64-75 s: 4 a lease period (+1 early)
+
+
+def test_leases_renewed_together_in_one_long_cycle_drift_apart(tmp_path, monkeypatch):
+    """A first cycle that took minutes (a thousand runs taken on) leaves every lease due in the
+    next cycle: renewed there together, they must not stay together for ever after."""
+    clock = Clock()
+    locks = []
+    for i in range(100):
+        rd = RunDir(tmp_path / f"run{i:03d}")
+        rd.root.mkdir()
+        held = RunLock(rd, host="login1", pid=1, clock=clock, lease_s=300)
+        held.acquire()
+        locks.append(held)
+    monkeypatch.setattr(lockmod, "atomic_write_json", lambda path, data: None)
+    clock.now += 200  # one long cycle: every lease overdue
+    for held in locks:
+        held.keep()
+    per_cycle = []
+    for _ in range(240):  # 20 minutes of 5 s cycles
+        clock.now += 5
+        renewed = 0
+        for held in locks:
+            was = held._renewed
+            held.keep()
+            renewed += held._renewed != was
+        per_cycle.append(renewed)
+    assert max(per_cycle[-60:]) <= 100 // 3, per_cycle[-60:]

@@ -108,7 +108,7 @@ def test_an_idle_cycle_of_a_16_node_run_costs_two_stats_and_writes_nothing(rd):
 
 
 def test_idle_cycles_with_the_lease_renewed_cost_at_most_three_operations_each(rd):
-    """The issue's target, lease included: the lease (``lease_s`` 300, renewed every 75 s) over a
+    """The issue's target, lease included: the lease (``lease_s`` 300, renewed every 64-75 s) over a
     whole lease period of 5 s cycles, divided by the cycles. The job is held in the queue (as
     in the benchmark): five minutes without a beat would be a hang for a running one."""
     from slurmft.watch.lock import RunLock
@@ -133,7 +133,7 @@ def test_idle_cycles_with_the_lease_renewed_cost_at_most_three_operations_each(r
             w.step(running(), NODE_TABLE, clock[0])
     renewals = sum(n for (op, name), n in ops.paths.items()
                    if op == "replace" and name.startswith(".lease.json"))
-    assert renewals == 4, ops.paths  # every lease_s / 4: not weakened
+    assert 4 <= renewals <= 5, ops.paths  # every 64-75 s, never later than lease_s/4
     print(f"\n{ops.metadata_ops / cycles:.2f} metadata operations per idle cycle, lease included")
     assert ops.metadata_ops / cycles <= 3, (ops.metadata_ops / cycles, dict(ops.counts))
     lock.release()
