@@ -114,6 +114,7 @@ class BoundaryCheck:
         self.enabled = enabled
         self._mark: dict[str, Any] | None = None
         self._warned: set[str] = set()
+        self._held: tuple[str, tuple[str, int] | None, list[str], dict[str, Any]] | None = None
         self.warnings = 0
 
     def mark(self) -> None:
@@ -123,18 +124,37 @@ class BoundaryCheck:
     def clear(self) -> None:
         self._mark = None
 
-    def check(self, where: str, advice: str, site: tuple[str, int] | None = None) -> list[str]:
+    def check(self, where: str, advice: str, site: tuple[str, int] | None = None, *,
+              hold: bool = False) -> list[str]:
         """Generators that moved since ``mark()`` (and warn about them once per ``where``, at
-        ``site`` when the line that drew is known)."""
+        ``site`` when the line that drew is known). ``hold``: keep the warning for :meth:`settle`."""
         if not self.enabled or self._mark is None:
             return []
         moved = changed_generators(self._mark, rng_fingerprint())
         if moved and where not in self._warned:
             self._warned.add(where)
-            self.warnings += 1
-            if self.rank == 0:
-                message = (f"slurmft: WARNING: {', '.join(moved)} random state advanced {where}: "
-                           f"whatever was drawn there is in no checkpoint, so a resumed run will "
-                           f"differ from one that never stopped. {advice}")
-                warn_user(message, site)
+            message = (f"slurmft: WARNING: {', '.join(moved)} random state advanced {where}: "
+                       f"whatever was drawn there is in no checkpoint, so a resumed run will "
+                       f"differ from one that never stopped. {advice}")
+            if hold:
+                self._held = (message, site, moved, rng_fingerprint())
+            else:
+                self._warn(message, site)
         return moved
+
+    def settle(self) -> None:
+        """After the step that followed a held :meth:`check`: warn only when that step drew from a
+        generator that had moved. A draw before the loop shifts a stream only the loop's own draws
+        would see: an evaluation there, in a loop whose batches come from ``run.rng(step)`` or a
+        sampler and whose model has no dropout, resumes bit for bit and is not warned about."""
+        if self._held is None:
+            return
+        message, site, moved, before = self._held
+        self._held = None
+        if set(moved) & set(changed_generators(before, rng_fingerprint())):
+            self._warn(message, site)
+
+    def _warn(self, message: str, site: tuple[str, int] | None) -> None:
+        self.warnings += 1
+        if self.rank == 0:
+            warn_user(message, site)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from slurmft import journal
-from slurmft.train.boundary import user_site, warn_user
+from slurmft.train.boundary import changed_generators, rng_fingerprint, user_site, warn_user
 from slurmft.train.fingerprint import InputDigest, rng_digest, state_digest
 from slurmft.train.redo_check import RedoneLosses
 from slurmft.train.resume_check import FP_VERSION, Divergence, ResumeCheck
@@ -94,6 +94,7 @@ class ResumeAudit:
         self.window_draws: list[Draw] = []
         self._step_trace: tuple[int, DrawTracer, Callable[[], None]] | None = None
         self._extra: dict[str, Any] = {}
+        self._held_start: tuple[Divergence, tuple[str, int] | None, dict[str, Any]] | None = None
         self._first: int | None = None
         if self.enabled and restored_step is not None:
             self.check = ResumeCheck.from_journal(events, restored_step, world_size)
@@ -141,8 +142,25 @@ class ResumeAudit:
         between = f"between {start} and {file}:{line}"
         (rng_at, rng_site), (smp_at, smp_site) = self.window_where("rng"), self.window_where("sampler")
         found = self.check.start(rng_digest(), self._sampler_digest(), rng_at + between, smp_at + between)
-        if found is not None:
+        if found is not None and found.cause == "rng_before_loop":
+            # Decided after the step: a shifted stream that the loop never draws from (an evaluation
+            # before the loop; batches from run.rng(step), no dropout) leaves the run bit for bit.
+            self._held_start = (found, rng_site, rng_fingerprint())
+            self.check.done = False  # the other rules go on meanwhile
+        elif found is not None:
             self._report(found, smp_site if found.cause == "sampler" else rng_site)
+
+    def _settle_start(self) -> None:
+        """At the end of the first step: report the held ``rng_before_loop`` if that step drew from
+        a generator the window moved (any, when the window was not traced)."""
+        if self._held_start is None:
+            return
+        found, site, before = self._held_start
+        self._held_start = None
+        window = {name for d in self.window_draws for name in d.moved if name != "sampler"}
+        drew = set(changed_generators(before, rng_fingerprint()))
+        if drew & window if window else drew:
+            self._report(found, site)
 
     def step_started(self, step: int, forced: bool) -> None:
         """Arm the input digest when this step will be fingerprinted; trace it when a divergence
@@ -165,6 +183,7 @@ class ResumeAudit:
         ``last``: no step follows in this segment (a divergence found now is reported now)."""
         if self._step_trace is not None:
             self.flush()
+        self._settle_start()
         if not self.enabled or not self._wanted(step, forced):
             return None
         # The RNG digest (numpy's state read dominates it) only where it is compared: saved steps
@@ -197,7 +216,11 @@ class ResumeAudit:
             self.pending, self._extra = found, extra
 
     def flush(self) -> None:
-        """Report the divergence waiting for its line, with what the trace of the step saw."""
+        """Report the divergence waiting for its line, with what the trace of the step saw (and a
+        held start divergence whose first step never reached its end: it cannot be cleared)."""
+        if self._held_start is not None:
+            self._report(*self._held_start[:2])
+            self._held_start = None
         found, self.pending = self.pending, None
         traced: tuple[int, DrawTracer, Callable[[], None]] | None = self._step_trace
         self._step_trace = None

@@ -345,7 +345,7 @@ class Run:
                     self._boundary.check(f"{drawn}between the start of the Run (its checkpoint restore, "
                                          f"{site[0]}:{site[1]}) and step {step} ({file}:{line})"
                                          if site else f"{drawn}between the start of the Run and step {step}",
-                                         _ADVICE, draw_site)
+                                         _ADVICE, draw_site, hold=True)  # settled after the step
                 first = False
             self._in_step, self._reported, self._fields, self.result = step, False, {}, None
             if self._audit is not None:
@@ -396,6 +396,7 @@ class Run:
     # ------------------------------------------------------------------ internals
 
     def _boundary_after(self, step: int, total: int) -> None:
+        self._boundary.settle()  # a draw before the loop matters only if the loop draws too
         stop = self._stop_agreed if self._reported else (
             self._preemption is not None and self._preemption.should_stop())
         result = self.result

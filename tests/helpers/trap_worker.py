@@ -9,6 +9,9 @@ these shapes (``--loop``):
                prefetched inside the step, after the forward pass
   eval         clean, plus an evaluation after ``optimizer.step()`` every 2 steps that draws from
                the global RNG (resumes bit for bit: the draw is in the saved RNG state)
+  eval_before  an evaluation drawing from the global RNG after ``with Run(...)``, before the loop,
+               at every start; batches from ``run.rng(step)`` and no dropout, so the loop never
+               draws from the global RNG (resumes bit for bit: the shifted stream is never read)
   --signal-at K   rank 1 sends itself SIGUSR2 in step K (a preemption)
   --die-at K      every rank SIGKILLs itself in step K, after its report, once the save in
                   flight has committed (kill -9 of the job)
@@ -41,7 +44,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--run-dir", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--loop", choices=["clean", "before_loop", "prefetch", "eval"], required=True)
+    p.add_argument("--loop", choices=["clean", "before_loop", "prefetch", "eval", "eval_before"], required=True)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--signal-at", type=int)
@@ -52,7 +55,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(1000 + rank)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1)))
+    dropout = torch.nn.Identity() if args.loop == "eval_before" else torch.nn.Dropout(0.1)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), dropout, torch.nn.Linear(16, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     out = open(f"{args.out}.rank{rank}", "a")
     out.write(json.dumps({"pid": os.getpid()}) + "\n")
@@ -62,9 +66,15 @@ def main() -> None:
              config=RunConfig(log_every=1, watchdog=False)) as run:
         if args.loop == "before_loop":
             batch = draw()  # BEFORE-LOOP
+        if args.loop == "eval_before":
+            with torch.no_grad():
+                model.module(torch.randn(16, 8))  # a held-out batch drawn from the global RNG
         for step in run.steps(args.steps):
             if args.loop in ("clean", "eval"):
                 batch = draw()
+            if args.loop == "eval_before":
+                x = torch.randn(4, 8, generator=run.rng(step))
+                batch = x, x.sum(dim=1, keepdim=True)
             assert batch is not None
             x, y = batch
             loss = F.mse_loss(model(x), y)
