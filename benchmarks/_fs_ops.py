@@ -16,7 +16,8 @@ import io
 import os
 from typing import Any, Callable
 
-PATH_OPS = ("stat", "lstat", "scandir", "listdir", "rename", "replace", "unlink", "mkdir", "chmod")
+PATH_OPS = ("stat", "lstat", "scandir", "listdir", "rename", "replace", "unlink", "mkdir", "chmod",
+            "utime")
 FD_OPS = ("fstat", "fsync")
 
 

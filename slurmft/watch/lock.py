@@ -2,7 +2,9 @@
 ``<run_dir>/watch/lease.json`` (host, pid, a token of its own, the time it was last renewed).
 
 ``flock`` is node-local on many NFS and Lustre setups: two watchers on two login nodes would
-both get it. The lease holds there: written atomically (temp, fsync, rename), renewed every
+both get it. The lease holds there: written atomically (temp, fsync, rename), its mtime set to
+its time; renewed by its mtime alone (``os.utime``, while the file is the one this watcher wrote
+and its recorded time under ``lease_s / 2`` old; else written again in full), every
 ``lease_s / 4`` by the cycle (``keep``; each renewal comes at a random point between 85 %
 and all of that quarter, the first after taking it between a quarter and all of it, so that a
 watcher that took a thousand runs in one cycle does not rewrite a thousand leases in one cycle
@@ -83,7 +85,11 @@ def read_lease(path) -> Lease | None:
         return None
     if started is not None and numbers.count(started) is None:
         return None
-    return Lease(host, pid, token, when, started)
+    try:  # renewed by its mtime since it was written (RunLock.keep)
+        touched = numbers.unix_time(os.lstat(path).st_mtime)
+    except OSError:
+        touched = None
+    return Lease(host, pid, token, max(when, touched) if touched is not None else when, started)
 
 
 def start_time(pid: int) -> int | None:
@@ -128,6 +134,8 @@ class RunLock:
         self._fd: int | None = None
         self._renewed: float | None = None
         self._due: float | None = None  # when the next renewal is due
+        self._ino: int | None = None  # the lease file this watcher wrote, and when
+        self._written: float | None = None
 
     # -- flock ------------------------------------------------------------------------------------
 
@@ -176,6 +184,27 @@ class RunLock:
         atomic_write_json(self.lease_path, {"version": LEASE_VERSION, "host": self.host,
                                             "pid": self.pid, "token": self.token, "time": now,
                                             "started": self.started})
+        os.utime(self.lease_path, (now, now), follow_symlinks=False)  # its mtime: its renewal
+        self._ino, self._written = os.lstat(self.lease_path).st_ino, now
+        self._renewed_at(now, first)
+
+    def _touch_lease(self, now: float) -> bool:
+        """Renew by the lease file's mtime (one ``utime``: nothing written, nothing fsynced) while
+        the file is the one this watcher wrote (the same inode: a takeover replaces it by rename)
+        and its recorded time is under half a lease old (a reader that looks at the recorded time
+        alone, an older slurmft, never finds it stale). False: write it in full instead."""
+        if self._ino is None or self._written is None or not 0 <= now - self._written < self.lease_s / 2:
+            return False
+        try:
+            if os.lstat(self.lease_path).st_ino != self._ino:
+                return False
+        except FileNotFoundError:
+            return False
+        os.utime(self.lease_path, (now, now), follow_symlinks=False)
+        self._renewed_at(now, False)
+        return True
+
+    def _renewed_at(self, now: float, first: bool) -> None:
         self._renewed = now
         # Never later than a quarter of the lease, at a random point of that quarter's end (the
         # first one of its last three quarters): leases taken in one cycle, or all renewed in one
@@ -213,12 +242,13 @@ class RunLock:
         if (self._renewed is not None and self._due is not None
                 and 0 <= now - self._renewed and now < self._due):
             return
-        held = read_lease(self.lease_path)
-        if held is not None and held.token != self.token:
-            raise LeaseLost(f"{self.path.parent.parent}: another watcher took the run over "
-                            f"({held.describe(now)}) while this one did not renew its lease")
         try:
-            self._write_lease(now)
+            if not self._touch_lease(now):
+                held = read_lease(self.lease_path)
+                if held is not None and held.token != self.token:
+                    raise LeaseLost(f"{self.path.parent.parent}: another watcher took the run over "
+                                    f"({held.describe(now)}) while this one did not renew its lease")
+                self._write_lease(now)
         except OSError as exc:  # tried again next cycle
             log.error("cannot renew the watch lease %s: %s", self.lease_path, exc)
             age = None if self._renewed is None else now - self._renewed

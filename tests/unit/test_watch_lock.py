@@ -149,8 +149,12 @@ def test_a_watcher_that_cannot_renew_its_lease_stops_acting_before_it_can_be_tak
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
     from slurmft.slurm.client import JobState
+    def no_utime(path, times=None, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
     with monkeypatch.context() as m:
         m.setattr(lockmod, "atomic_write_json", read_only)
+        m.setattr(lockmod.os, "utime", no_utime)  # a renewal by mtime fails there too
         clock.now += 80  # a quarter has passed: renewal due, and it fails; the lease is still young
         first.keep()
         clock.now += 80  # 160 s old, past half of it
@@ -161,7 +165,7 @@ def test_a_watcher_that_cannot_renew_its_lease_stops_acting_before_it_can_be_tak
     assert client.calls == [("requeue", "7")]
 
 
-def test_leases_taken_in_one_cycle_are_not_all_renewed_in_one_cycle(tmp_path, monkeypatch):
+def test_leases_taken_in_one_cycle_are_not_all_renewed_in_one_cycle(tmp_path):
     """A watcher that takes 200 runs in its first cycle renewed all 200 leases in one cycle every
     lease_s/4 (the live benchmark at 1,000 runs: ~1,000 atomic writes, ~15 s, in one cycle). The
     first renewals are spread; each lease is still renewed at most lease_s/4 after the last."""
@@ -173,30 +177,25 @@ def test_leases_taken_in_one_cycle_are_not_all_renewed_in_one_cycle(tmp_path, mo
         held = RunLock(rd, host="login1", pid=1, clock=clock, lease_s=300)
         held.acquire()
         locks.append(held)
-    renewed: list[tuple[int, float]] = []
     last = {id(held): clock.now for held in locks}
-
-    def counted(path, data):
-        renewed.append((id(path), clock.now))
-
-    monkeypatch.setattr(lockmod, "atomic_write_json", counted)
     per_cycle = []
     for _ in range(60):  # 5 s cycles over a whole lease
         clock.now += 5
-        before = len(renewed)
+        renewed = 0
         for held in locks:
             was = held._renewed
             held.keep()
             if held._renewed != was:
                 assert held._renewed - last[id(held)] <= 75, "renewed later than lease_s/4"
                 last[id(held)] = held._renewed
-        per_cycle.append(len(renewed) - before)
+                renewed += 1
+        per_cycle.append(renewed)
     assert max(per_cycle) <= 200 // 3, per_cycle  # spread over at least 3 cycles (was 200 in one)
     assert all(clock.now - t <= 75 for t in last.values())
     assert 200 * 3 <= sum(per_cycle) <= 200 * 5  # every 64-75 s: 4 a lease period (+1 early)
 
 
-def test_leases_renewed_together_in_one_long_cycle_drift_apart(tmp_path, monkeypatch):
+def test_leases_renewed_together_in_one_long_cycle_drift_apart(tmp_path):
     """A first cycle that took minutes (a thousand runs taken on) leaves every lease due in the
     next cycle: renewed there together, they must not stay together for ever after."""
     clock = Clock()
@@ -207,7 +206,6 @@ def test_leases_renewed_together_in_one_long_cycle_drift_apart(tmp_path, monkeyp
         held = RunLock(rd, host="login1", pid=1, clock=clock, lease_s=300)
         held.acquire()
         locks.append(held)
-    monkeypatch.setattr(lockmod, "atomic_write_json", lambda path, data: None)
     clock.now += 200  # one long cycle: every lease overdue
     for held in locks:
         held.keep()
@@ -221,3 +219,38 @@ def test_leases_renewed_together_in_one_long_cycle_drift_apart(tmp_path, monkeyp
             renewed += held._renewed != was
         per_cycle.append(renewed)
     assert max(per_cycle[-60:]) <= 100 // 3, per_cycle[-60:]
+
+
+def test_a_renewal_writes_nothing_but_the_mtime_and_a_takeover_is_still_found(run, node_local_flock):
+    """A renewal is one ``utime`` of the lease this watcher wrote (no temp file, no fsync); its
+    time is what another watcher reads; a lease replaced by another watcher is found at the
+    next renewal, as before."""
+    clock = Clock()
+    held = RunLock(run, host="login1", pid=1, clock=clock, lease_s=300)
+    held.acquire()
+    path = run.root / "watch" / "lease.json"
+    written = path.read_bytes()
+    clock.now += 80
+    held.keep()
+    assert path.read_bytes() == written and path.stat().st_mtime == clock.now
+    assert lockmod.read_lease(path).time == clock.now  # what a taker judges staleness by
+    clock.now += 200  # 280 s since the last full write, 200 since the renewal: not stale
+    with pytest.raises(LockError, match="already watched by pid 1 on login1"):
+        RunLock(run, host="login2", pid=2, clock=clock).acquire()
+    clock.now += 301  # login1 stalled: taken over, and login1 finds out before acting
+    RunLock(run, host="login2", pid=2, clock=clock).acquire()
+    with pytest.raises(LeaseLost):
+        held.keep()
+
+
+def test_the_recorded_time_is_rewritten_every_half_lease_for_readers_of_the_file_alone(
+        run, node_local_flock):
+    clock = Clock()
+    held = RunLock(run, host="login1", pid=1, clock=clock, lease_s=300)
+    held.acquire()
+    path = run.root / "watch" / "lease.json"
+    for _ in range(8):
+        clock.now += 75
+        held.keep()
+        recorded = json.loads(path.read_text())["time"]
+        assert clock.now - recorded < 150, (clock.now, recorded)
