@@ -12,14 +12,9 @@ that changed since the last save (:mod:`slurmft.checkpoint.incremental`). At mos
 it or, with ``on_busy = "skip"``, is skipped by every rank together. After each commit the
 coordinator applies retention and calls ``on_commit``.
 
-``load_latest`` tries committed checkpoints newest first: the manifest, presence and sizes are
-checked first (no reads), then DCP loads it (resharding to the current world size) through
-:class:`slurmft.checkpoint.verified_read.VerifyingReader`, which checksums every file in the same
-single read and lets the ranks agree before anything is copied into the state. A checkpoint that
-fails is skipped (and logged) by all ranks together, the state untouched, and the next older one
-is tried. None left means a fresh start, logged. DCP's
-``.metadata`` (a pickle) is only ever unpickled through the allow-list of
-:mod:`slurmft.checkpoint.dcp_metadata`; one it refuses fails that checkpoint like a bad checksum.
+Loading the newest checkpoint that verifies is :mod:`slurmft.checkpoint.loading`; the saves of
+the node-local tier are :mod:`slurmft.checkpoint.tiered_save`; what a save reports
+(:class:`SaveStats`) and how it fails (:class:`CheckpointError`) are :mod:`slurmft.checkpoint.outcomes`.
 """
 
 from __future__ import annotations
@@ -33,34 +28,32 @@ import secrets
 import threading
 import time
 import weakref
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Protocol
+from typing import Any, ContextManager, Iterator, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from slurmft.rundir import RunDir
 from slurmft.safeio import open_dir
 from slurmft.checkpoint.config import CheckpointConfig
-from slurmft.checkpoint.dcp_metadata import metadata_problem, parse_dcp_metadata, read_dcp_metadata_bytes
 from slurmft.checkpoint import torch_compat
 from slurmft.checkpoint.groups import CheckpointGroups
 from slurmft.checkpoint.incremental import TensorIndex
-from slurmft.checkpoint.local_tier import LocalTier, NewerFormatError
-from slurmft.checkpoint.manifest import Manifest, ManifestVersionError, read_manifest, verify_checkpoint
-from slurmft.checkpoint.overlap import RACED, InFlightCopy, LiveState, optimizers_of
+from slurmft.checkpoint.loading import CheckpointLoading
+from slurmft.checkpoint.local_tier import LocalTier
+from slurmft.checkpoint.outcomes import CheckpointError, OnCommit, SaveStats, describe_failure
+from slurmft.checkpoint.overlap import RACED, InFlightCopy, LiveState, optimizers_of, trust
 from slurmft.checkpoint.retention import apply_prune, plan_prune, read_references, scan_checkpoint_dirs
-from slurmft.checkpoint.rng import reseed_for_new_world
 from slurmft.checkpoint.save_thread import SaveThread, SaveWaitTimeout
 from slurmft.checkpoint.staging import Stager
-from slurmft.checkpoint.state import RNG, TrainState
-from slurmft.checkpoint.torch_compat import set_element
-from slurmft.checkpoint.verified_read import CorruptCheckpoint, VerifyingReader
-from slurmft.checkpoint.writer import LOAD_PHASE, CommitWriter, FaultPlan
+from slurmft.checkpoint.state import TrainState
+from slurmft.checkpoint.tiered_save import TieredSaves
+from slurmft.checkpoint.writer import CommitWriter, FaultPlan
 
+__all__ = ["CheckpointConfig", "CheckpointError", "CheckpointManager", "OnCommit", "PhaseWatcher", "SaveStats",
+           "describe_failure"]
 
 class PhaseWatcher(Protocol):
     """What the manager asks of the training loop's step watchdog and heartbeat
@@ -73,114 +66,13 @@ class PhaseWatcher(Protocol):
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SaveStats:
-    """One save, timed from the ``save()`` call (``CheckpointManager.stats``).
-
-    ``step``: the checkpoint's step. ``committed``: the save is durable under its final name.
-
-    ``blocking_s``: how long ``save()`` held the training loop (agreement, ``waited_s`` spent
-    waiting for the previous save, and staging). ``total_s``: until committed (or failed).
-    ``copied_s``: until the state copy was complete (overlapped staging; else None).
-    ``fenced_s``: how long the loop waited for that copy afterwards (optimizer step, ``fence()``).
-    ``stall_s``: all the loop lost to this save (``blocking_s`` + ``fenced_s``).
-    ``bytes_written``: this rank's shard files. ``bytes_reused``: this rank's tensor records not
-    written again but referenced in an older checkpoint (incremental saves). ``error``: set when
-    the save failed.
-
-    ``tier``: where the checkpoint is committed: "shared" (the run directory) or, with the
-    node-local tier, "local" when it was not (yet) copied there. ``local_s``: with the node-local
-    tier, until durable on every node's local disk (replicas included); ``total_s`` then runs
-    until the copy to the run directory was committed, when there was one.
-    """
-
-    step: int
-    blocking_s: float
-    total_s: float
-    bytes_written: int
-    committed: bool
-    error: str | None = None
-    waited_s: float = 0.0
-    copied_s: float | None = None
-    fenced_s: float = 0.0
-    bytes_reused: int = 0
-    tier: str = "shared"
-    local_s: float | None = None
-
-    @property
-    def stall_s(self) -> float:
-        return self.blocking_s + self.fenced_s
-
-
-OnCommit = Callable[[int, Path, SaveStats], None]
-
-
-@dataclass(frozen=True)
-class _LocalCommit:
-    """What the copy of a checkpoint committed on the node-local tier to the run dir needs."""
-
-    step: int
-    tmp_id: str
-    own: tuple[Any, ...]
-    manifest: Manifest
-    metadata: bytes
-    entered: float
-
-
-class CheckpointError(RuntimeError):
-    """A synchronous save failed, or a verified checkpoint could not be loaded into this model."""
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One line for a DCP failure: each failing rank and its exception, without tracebacks."""
-    if isinstance(exc, CheckpointException):
-        return "; ".join(f"rank {rank}: {type(e).__name__}: {e}" for rank, (e, _tb) in sorted(exc.failures.items()))
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _corruption(exc: BaseException) -> CorruptCheckpoint | None:
-    """The agreed verification failure inside a DCP failure, if that is what it was."""
-    if isinstance(exc, CorruptCheckpoint):
-        return exc
-    if isinstance(exc, CheckpointException):
-        for failure, _tb in exc.failures.values():
-            if isinstance(failure, CorruptCheckpoint):
-                return failure
-    return None
-
-
 def _close_at_exit(ref: "weakref.ref[CheckpointManager]") -> None:
     manager = ref()
     if manager is not None:
         manager.close()
 
 
-class _PlainDataLoadPlanner(DefaultLoadPlanner):
-    """DCP's load planner, but non-tensor values are unpickled with ``weights_only=True``, and
-    generator states the checkpoint does not have (CUDA's, after a CPU-only save) are not asked for."""
-
-    def set_up_planner(self, state_dict: Any, metadata: Any = None, is_coordinator: bool = False) -> None:
-        if metadata is not None:
-            for rank_name, generators in state_dict.get(RNG, {}).items():
-                for name in [n for n in generators
-                             if f"{RNG}.{rank_name}.{n}" not in metadata.state_dict_metadata]:
-                    del generators[name]
-        super().set_up_planner(state_dict, metadata, is_coordinator)
-
-    def load_bytes(self, read_item: Any, value: Any) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
-
-
-def _trust(copy: InFlightCopy) -> None:
-    if copy.problem is not None:
-        raise RuntimeError(copy.problem)
-
-
-class CheckpointManager:
+class CheckpointManager(TieredSaves, CheckpointLoading):
     """Saves and restores a :class:`TrainState` under ``<run_dir>/checkpoints``.
 
     Construct it on every rank (it creates its process groups collectively); call ``save`` /
@@ -240,7 +132,7 @@ class CheckpointManager:
                                 faults=self._faults)
                       if self.config.local_dir else None)
         self._last_shared: int | None = None  # newest step copied to the run dir by this process
-        self._local_only: _LocalCommit | None = None  # the last local commit not yet copied
+        self._local_only = None  # the last local commit not yet copied (a _LocalCommit)
         atexit.register(_close_at_exit, weakref.ref(self))
 
     def _tensor_index(self) -> TensorIndex | None:
@@ -442,13 +334,6 @@ class CheckpointManager:
     def _in_flight(self) -> bool:
         return self._save_thread.busy
 
-    def _shared_due(self, step: int, block: bool) -> bool:
-        """Whether this save is copied to the run dir: blocking saves (an emergency save before the
-        job ends), a process's first, and one ``shared_interval`` steps after the last copied."""
-        interval = self.config.shared_interval
-        return (block or interval is None or self._last_shared is None
-                or step - self._last_shared >= interval)
-
     def _persist(self, step: int, staged: dict[str, Any], tmp_id: str,
                  timing: tuple[float, float, float], copy: InFlightCopy | None) -> None:
         entered, blocking_s, waited_s = timing
@@ -456,7 +341,7 @@ class CheckpointManager:
         before_write = None
         if copy is not None:
             copy.finish(self.config.save_timeout_s)
-            before_write = functools.partial(_trust, copy)
+            before_write = functools.partial(trust, copy)
         delta = self._tensors.begin(self.run.checkpoints, step) if self._tensors is not None else None
         writer = CommitWriter(final, tmp_id, step, self._groups.world_size, job_id=self.job_id,
                               restart_count=self.restart_count, thread_count=self.config.thread_count,
@@ -489,103 +374,6 @@ class CheckpointManager:
             log.info("checkpoint step %d committed: blocked %.3fs, total %.3fs", step, blocking_s, stats.total_s)
             self._after_commit(step, final, stats)
 
-    def _persist_tiered(self, step: int, staged: dict[str, Any], tmp_id: str,
-                        timing: tuple[float, float, float], copy: InFlightCopy | None, to_shared: bool) -> None:
-        """The node-local tier's save (:mod:`slurmft.checkpoint.local_tier`): commit on the nodes' disks,
-        then, when ``to_shared``, copy to the run directory."""
-        entered, blocking_s, waited_s = timing
-        tier = self._tier
-        assert tier is not None
-        before_write = None
-        if copy is not None:
-            copy.finish(self.config.save_timeout_s)
-            before_write = functools.partial(_trust, copy)
-        writer = CommitWriter(tier.checkpoint(step), tmp_id, step, self._groups.world_size, job_id=self.job_id,
-                              restart_count=self.restart_count, thread_count=self.config.thread_count,
-                              faults=self._faults, before_write=before_write, commit=False,
-                              recorded_as=self.run.checkpoint(step))
-        error = None
-        manifest: Manifest | None = None
-        metadata: bytes | None = None
-        try:
-            dcp.save(staged, storage_writer=writer, process_group=self._groups.io,
-                     no_dist=not self._groups.distributed)
-            # Every rank gets here: DCP raised on all of them or on none.
-            manifest, metadata, problems, unreplicated = tier.commit_local(step, tmp_id, writer.own_files,
-                                                                            writer.manifest)
-            error = "; ".join(problems) or None
-            if error is None and unreplicated:  # not what local_dir promises: copy this one now
-                log.warning("checkpoint step %d: replica(s) not kept (%s); copying it to the run dir",
-                            step, "; ".join(unreplicated))
-                to_shared = True
-            if error is None:
-                tier.after_local_commit(step)
-        except (Exception, CheckpointException) as exc:  # reported in stats and the log; training goes on
-            error = error or describe_failure(exc)
-        local_s = time.perf_counter() - entered
-        stats = SaveStats(step, blocking_s, local_s, writer.bytes_written, error is None, error, waited_s,
-                          copied_s=None if copy is None or copy.copied_s is None else copy.started - entered + copy.copied_s,
-                          fenced_s=0.0 if copy is None else copy.fenced_s, tier="local", local_s=local_s)
-        if error is not None or manifest is None or metadata is None:
-            log.error("checkpoint step %d failed: %s", step, error)
-            with self._lock:
-                self._stats.append(stats)
-            if error is not None and RACED in error and not self._overlap_refused:
-                self._overlap_refused = True
-                log.warning("checkpoint step %d: the state changed while it was being copied; from now "
-                            "on every save copies the state before save() returns", step)
-            return
-        self._last_committed = step
-        self._local_only = _LocalCommit(step, tmp_id, writer.own_files, manifest, metadata, entered)
-        if self._groups.is_coordinator:
-            log.info("checkpoint step %d committed on the local tier: blocked %.3fs, durable %.3fs",
-                     step, blocking_s, local_s)
-            self._notify(step, tier.checkpoint(step), stats)
-        if to_shared:
-            stats = self._copy_to_run_dir(stats)
-        with self._lock:
-            self._stats.append(stats)
-
-    def _copy_to_run_dir(self, stats: SaveStats) -> SaveStats:
-        """Copy the last local commit to the run dir (every rank, save thread); its stats after."""
-        tier, pending = self._tier, self._local_only
-        assert tier is not None and pending is not None and pending.step == stats.step
-        step = pending.step
-        try:
-            problems = tier.copy_to_shared(step, pending.tmp_id, pending.own, pending.manifest, pending.metadata)
-        except (Exception, CheckpointException) as exc:
-            problems = [describe_failure(exc)]
-        if problems:
-            log.error("checkpoint step %d: copy to the run directory failed (it stays on the local "
-                      "tier only): %s", step, "; ".join(problems))
-            return stats
-        self._last_shared, self._local_only = step, None
-        stats = replace(stats, tier="shared", total_s=time.perf_counter() - pending.entered)
-        if self._groups.is_coordinator:
-            log.info("checkpoint step %d committed in the run directory: total %.3fs", step, stats.total_s)
-            self._after_commit(step, self.run.checkpoint(step), stats)
-        return stats
-
-    def _copy_pending(self, step: int) -> None:
-        """A blocking save of a step already committed locally only: copy it to the run dir now
-        (all ranks), or raise :class:`CheckpointError`."""
-        pending = self._local_only
-        if pending is None or pending.step != step:
-            raise CheckpointError(f"checkpoint step {step} is on the node-local tier only and this "
-                                  f"process has no record of its files to copy")
-        last = next(s for s in reversed(self.stats) if s.step == step)
-
-        def job() -> None:
-            copied = self._copy_to_run_dir(last)
-            with self._lock:
-                self._stats.append(copied)
-
-        self._save_thread.submit(job, what=f"copy of checkpoint step {step} to the run directory")
-        self.wait()
-        if self.stats[-1].tier != "shared":
-            raise CheckpointError(f"checkpoint step {step} is committed on the node-local tier only: "
-                                  f"its copy to {self.run.checkpoints} failed (see the log)")
-
     def _after_commit(self, step: int, final: Path, stats: SaveStats) -> None:
         try:
             ckpt_fd = open_dir(self.run.checkpoints)  # once: the scan and the deletion see one directory
@@ -608,155 +396,3 @@ class CheckpointManager:
                 self.on_commit(step, final, stats)
             except Exception:
                 log.exception("on_commit callback failed for step %d", step)
-
-    # ------------------------------------------------------------------ loading
-
-    def load_latest(self, state: TrainState) -> int | None:
-        """Restore the newest checkpoint that verifies; returns its step, or None (fresh start).
-
-        Checkpoints that fail verification are logged and skipped, newest first. One written by a
-        newer slurmft (a manifest format this one cannot read) is not damaged and must not be
-        trained over: it raises :class:`CheckpointError` on every rank.
-        """
-        with self._watched("checkpoint load"):
-            return self._load_latest(state)
-
-    def _load_latest(self, state: TrainState) -> int | None:
-        self.wait()
-        self.load_skipped = []
-        groups = self._groups
-        if self.run.checkpoints.is_symlink():  # retention would refuse it too: never followed
-            raise CheckpointError(f"{self.run.checkpoints}: a symbolic link; checkpoints must be a real "
-                                  f"directory inside the run dir (point SLURMFT_RUN_DIR elsewhere instead)")
-        steps = groups.broadcast(sorted(self.run.committed_steps(), reverse=True)
-                                 if groups.is_coordinator else None)
-        if self._tier is not None:
-            return self._load_latest_tiered(state, steps)
-        for step in steps:
-            path = self.run.checkpoint(step)
-            started = time.perf_counter()
-            try:  # every rank reads the manifest, so every rank raises together
-                report = verify_checkpoint(path, checksums=False)  # stat only; checksums below
-            except ManifestVersionError as exc:
-                raise CheckpointError(str(exc)) from None
-            mine = list(report.problems)
-            if not mine and groups.is_coordinator:  # DCP's .metadata must unpickle through the
-                refused = metadata_problem(path)    # allow-list (structure too), never freely
-                mine += [refused] if refused else []
-            problems = groups.union(mine)
-            if not problems:
-                problems = self._load(path, step, state)
-            if problems:
-                self.load_skipped.append((step, "; ".join(map(str, problems))))
-                if groups.is_coordinator:
-                    for problem in problems:
-                        log.warning("checkpoint step %d skipped: %s", step, problem)
-                continue
-            self._last_committed = step
-            if self._tensors is not None:
-                self._tensors.forget()  # what the last save wrote no longer describes the state
-            if groups.is_coordinator:
-                log.info("resumed from %s (verified while loading, one read, in %.2fs)", path,
-                         time.perf_counter() - started)
-            return step
-        if groups.is_coordinator:
-            log.info("no valid checkpoint under %s: fresh start", self.run.checkpoints)
-        return None
-
-    def _load_latest_tiered(self, state: TrainState, shared_steps: list[int]) -> int | None:
-        """``load_latest`` with the node-local tier: the newest step any tier holds, first."""
-        groups, tier = self._groups, self._tier
-        assert tier is not None
-        candidates, mine = tier.candidate_steps(shared_steps)
-        nonce = self._tmp_nonce
-        for step in candidates:
-            started = time.perf_counter()
-            roots = ([tier.checkpoint(step)] if step in mine else []) + \
-                    ([self.run.checkpoint(step)] if step in shared_steps else [])
-            try:
-                files = tier.prepare_load(step, roots, functools.partial(self._template, state),
-                                          self._files_read, nonce)
-            except NewerFormatError as exc:
-                raise CheckpointError(str(exc)) from None
-            if files is None:
-                self.load_skipped.append((step, "no rank can read its manifest in any tier"))
-                if groups.is_coordinator:
-                    log.warning("checkpoint step %d skipped: no rank can read its manifest in any tier", step)
-                continue
-            try:
-                problems = files.problems
-                if not problems:
-                    where = next(r for r in files.roots if (r / ".metadata").is_file())
-                    problems = self._load(where, step, state, files.manifest,
-                                          tuple(r for r in files.roots if r != where))
-            finally:
-                files.cleanup()
-            if problems:
-                self.load_skipped.append((step, "; ".join(map(str, problems))))
-                if groups.is_coordinator:
-                    for problem in problems:
-                        log.warning("checkpoint step %d skipped: %s", step, problem)
-                continue
-            # A step loaded from the local tier only is not "committed" for this process: a save of
-            # the same step (an emergency save right after the restart) writes and copies it again.
-            self._last_committed = step if step in shared_steps else None
-            if step in shared_steps:
-                self._last_shared = step
-            if groups.is_coordinator:
-                log.info("resumed from step %d (%s; verified while loading, in %.2fs)", step,
-                         "run directory" if step in shared_steps else "node-local tier",
-                         time.perf_counter() - started)
-            return step
-        if groups.is_coordinator:
-            log.info("no valid checkpoint in the run directory or the node-local tier: fresh start")
-        return None
-
-    def _template(self, state: TrainState, manifest: Manifest) -> dict[str, Any]:
-        """The state dict a load of a checkpoint written by ``manifest.world_size`` ranks fills."""
-        same_world = manifest.world_size == self._groups.world_size
-        return {**state.heavy_state(), **state.light_state(include_rng=same_world)}
-
-    def _files_read(self, where: Path, manifest: Manifest, template: dict[str, Any]) -> set[str]:
-        """The files of the checkpoint at ``where`` that this rank's load of ``template`` reads:
-        DCP's own load plan, against ``.metadata`` (unpickled through the allow-list)."""
-        del manifest
-        metadata = parse_dcp_metadata(read_dcp_metadata_bytes(where), where / ".metadata")
-        planner = _PlainDataLoadPlanner()
-        planner.set_up_planner(template, metadata, self._groups.is_coordinator)
-        storage = metadata.storage_data or {}
-        return {storage[item.storage_index].relative_path for item in planner.create_local_plan().items}
-
-    def _load(self, path: Path, step: int, state: TrainState, manifest: Manifest | None = None,
-              also: tuple[Path, ...] = ()) -> list[str]:
-        """Load ``path`` into ``state``, checksumming as it reads; the problems that made every
-        rank refuse it (state untouched), or [] once loaded. ``manifest`` (agreed, else the
-        coordinator reads it) and ``also`` (more directories holding its files): the local tier."""
-        self._faults.at(LOAD_PHASE, step)  # a test's slow storage ($SLURMFT_CKPT_FAULT_SLOW)
-        groups = self._groups
-        if manifest is None:
-            manifest = groups.broadcast(read_manifest(path) if groups.is_coordinator else None)
-        same_world = manifest.world_size == groups.world_size
-        template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
-        reader = VerifyingReader(path, manifest.every_file, rank=groups.rank, world_size=groups.world_size,
-                                 union=groups.union, also=also)
-        try:
-            dcp.load(template, storage_reader=reader, planner=_PlainDataLoadPlanner(),
-                     process_group=groups.io, no_dist=not groups.distributed)
-        except (Exception, CheckpointException) as exc:
-            corrupt = _corruption(exc)
-            if corrupt is not None:
-                return corrupt.problems
-            raise CheckpointError(
-                f"{path} verified but does not load into this state: {describe_failure(exc)}") from None
-        try:
-            state.load_state_dict(template)
-        except Exception as exc:
-            raise CheckpointError(
-                f"{path} verified but does not load into this state: {describe_failure(exc)}") from None
-        if state.step != step:
-            raise CheckpointError(f"{path}: holds step {state.step}, its name says {step}")
-        if not same_world:
-            seed = reseed_for_new_world(step, self._groups.rank)
-            log.info("world size changed %d -> %d: RNG reseeded from (step, rank), seed %d",
-                     manifest.world_size, self._groups.world_size, seed)  # per rank: its own seed
-        return []

@@ -193,3 +193,9 @@ class InFlightCopy:
                                  f"optimizer state outside optimizer.step() only after "
                                  f"CheckpointManager.fence()")
             self._pairs = []  # the copy is over: do not keep the live tensors referenced
+
+
+def trust(copy: InFlightCopy) -> None:
+    """Called by the writer before it writes: the copy's problem fails the save (on every rank)."""
+    if copy.problem is not None:
+        raise RuntimeError(copy.problem)

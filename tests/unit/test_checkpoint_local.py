@@ -376,7 +376,7 @@ def test_saves_and_loads_are_phases_of_the_step_watchdog(tmp_path, monkeypatch):
 
 
 def test_a_restart_reads_the_checkpoint_once_verifying_as_it_loads(tmp_path, monkeypatch):
-    import slurmft.checkpoint.manager as checkpoint_module
+    import slurmft.checkpoint.loading as checkpoint_module
     import slurmft.checkpoint.manifest as manifest_module
     from slurmft.checkpoint.manifest import read_manifest
     from slurmft.checkpoint.verified_read import VerifyingReader
