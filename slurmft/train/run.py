@@ -32,28 +32,30 @@ Exits print one line from rank 0 and no traceback (``SystemExit``). torchrun's o
 "FAILED ... exitcode 85" report and its traceback come from the launcher process and cannot be
 suppressed from inside the ranks without exiting 0, which would hide the requeue from any
 launcher that does not read the journal.
+
+This module holds the start, the pieces and the loop; the step boundary is
+:mod:`slurmft.train.run_boundary` and the endings :mod:`slurmft.train.run_endings` (base classes
+of ``Run``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
-import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, NoReturn
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 
-from slurmft import exitcodes, journal, rundir
+from slurmft import exitcodes, journal
 from slurmft.config import ConfigError, load_section
 from slurmft.rundir import RUN_DIR_ENV, RunDir
 from slurmft.train.boundary import BoundaryCheck, step_generator, user_site
 from slurmft.checkpoint.manager import CheckpointError, CheckpointManager
 from slurmft.checkpoint.config import CheckpointConfig
-from slurmft.train.guards import GuardConfig, GuardResult, StepGuard, Verdict
+from slurmft.train.guards import GuardConfig, GuardResult, StepGuard
 from slurmft.train.busy import ForwardTimer
 from slurmft.train.heartbeat import Heartbeat
 from slurmft.checkpoint.manifest import ManifestError, read_manifest
@@ -63,43 +65,14 @@ from slurmft.train.run_config import RunConfig
 from slurmft.train.runtime import JobEnv, JobEnvError, RunDirError, Segment, check_run_dir_writable
 from slurmft.checkpoint.state import TrainState
 from slurmft.train.watchdog import StepWatchdog
+from slurmft.train.run_boundary import StepBoundary
+from slurmft.train.run_endings import RunEndings, fail
 
 _ADVICE = ("Draw each step's random batch inside the step (from run.rng(step), or the global RNG), "
            "never before the loop or after run.report() for the next step.")
 
 
-def _fail(message: str, run_dir: str | Path | None = None, env: JobEnv | None = None) -> NoReturn:
-    """Exit 86 with one line, and journal it as this segment's end where the run dir and the job
-    are known: torchrun turns a worker's 86 into 1, and only the journal tells the launcher (and
-    the watcher) that this was a deliberate "do not requeue", not a crash to retry."""
-    print(f"slurmft: {message} -> {exitcodes.describe(exitcodes.NO_REQUEUE)}", file=sys.stderr, flush=True)
-    if run_dir:
-        try:
-            env = env or JobEnv.from_environ()
-            events = RunDir(Path(run_dir)).events
-            if env.is_rank0 and events.parent.is_dir():
-                journal.append_event(events, journal.SEGMENT_END, job_id=env.job_id,
-                                     restart_count=env.restart_count, exit_code=exitcodes.NO_REQUEUE,
-                                     outcome=exitcodes.describe(exitcodes.NO_REQUEUE), reason=message)
-        except (JobEnvError, OSError, ValueError):
-            pass  # the line above is all that can be said: the job ends as a crash (exit 1 or 86)
-    raise SystemExit(exitcodes.NO_REQUEUE)
-
-
-def write_done(run_dir: RunDir, env: JobEnv, step: int, total_steps: int) -> bool:
-    """Rank 0's ``DONE``, naming this job (array-aware: the launcher's ``SLURMFT_JOB_ID``) and the
-    step it reached, so a later run in the same dir that trains further is not taken for done.
-    False (nothing written) when this job's DONE for this step is there already."""
-    job_id = os.environ.get("SLURMFT_JOB_ID") or env.job_id
-    existing = rundir.read_done(run_dir)
-    if existing is not None and existing.job_id == job_id and existing.step == step:
-        return False
-    rundir.write_done(run_dir, job_id=job_id, step=step, total_steps=total_steps,
-                      restart_count=env.restart_count)
-    return True
-
-
-class Run:
+class Run(StepBoundary, RunEndings):
     """Resume, preemption, heartbeat, watchdog, guard, periodic and final saves, ``DONE`` — around a loop.
 
     Arguments (every one but ``model`` optional):
@@ -135,7 +108,7 @@ class Run:
             self.config = config or RunConfig.load(config_file)
             self.preemption_config = PreemptionConfig.load(config_file)
         except ConfigError as exc:  # a wrong key or value: running again would fail the same way
-            _fail(str(exc), run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV), env)
+            fail(str(exc), run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV), env)
         self.process_group = process_group
         self._device_arg = device
         self._info = dict(info or {})
@@ -170,14 +143,14 @@ class Run:
         try:
             self.env = self._env_arg or JobEnv.from_environ()
         except JobEnvError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         if not self._run_dir_arg:
-            _fail(f"no run directory: pass Run(run_dir=...) or set ${RUN_DIR_ENV}")
+            fail(f"no run directory: pass Run(run_dir=...) or set ${RUN_DIR_ENV}")
         self.run_dir = RunDir(Path(self._run_dir_arg))
         try:
             check_run_dir_writable(self.run_dir)
         except RunDirError as exc:
-            _fail(str(exc))
+            fail(str(exc))
         self.segment = Segment(self.env, self.run_dir)
         self._distributed = dist.is_available() and dist.is_initialized()
         self.world_size = dist.get_world_size(self.process_group) if self._distributed else 1
@@ -252,21 +225,6 @@ class Run:
         finally:
             if isinstance(exc, SystemExit) and not self._ended and getattr(self, "segment", None) is not None:
                 self._journal_script_exit(exc)
-
-    def _journal_script_exit(self, exc: SystemExit) -> None:
-        """Rank 0's own ``sys.exit(code)`` inside ``with Run``, with a code other than 0: torchrun
-        turns the worker's code into 1, so it is journaled as this segment's end for the launcher
-        to read back. No barrier: the other ranks may not be exiting. A ``sys.exit(0)`` before the
-        end of ``steps()`` is not journaled: it is no proof that training finished (no ``DONE``),
-        so the launcher goes by what torchrun reports."""
-        code = exc.code
-        if code is None or code == exitcodes.OK:
-            return
-        if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
-            code = 1  # what Python exits with for sys.exit("message")
-        self._ended = True
-        self.segment.finish(code, f"the training script exited with code {code} after step {self.step}",
-                            step=self.step, announce="rank 0")
 
     # ------------------------------------------------------------------ the pieces
 
@@ -394,107 +352,6 @@ class Run:
         return self.result.ok
 
     # ------------------------------------------------------------------ internals
-
-    def _boundary_after(self, step: int, total: int) -> None:
-        self._boundary.settle()  # a draw before the loop matters only if the loop draws too
-        stop = self._stop_agreed if self._reported else (
-            self._preemption is not None and self._preemption.should_stop())
-        result = self.result
-        if result is not None and not result.ok:
-            self.segment.record(journal.GUARD_TRIP, step=step, verdict=result.verdict.value,
-                                reason=result.reason, trips=result.trips_in_window)
-            if result.verdict is Verdict.GIVE_UP:
-                self._end(exitcodes.NO_REQUEUE, f"guard: {result.reason}", step=step)
-            if result.verdict is Verdict.ROLLBACK:
-                self.checkpoints.wait()
-                back = self.checkpoints.load_latest(self.state)
-                self.segment.record(journal.ROLLBACK, from_step=step, to_step=back,
-                                    **({} if back is not None else
-                                       {"reason": "no checkpoint yet: step skipped instead"}))
-                if back is not None:
-                    self.step = back
-                    if stop:
-                        self._preempt(back)
-                    return
-        self.step = step
-        if self._reported and self.config.log_every:
-            loss = self.loss if self.loss is not None and math.isfinite(self.loss) else None
-            fp = (None if self._audit is None else
-                  self._audit.step_done(step, loss, self.world_size, stop or self._saves_at(step),
-                                        last=stop or step >= total))
-            if fp is not None or step % self.config.log_every == 0:
-                norm = self.grad_norm if self.grad_norm is not None and math.isfinite(self.grad_norm) else None
-                self.segment.record(journal.LOSS, step=step, loss=loss, grad_norm=norm,
-                                    world_size=self.world_size, **self._fields,
-                                    **({} if fp is None else {"fp": fp}))
-        if self._forward_timer is not None:
-            self._busy_steps += 1
-        self.heartbeat.beat(step, busy_s=self._busy_per_step if self._forward_timer is not None else None)
-        if stop:
-            self._preempt(step)
-        if self.checkpoints.due(step) and step < total:
-            self.checkpoints.save(step, self.state)
-
-    def _busy_per_step(self) -> float | None:
-        """The forward time per step since the last beat (asked for only when a beat is written)."""
-        assert self._forward_timer is not None
-        forward_s = self._forward_timer.take()
-        steps, self._busy_steps = self._busy_steps, 0
-        return None if forward_s is None or not steps else forward_s / steps
-
-    def _saves_at(self, step: int) -> bool:
-        return self.checkpoints.due(step) or step == self._total
-
-    def _preempt(self, step: int) -> None:
-        seen = self._preemption.reason if self._preemption is not None else None
-        try:
-            self.checkpoints.emergency_save(step, self.state)
-            reason = f"preempted: emergency checkpoint at step {step}"
-        except CheckpointError as exc:  # the previous checkpoint is intact: requeueing still helps
-            reason = f"preempted: emergency checkpoint at step {step} FAILED ({exc}); resuming from an older one"
-        self.segment.record(journal.PREEMPTION, step=step, signal=seen or "peer")
-        self._end(exitcodes.REQUEUE, reason, step=step)
-
-    def _finish(self, total: int) -> None:
-        if self.done:
-            return
-        try:
-            self.checkpoints.emergency_save(self.step, self.state)  # the final state; no-op if committed
-        except CheckpointError as exc:  # no DONE without it: a requeue redoes the steps since the last one
-            self._end(exitcodes.REQUEUE, f"final checkpoint at step {self.step} failed: {exc}", step=self.step)
-        if self._audit is not None:
-            self._audit.flush()  # a divergence still waiting for its line is journaled in this segment
-        if self.env.is_rank0:
-            write_done(self.run_dir, self.env, self.step, total)
-        self._ended = True
-        self.segment.finish(exitcodes.OK, f"finished at step {self.step}", step=self.step,
-                            barrier=self._barrier())
-        self.done = True
-
-    def _end(self, code: int, reason: str, *, step: int | None = None) -> NoReturn:
-        self.close()
-        self._ended = True
-        self.segment.end(code, reason, step=step, barrier=self._barrier(), announce="rank 0")
-
-    def _barrier(self):
-        if not self._distributed:
-            return None
-        return lambda: dist.barrier(group=self.process_group)
-
-    def _on_commit(self, step: int, path: Path, stats: Any) -> None:
-        if stats.local_s is not None and stats.tier == "shared":  # the node-local tier's copy, later
-            self.segment.record(journal.CHECKPOINT_COPIED, step=step, path=str(path), total_s=stats.total_s)
-            return
-        # blocking_s is the stall the loop saw: save() itself plus the optimizer's wait for the copy.
-        self.segment.record(journal.CHECKPOINT_COMMITTED, step=step, path=str(path), tier=stats.tier,
-                            blocking_s=stats.stall_s, total_s=stats.total_s,
-                            bytes_written=stats.bytes_written)
-
-    def _on_hang(self, message: str) -> None:
-        self.segment.journal.append(journal.HANG, rank=self.env.rank, node=self.env.node,
-                                    message=message)
-        self.segment.journal.append(journal.SEGMENT_END, exit_code=exitcodes.HANG,
-                                    outcome=exitcodes.describe(exitcodes.HANG), reason=message)
 
     def _checkpoint_bytes(self, step: int | None) -> int:
         if step is None:
