@@ -1,7 +1,8 @@
 """What a run's journal says about it: segments, faults and what each one cost, ETTR, restarts by
 cause, checkpoint loads, and where the run stands now. Pure: ``build_report(events, job, now)``
 turns journal events (and, when known, the Slurm job) into a ``Report``; nothing here reads a
-file or calls Slurm except ``read_journal``, the bounded reader of ``events.jsonl``.
+file or calls Slurm; ``read_journal`` (re-exported), the bounded reader of ``events.jsonl``,
+is :mod:`slurmft.status.journal_reader`.
 
 Definitions (``slurmft status`` shows them; docs/architecture.md repeats them):
 
@@ -24,57 +25,21 @@ Definitions (``slurmft status`` shows them; docs/architecture.md repeats them):
 from __future__ import annotations
 
 import bisect
-import os
-import stat
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from slurmft import exitcodes, journal, numbers
-from slurmft.journal import Event, parse_line
+from slurmft.journal import Event
 from slurmft.slurm.client import Job
 from slurmft.status.state import run_state, segment_key, waiting_from_watcher, watcher_view
+from slurmft.status.journal_reader import JournalUnreadable, read_journal
 from slurmft.watch.detect import PLANNED as PLANNED_CAUSES
 
-# A weeks-long run journals one loss line (~150 bytes) per step: this bounds about 3 M steps.
-MAX_JOURNAL_BYTES = 512 * 1024 * 1024
-MAX_LINE = 64 * 1024
+__all__ = ["PLANNED_CAUSES", "Fault", "JournalUnreadable", "Report", "Segment", "build_report", "read_journal",
+           "report_dict"]
+
 RECENT_WARNINGS = 5
-
-
-class JournalUnreadable(ValueError):
-    """The run dir's journal is missing, not a regular file, or cannot be read."""
-
-
-def read_journal(path: Path) -> list[Event]:
-    """Every event of ``events.jsonl`` in file order. The file is the run owner's: it is opened
-    without following a symlink or blocking on a FIFO, must be a regular file, and is read up to
-    ``MAX_JOURNAL_BYTES``; a line that is not an event is skipped."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise JournalUnreadable(f"{path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise JournalUnreadable(f"{path} is not a regular file")
-        if info.st_size > MAX_JOURNAL_BYTES:
-            raise JournalUnreadable(f"{path} is {info.st_size} bytes, more than the "
-                                    f"{MAX_JOURNAL_BYTES} this reads")
-        events = []
-        for raw in fh:
-            if len(raw) > MAX_LINE or not raw.strip():
-                continue
-            try:
-                event = parse_line(raw.decode("utf-8", errors="replace"))
-            except RecursionError:
-                event = None
-            if event is not None:
-                events.append(event)
-    return events
-
-
 
 
 @dataclass
