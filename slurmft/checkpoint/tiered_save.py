@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
@@ -64,9 +64,9 @@ class TieredSaves:
     _notify: Callable[[int, Path, SaveStats], None]
     _after_commit: Callable[[int, Path, SaveStats], None]
 
-    @property
-    def stats(self) -> list[SaveStats]:
-        raise NotImplementedError  # CheckpointManager.stats (declared here for the type checker)
+    if TYPE_CHECKING:  # CheckpointManager.stats, which these methods read
+        @property
+        def stats(self) -> list[SaveStats]: ...
 
     def _shared_due(self, step: int, block: bool) -> bool:
         """Whether this save is copied to the run dir: blocking saves (an emergency save before the

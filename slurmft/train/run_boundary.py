@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from slurmft import exitcodes, journal
 from slurmft.train.boundary import BoundaryCheck
@@ -46,9 +46,9 @@ class StepBoundary:
     _end: Callable[..., NoReturn]
     _preempt: Callable[[int], None]
 
-    @property
-    def checkpoints(self) -> CheckpointManager:
-        raise NotImplementedError  # Run.checkpoints (declared here for the type checker)
+    if TYPE_CHECKING:  # Run.checkpoints, which these methods read
+        @property
+        def checkpoints(self) -> CheckpointManager: ...
 
     def _boundary_after(self, step: int, total: int) -> None:
         self._boundary.settle()  # a draw before the loop matters only if the loop draws too

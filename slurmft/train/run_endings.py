@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import torch.distributed as dist
 
@@ -70,9 +70,9 @@ class RunEndings:
     _audit: ResumeAudit | None
     close: Callable[[], None]
 
-    @property
-    def checkpoints(self) -> CheckpointManager:
-        raise NotImplementedError  # Run.checkpoints (declared here for the type checker)
+    if TYPE_CHECKING:  # Run.checkpoints, which these methods read
+        @property
+        def checkpoints(self) -> CheckpointManager: ...
 
     def _journal_script_exit(self, exc: SystemExit) -> None:
         """Rank 0's own ``sys.exit(code)`` inside ``with Run``, with a code other than 0: torchrun
