@@ -24,7 +24,7 @@ import os
 import random
 import sys
 import warnings
-from typing import Any, cast
+from typing import Any, Collection, cast
 
 import numpy as np
 import torch
@@ -78,18 +78,24 @@ def step_generator(seed: int, step: int, rank: int | None, device: torch.device 
     return gen
 
 
-def rng_fingerprint() -> dict[str, Any]:
-    """The global generators' states, comparable with ``==`` (copies; a few microseconds)."""
-    prints: dict[str, Any] = {
-        "torch": bytes(torch.get_rng_state().numpy()),
-        "python": random.getstate(),
-    }
-    # The stub also admits a dict (what legacy=True returns for a RandomState over another bit
-    # generator); np.random's global RandomState is always MT19937, so this is the legacy tuple.
-    legacy = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state(legacy=True))
-    _name, keys, pos, has_gauss, gauss = legacy
-    prints["numpy"] = (keys.tobytes(), pos, has_gauss, gauss)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+def rng_fingerprint(only: Collection[str] | None = None) -> dict[str, Any]:
+    """The global generators' states, comparable with ``==`` (copies; about 50 us for all, 2 us
+    for torch's). ``only``: just these generators (``torch``, ``cuda``, ``python``, ``numpy``)."""
+    def wanted(name: str) -> bool:
+        return only is None or name in only
+
+    prints: dict[str, Any] = {}
+    if wanted("torch"):
+        prints["torch"] = bytes(torch.get_rng_state().numpy())
+    if wanted("python"):
+        prints["python"] = random.getstate()
+    if wanted("numpy"):
+        # The stub also admits a dict (what legacy=True returns for a RandomState over another bit
+        # generator); np.random's global RandomState is always MT19937, so this is the legacy tuple.
+        legacy = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state(legacy=True))
+        _name, keys, pos, has_gauss, gauss = legacy
+        prints["numpy"] = (keys.tobytes(), pos, has_gauss, gauss)
+    if wanted("cuda") and torch.cuda.is_available() and torch.cuda.is_initialized():
         prints["cuda"] = bytes(torch.cuda.get_rng_state().numpy())
     return prints
 
@@ -114,7 +120,8 @@ class BoundaryCheck:
         self.enabled = enabled
         self._mark: dict[str, Any] | None = None
         self._warned: set[str] = set()
-        self._held: tuple[str, tuple[str, int] | None, list[str], dict[str, Any]] | None = None
+        # A held warning: (message, its advice, site, the generators that moved, their states then)
+        self._held: tuple[str, str, tuple[str, int] | None, list[str], dict[str, Any]] | None = None
         self.warnings = 0
 
     def mark(self) -> None:
@@ -135,24 +142,31 @@ class BoundaryCheck:
             self._warned.add(where)
             message = (f"slurmft: WARNING: {', '.join(moved)} random state advanced {where}: "
                        f"whatever was drawn there is in no checkpoint, so a resumed run will "
-                       f"differ from one that never stopped. {advice}")
+                       f"differ from one that never stopped.")
             if hold:
-                self._held = (message, site, moved, rng_fingerprint())
+                self._held = (message, advice, site, moved, rng_fingerprint(moved))
             else:
-                self._warn(message, site)
+                self._warn(f"{message} {advice}", site)
         return moved
 
-    def settle(self) -> None:
-        """After the step that followed a held :meth:`check`: warn only when that step drew from a
-        generator that had moved. A draw before the loop shifts a stream only the loop's own draws
-        would see: an evaluation there, in a loop whose batches come from ``run.rng(step)`` or a
-        sampler and whose model has no dropout, resumes bit for bit and is not warned about."""
+    def settle(self, step: int) -> None:
+        """After each step while a :meth:`check` is held: warn at the first step that draws from a
+        generator that had moved (naming that step), and not before. A draw before the loop shifts
+        a stream only the loop's own draws would see: an evaluation there, in a loop whose batches
+        come from ``run.rng(step)`` or a sampler and whose model has no dropout, resumes bit for bit
+        and is never warned about; a loop that draws from it only at step 8 is warned about there.
+        The moved generators' states stay those of the loop's start until a step draws from them,
+        so one comparison per step (only those generators: a few microseconds) suffices."""
         if self._held is None:
             return
-        message, site, moved, before = self._held
+        message, advice, site, moved, before = self._held
+        if changed_generators(before, rng_fingerprint(moved)):
+            self._held = None
+            self._warn(f"{message} Step {step} is the first step that draws from it. {advice}", site)
+
+    def drop(self) -> None:
+        """Forget a held warning (a rollback restored the generators: the comparison is void)."""
         self._held = None
-        if set(moved) & set(changed_generators(before, rng_fingerprint())):
-            self._warn(message, site)
 
     def _warn(self, message: str, site: tuple[str, int] | None) -> None:
         self.warnings += 1

@@ -94,7 +94,9 @@ class ResumeAudit:
         self.window_draws: list[Draw] = []
         self._step_trace: tuple[int, DrawTracer, Callable[[], None]] | None = None
         self._extra: dict[str, Any] = {}
-        self._held_start: tuple[Divergence, tuple[str, int] | None, dict[str, Any]] | None = None
+        # A start divergence (rng_before_loop) held until a step draws from a generator the window
+        # moved: (it, its site, those generators' states at the loop's start, a step has ended).
+        self._held_start: tuple[Divergence, tuple[str, int] | None, dict[str, Any], bool] | None = None
         self._first: int | None = None
         if self.enabled and restored_step is not None:
             self.check = ResumeCheck.from_journal(events, restored_step, world_size)
@@ -143,24 +145,37 @@ class ResumeAudit:
         (rng_at, rng_site), (smp_at, smp_site) = self.window_where("rng"), self.window_where("sampler")
         found = self.check.start(rng_digest(), self._sampler_digest(), rng_at + between, smp_at + between)
         if found is not None and found.cause == "rng_before_loop":
-            # Decided after the step: a shifted stream that the loop never draws from (an evaluation
-            # before the loop; batches from run.rng(step), no dropout) leaves the run bit for bit.
-            self._held_start = (found, rng_site, rng_fingerprint())
+            # Decided at the first step that draws from the shifted stream: one the loop never draws
+            # from (an evaluation before the loop; batches from run.rng(step), no dropout) leaves the
+            # run bit for bit; one it draws from only at step 8 makes it differ from step 8 on.
+            self._held_start = (found, rng_site, rng_fingerprint(self._window_generators() or None), False)
             self.check.done = False  # the other rules go on meanwhile
         elif found is not None:
             self._report(found, smp_site if found.cause == "sampler" else rng_site)
 
-    def _settle_start(self) -> None:
-        """At the end of the first step: report the held ``rng_before_loop`` if that step drew from
-        a generator the window moved (any, when the window was not traced)."""
+    def _window_generators(self) -> set[str]:
+        return {name for d in self.window_draws for name in d.moved if name != "sampler"}
+
+    def _settle_start(self, step: int) -> None:
+        """At the end of each step while ``rng_before_loop`` is held: report it, naming this step,
+        when this step drew from a generator the window moved (any, when the window was not
+        traced). Their states stay the loop start's until a step draws, so one comparison of only
+        those generators per step (a few microseconds for torch's) decides it."""
         if self._held_start is None:
             return
-        found, site, before = self._held_start
+        found, site, before, _ = self._held_start
+        if not changed_generators(before, rng_fingerprint(before.keys())):
+            self._held_start = (found, site, before, True)
+            return
         self._held_start = None
-        window = {name for d in self.window_draws for name in d.moved if name != "sampler"}
-        drew = set(changed_generators(before, rng_fingerprint()))
-        if drew & window if window else drew:
-            self._report(found, site)
+        if step != found.step:
+            found = Divergence(step, found.cause, f"{found.message} Step {step} is the first step that "
+                               "draws from that random state, so the resumed run differs from there on.")
+        self._report(found, site)
+
+    def drop_held(self) -> None:
+        """Forget a held start divergence (a rollback restored the generators: the comparison is void)."""
+        self._held_start = None
 
     def step_started(self, step: int, forced: bool) -> None:
         """Arm the input digest when this step will be fingerprinted; trace it when a divergence
@@ -182,8 +197,8 @@ class ResumeAudit:
         """The fingerprint for this step's ``loss`` event (None: no event for this step); compares.
         ``last``: no step follows in this segment (a divergence found now is reported now)."""
         if self._step_trace is not None:
-            self.flush()
-        self._settle_start()
+            self._flush_pending()
+        self._settle_start(step)
         if not self.enabled or not self._wanted(step, forced):
             return None
         # The RNG digest (numpy's state read dominates it) only where it is compared: saved steps
@@ -216,11 +231,16 @@ class ResumeAudit:
             self.pending, self._extra = found, extra
 
     def flush(self) -> None:
-        """Report the divergence waiting for its line, with what the trace of the step saw (and a
-        held start divergence whose first step never reached its end: it cannot be cleared)."""
+        """At the segment's end: report the divergence waiting for its line, with what the trace of
+        the step saw. A held start divergence whose first step never reached its end cannot be
+        cleared: it is reported; one no step of the segment drew from is dropped (bit for bit)."""
         if self._held_start is not None:
-            self._report(*self._held_start[:2])
+            if not self._held_start[3]:
+                self._report(*self._held_start[:2])
             self._held_start = None
+        self._flush_pending()
+
+    def _flush_pending(self) -> None:
         found, self.pending = self.pending, None
         traced: tuple[int, DrawTracer, Callable[[], None]] | None = self._step_trace
         self._step_trace = None

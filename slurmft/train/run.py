@@ -303,7 +303,7 @@ class Run(StepBoundary, RunEndings):
                     self._boundary.check(f"{drawn}between the start of the Run (its checkpoint restore, "
                                          f"{site[0]}:{site[1]}) and step {step} ({file}:{line})"
                                          if site else f"{drawn}between the start of the Run and step {step}",
-                                         _ADVICE, draw_site, hold=True)  # settled after the step
+                                         _ADVICE, draw_site, hold=True)  # settled at the step that draws
                 first = False
             self._in_step, self._reported, self._fields, self.result = step, False, {}, None
             if self._audit is not None:

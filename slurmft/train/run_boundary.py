@@ -51,7 +51,7 @@ class StepBoundary:
         def checkpoints(self) -> CheckpointManager: ...
 
     def _boundary_after(self, step: int, total: int) -> None:
-        self._boundary.settle()  # a draw before the loop matters only if the loop draws too
+        self._boundary.settle(step)  # a draw before the loop matters from the step that draws too
         stop = self._stop_agreed if self._reported else (
             self._preemption is not None and self._preemption.should_stop())
         result = self.result
@@ -63,6 +63,9 @@ class StepBoundary:
             if result.verdict is Verdict.ROLLBACK:
                 self.checkpoints.wait()
                 back = self.checkpoints.load_latest(self.state)
+                self._boundary.drop()  # the restore moved the generators: a held check is void
+                if self._audit is not None:
+                    self._audit.drop_held()
                 self.segment.record(journal.ROLLBACK, from_step=step, to_step=back,
                                     **({} if back is not None else
                                        {"reason": "no checkpoint yet: step skipped instead"}))
