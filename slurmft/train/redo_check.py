@@ -61,4 +61,5 @@ class RedoneLosses:
         return (f"step {step} was redone after the resume with loss {loss!r}, but the interrupted run "
                 f"journaled {old!r} for it: the resumed run is not the run that was interrupted. "
                 "Typical causes: a batch drawn (or prefetched) before `with Run(...)`, a data loader "
-                "or RNG that is not in the checkpoint.")
+                "or RNG that is not in the checkpoint. Draw each step's batch inside the step, and pass "
+                "every stateful object the steps use to Run (sampler=..., extras=...).")

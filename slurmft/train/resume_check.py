@@ -144,11 +144,14 @@ class ResumeCheck:
                 return self._diverged(step, "rng", (
                     f"the global random state after redone step {step} differs from the interrupted "
                     "run's: the step drew from it differently (another number of draws, or a draw that "
-                    "depends on state the checkpoint does not hold)."))
+                    "depends on state the checkpoint does not hold). Draw the same number of times in "
+                    "each step: keep a draw whose count depends on state outside the checkpoint (a "
+                    "counter, a clock, a file) out of the step, or carry that state in Run(extras=...)."))
         if before.sampler is not None and sampler is not None and before.sampler != sampler:
             return self._diverged(step, "sampler", (
                 f"the sampler's position after redone step {step} differs from the interrupted "
-                "run's: the sampler was advanced a different number of times."))
+                "run's: the sampler was advanced a different number of times. Take exactly one batch "
+                "from the sampler per step, inside the step, and nothing from it between steps."))
         return None
 
     def _stale_check(self, step: int, inputs: str | None) -> Divergence | None:

@@ -50,3 +50,44 @@ def test_the_check_is_over_after_the_steps_the_interrupted_run_journaled():
     c.prints[9] = Print(9, 2, None, C, None, False)
     assert c.wants(4) and c.wants(9) and not c.wants(10)
     assert check().wants(5) and not check().wants(6)  # restored 3: its next two steps at least
+
+
+def test_every_cause_comes_with_its_fix():
+    # review30 finding 3: "every warning names the user's line that moved the RNG, with the fix";
+    # the redone step's RNG and the sampler after a step said only what differed
+    from slurmft.train.redo_check import RedoneLosses
+    from slurmft.train.resume_check import Print
+
+    def redone(rng=R, inputs=C, sampler=T):
+        c = check()
+        c.prints[4] = Print(4, 2, R, C, T, False)
+        return c.after(4, rng, inputs, sampler)
+
+    found = {
+        "rng_before_loop": check().start("9" * 16, T, "here"),
+        "sampler@start": check(world=3).start("9" * 16, "8" * 16, "here"),
+        "inputs": redone(inputs="d" * 16),
+        "rng": redone(rng="9" * 16),
+        "sampler": redone(sampler="8" * 16),
+    }
+    c = check()
+    c.after(4, R, A, None)
+    found["stale_inputs"] = c.after(5, R, "d" * 16, None)
+    fixes = {
+        "rng_before_loop": "Draw each step's batch inside the step (or from run.rng(step)).",
+        "sampler@start": "Take each step's batch from the sampler inside the step.",
+        "inputs": "Draw each step's batch inside the step, after the previous run.report().",
+        "rng": "Draw the same number of times in each step: keep a draw whose count depends on state "
+               "outside the checkpoint (a counter, a clock, a file) out of the step, or carry that state "
+               "in Run(extras=...).",
+        "sampler": "Take exactly one batch from the sampler per step, inside the step, and nothing from "
+                   "it between steps.",
+        "stale_inputs": "Draw the first batch inside the loop (or after `with Run(...)` from run.rng(step)).",
+    }
+    for cause, divergence in found.items():
+        assert divergence is not None and divergence.cause == cause.split("@")[0], (cause, divergence)
+        assert divergence.message.endswith(fixes[cause]), (cause, divergence.message)
+    losses = RedoneLosses({4: (1.0, 2)})
+    assert losses.check(4, 2.0, world_size=2).endswith(
+        "Draw each step's batch inside the step, and pass every stateful object the steps use to Run "
+        "(sampler=..., extras=...).")
