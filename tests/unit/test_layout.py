@@ -20,6 +20,7 @@ TORCH_FREE = {
     "slurmft.checkpoint.listing", "slurmft.checkpoint.retention", "slurmft.checkpoint.tiers",
     "slurmft.checkpoint.config", "slurmft.checkpoint.save_thread",
     "slurmft.train.run_config", "slurmft.train.resume_check", "slurmft.train.redo_check",
+    "slurmft.train.guards", "slurmft.train.heartbeat", "slurmft.train.watchdog", "slurmft.train.runtime",
 }
 
 
