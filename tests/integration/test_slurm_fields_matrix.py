@@ -86,7 +86,8 @@ def wait_job(client: CliSlurmClient, job_id: str, ok: Callable[[Job], bool], tim
         if ok(job):
             return job
         if time.monotonic() >= deadline:
-            raise AssertionError(f"job {job_id}: not {what} after {timeout:.0f} s: {job}")
+            raise AssertionError(f"job {job_id}: not {what} after {timeout:.0f} s: {job}\n"
+                                 f"its output:\n{output_of(job_id)}")
         time.sleep(0.2)
 
 
@@ -104,8 +105,24 @@ def script(tmp_path: Path, body: str) -> Path:
     return path
 
 
+# A job's output file (what its batch script and slurmstepd printed), by job id: a wait that runs
+# out says what it held (a requeued "sleep 300" once ended FAILED, exit 1, the second it started,
+# in a fresh-clone run on a loaded box, and /dev/null had kept why).
+OUTPUTS: dict[str, Path] = {}
+
+
 def submit(client: CliSlurmClient, tmp_path: Path, body: str, *options: str) -> str:
-    return client.submit(script(tmp_path, body), sbatch_options=["--output=/dev/null", *options])
+    job_id = client.submit(script(tmp_path, body),
+                           sbatch_options=[f"--output={tmp_path}/job-%j.out", *options])
+    OUTPUTS[job_id] = tmp_path / f"job-{job_id}.out"
+    return job_id
+
+
+def output_of(job_id: str) -> str:
+    path = OUTPUTS.get(job_id)
+    if path is None or not path.exists():
+        return "(no output file)"
+    return path.read_text(errors="replace")[-2000:] or "(empty output file)"
 
 
 @pytest.fixture

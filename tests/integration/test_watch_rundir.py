@@ -153,7 +153,9 @@ def test_two_array_tasks_pointed_at_one_run_dir_the_second_is_refused_in_one_lin
     for task in (0, 1):
         ends[task] = _task_end(client, f"{array_id}_{task}", 240, tmp_path / f"task_{task}.out")
     codes = sorted(j.exit_code for j in ends.values())
-    assert codes == [0, exitcodes.NO_REQUEUE], {t: (j.state, j.exit_code) for t, j in ends.items()}
+    assert codes == [0, exitcodes.NO_REQUEUE], (
+        {t: (j.state, j.exit_code) for t, j in ends.items()},
+        *((tmp_path / f"task_{t}.out").read_text(errors="replace")[-3000:] for t in (0, 1)))
     loser = next(t for t, j in ends.items() if j.exit_code == exitcodes.NO_REQUEUE)
     winner = 1 - loser
     text = (tmp_path / f"task_{loser}.out").read_text(errors="replace")
