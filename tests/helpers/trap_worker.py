@@ -5,8 +5,11 @@ these shapes (``--loop``):
   clean        each step draws its own batch inside the step (resumes bit for bit)
   before_loop  nanoGPT's shape: the first batch drawn after ``with Run(...)``, before the loop;
                the next one prefetched inside the step, after the forward pass
-  prefetch     the first batch drawn before ``with Run(...)`` (before the restore); the next one
+  before_run   the first batch drawn before ``with Run(...)`` (before the restore); the next one
                prefetched inside the step, after the forward pass
+  lazy_prefetch  the first batch drawn lazily inside the first step (``if batch is None``); the
+               next one prefetched inside the step, after the forward pass (not caught after a
+               preemption: docs/limitations.md)
   eval         clean, plus an evaluation after ``optimizer.step()`` every 2 steps that draws from
                the global RNG (resumes bit for bit: the draw is in the saved RNG state)
   eval_before  an evaluation drawing from the global RNG after ``with Run(...)``, before the loop,
@@ -44,7 +47,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--run-dir", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--loop", choices=["clean", "before_loop", "prefetch", "eval", "eval_before"], required=True)
+    p.add_argument("--loop", choices=["clean", "before_loop", "before_run", "lazy_prefetch", "eval", "eval_before"], required=True)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--ckpt-every", type=int, default=3)
     p.add_argument("--signal-at", type=int)
@@ -60,7 +63,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     out = open(f"{args.out}.rank{rank}", "a")
     out.write(json.dumps({"pid": os.getpid()}) + "\n")
-    batch = draw() if args.loop == "prefetch" else None
+    batch = draw() if args.loop == "before_run" else None
 
     with Run(model, optimizer, run_dir=args.run_dir, checkpoint=CheckpointConfig(interval=args.ckpt_every),
              config=RunConfig(log_every=1, watchdog=False)) as run:
@@ -75,10 +78,12 @@ def main() -> None:
             if args.loop == "eval_before":
                 x = torch.randn(4, 8, generator=run.rng(step))
                 batch = x, x.sum(dim=1, keepdim=True)
+            if args.loop == "lazy_prefetch" and batch is None:
+                batch = draw()  # LAZY-FIRST: at every start, from the restored state
             assert batch is not None
             x, y = batch
             loss = F.mse_loss(model(x), y)
-            if args.loop in ("before_loop", "prefetch"):
+            if args.loop in ("before_loop", "before_run", "lazy_prefetch"):
                 batch = draw()  # PREFETCH: the next step's batch, drawn while this one trains
             loss.backward()
             time.sleep(args.sleep)

@@ -2,6 +2,8 @@
 determinism traps are journaled as ``resume_diverged`` naming the first resumed step, after a
 preemption (no step redone) and after ``kill -9`` (steps redone); a loop that resumes bit for bit
 (an evaluation drawing from the global RNG after ``optimizer.step()`` included) gets no warning.
+A first batch drawn lazily inside step 1 with a prefetch after the forward pass is not caught after
+a preemption: a strict xfail holds that limitation (docs/limitations.md) until it is.
 
 Every wait has a timeout and every process is killed (by pid) before a test returns.
 """
@@ -19,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
+import slurmft
 from slurmft import exitcodes
 from slurmft.journal import read_events
 from slurmft.rundir import RunDir
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
+PACKAGE = str(Path(slurmft.__file__).resolve().parent)
 
 
 def worker_line(marker: str) -> int:
@@ -85,7 +89,7 @@ def interrupt(tmp_path: Path, run_dir: Path, loop: str, how: str) -> int:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["preempt", "kill9"])
-@pytest.mark.parametrize("loop, cause", [("before_loop", "rng_before_loop"), ("prefetch", "stale_inputs")])
+@pytest.mark.parametrize("loop, cause", [("before_loop", "rng_before_loop"), ("before_run", "stale_inputs")])
 def test_each_trap_is_journaled_at_the_first_resumed_step(tmp_path, loop, cause, how):
     run_dir = tmp_path / "run"
     restored = interrupt(tmp_path, run_dir, loop, how)
@@ -102,7 +106,8 @@ def test_each_trap_is_journaled_at_the_first_resumed_step(tmp_path, loop, cause,
     assert diverged.get("site") == draw_site, diverged.fields
     caller = worker_line("# BEFORE-LOOP" if loop == "before_loop" else "# PREFETCH")
     assert f"{draw_site} (torch, in draw(), called from {WORKER}:{caller}" in diverged.get("message"), diverged.fields
-    assert "slurmft/train/" not in stderr, stderr
+    # attributed to the user's line, never to one of slurmft's own (the loop's or the engine's)
+    assert not [line for line in stderr.splitlines() if line.startswith(PACKAGE)], stderr
 
 
 @pytest.mark.timeout(300)
@@ -149,3 +154,29 @@ def test_on_another_world_size_only_what_can_be_compared_is(tmp_path, loop):
         draw_site = f"{WORKER}:{worker_line('# DRAW')}"
         assert stderr.split("ResumeDivergenceWarning")[0].splitlines()[-1] == f"{draw_site}: ", stderr
         assert f"called from {WORKER}:{worker_line('# BEFORE-LOOP')}" in stderr, stderr
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(strict=True, reason="not caught: the first batch drawn lazily inside step 1 and the "
+                   "next prefetched after the forward pass, resumed after a preemption (no step redone): "
+                   "nothing the interrupted run journaled shows what its step k+1 would have trained on "
+                   "(docs/limitations.md)")
+def test_a_lazily_drawn_first_batch_with_a_prefetch_is_reported_after_a_preemption(tmp_path):
+    run_dir, reference = tmp_path / "run", tmp_path / "ref"
+    restored = interrupt(tmp_path, run_dir, "lazy_prefetch", "preempt")
+    results = run_ranks(tmp_path, run_dir, ["--loop", "lazy_prefetch"])
+    assert [code for code, _ in results] == [0, 0], results
+    results = run_ranks(tmp_path, reference, ["--loop", "lazy_prefetch"])
+    assert [code for code, _ in results] == [0, 0], results
+
+    def losses(name: str) -> dict[int, float]:
+        rows = [json.loads(line) for line in (tmp_path / f"{name}.rank0").read_text().splitlines()]
+        return {row["step"]: row["loss"] for row in rows if "step" in row}
+
+    ours, theirs = losses("run"), losses("ref")
+    # the trap is real: equal up to the checkpoint, different from the first resumed step on
+    assert all(ours[s] == theirs[s] for s in range(1, restored + 1)), (ours, theirs)
+    assert ours[restored + 1] != theirs[restored + 1], (ours, theirs)
+    # what is not done yet (the strict xfail fails the moment it is)
+    (diverged,) = read_events(RunDir(run_dir).events, ["resume_diverged"])
+    assert diverged.get("step") == restored + 1, diverged.fields
