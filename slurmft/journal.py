@@ -70,7 +70,10 @@ HANG = "hang"
 LOSS = "loss"
 TEMPLATE = "template"
 CHECKPOINT_SKIPPED = "checkpoint_skipped"  # step, reason: damaged, passed over at load (newest first)
-RESUME_DIVERGED = "resume_diverged"  # step, loss, journaled: a redone step's loss changed (redo_check.py)
+# step, cause (rng_before_loop | sampler | stale_inputs | inputs | rng | loss), message, site (the
+# user's line that drew, when traced); loss and journaled for cause loss: the first divergence of a
+# resumed run from the interrupted one (train/resume_audit.py, from resume_check.py and redo_check.py)
+RESUME_DIVERGED = "resume_diverged"
 # Written by the launcher when it wants a requeue it cannot do itself (no scontrol in the job):
 # reason, exclude (node names the pre-flight failed). `slurmft watch` carries it out.
 REQUEUE_REQUEST = "requeue_request"
