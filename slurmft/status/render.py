@@ -4,6 +4,7 @@ the steps of a fault are shown as seconds after the fault."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -14,6 +15,23 @@ from rich.markup import escape
 from rich.table import Table
 
 from slurmft.status.report import PLANNED_CAUSES, Report
+
+
+_ABS_PATH = re.compile(r"(?<![\w.~-])/(?:[^\s/:()\[\],;]+/)+[^\s/:()\[\],;]+")
+
+
+def short_paths(text: str, run_dir: Path) -> str:
+    """Paths in a journaled text as a person reads them at 80 columns: inside the run dir relative
+    to it, any other absolute path of more than two parts as ``.../<dir>/<file>`` (a path wider
+    than the terminal would be folded mid-word). ``--json`` keeps them whole."""
+    for root in sorted({str(run_dir.absolute()), str(run_dir.resolve())}, key=len, reverse=True):
+        text = text.replace(root.rstrip("/") + "/", "")
+
+    def shorten(match: re.Match[str]) -> str:
+        path = match.group(0)
+        return path if path.count("/") <= 2 else ".../" + "/".join(path.rsplit("/", 2)[1:])
+
+    return _ABS_PATH.sub(shorten, text)
 
 
 def clock(t: float | None) -> str:
@@ -159,13 +177,13 @@ def render(report: Report, run_dir: Path, note: str = "", console: Console | Non
         for step, reason in seg.checkpoints_skipped:
             console.print(f"[yellow]checkpoint skipped[/] segment {i} ({escape(seg.job_id)}."
                           f"{seg.restart_count}): step {'-' if step is None else step} at load: "
-                          + escape(reason or "no reason recorded"))
+                          + escape(short_paths(reason or "no reason recorded", run_dir)))
         if seg.resume_diverged is not None:  # the resumed run is not the one that was interrupted
             d = seg.resume_diverged
-            site = f" at {d['site']}" if d["site"] else ""
+            site = f" at {short_paths(d['site'], run_dir)}" if d["site"] else ""
             console.print(f"[red]resume diverged[/] segment {i} ({escape(seg.job_id)}.{seg.restart_count}): "
                           + escape(f"step {'-' if d['step'] is None else d['step']} ({d['cause'] or 'no cause recorded'}){site}: "
-                                   f"{d['message'] or 'no message recorded'}"))
+                                   + short_paths(d["message"] or "no message recorded", run_dir)))
     if report.faults:
         console.print(_faults(report))
         _evidence(report, console)

@@ -245,12 +245,14 @@ def test_a_batch_drawn_before_the_run_is_caught_at_the_first_redone_step(tmp_pat
     result = CliRunner().invoke(app, ["status", str(run_dir), "--no-slurm"], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     shown = " ".join(result.output.split())
-    assert (f"resume diverged segment 1 (77.1): step 4 (stale_inputs) at {__file__}:{line_of('(DRAW-LINE)')}: "
-            "step 4, the first after the resume") in shown, result.output
+    # the path shortened to its last two parts (a terminal 80 columns wide; --json has it whole)
+    assert (f"resume diverged segment 1 (77.1): step 4 (stale_inputs) at .../unit/test_run_local.py:"
+            f"{line_of('(DRAW-LINE)')}: step 4, the first after the resume") in shown, result.output
     assert "resume diverged segment 0" not in shown, result.output
     result = CliRunner().invoke(app, ["status", str(run_dir), "--no-slurm", "--json"])
     segments = json.loads(result.output)["segments"]
     assert [seg["resume_diverged"] and seg["resume_diverged"]["cause"] for seg in segments] == [None, "stale_inputs"]
+    assert segments[1]["resume_diverged"]["site"] == f"{__file__}:{line_of('(DRAW-LINE)')}"
 
 
 @pytest.mark.timeout(60)
