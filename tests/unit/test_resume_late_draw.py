@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from slurmft import exitcodes
 from slurmft.journal import read_events
 from slurmft.rundir import RunDir
-from slurmft.train import CheckpointConfig, ResumeDivergenceWarning, Run, RunConfig
+from slurmft.train import CheckpointConfig, GuardConfig, ResumeDivergenceWarning, Run, RunConfig
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURMFT_RUN_DIR",
             "SLURM_RESTART_COUNT")
@@ -35,14 +35,14 @@ def line_of(marker: str) -> int:
         return next(i for i, line in enumerate(f, 1) if marker in line and "line_of(" not in line)
 
 
-def loop(run_dir, *, augment: bool, signal_at: int | None = None) -> dict[int, float]:
+def loop(run_dir, *, augment: bool, signal_at: int | None = None, nan_at: int | None = None) -> dict[int, float]:
     """The review's loop (/work/reports/review30_late_draw.py); the losses by step."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     losses: dict[int, float] = {}
     with Run(model, optimizer, run_dir=run_dir, checkpoint=CheckpointConfig(interval=3),
-             config=RunConfig(watchdog=False, log_every=1)) as run:
+             guards=GuardConfig(action="rollback"), config=RunConfig(watchdog=False, log_every=1)) as run:
         with torch.no_grad():
             model(torch.randn(16, 4))  # an evaluation before the loop, global RNG (EVAL-BEFORE)
         for step in run.steps(12):
@@ -51,6 +51,9 @@ def loop(run_dir, *, augment: bool, signal_at: int | None = None) -> dict[int, f
                 x = x + 0.1 * torch.randn(8, 4)  # every 4th step, global RNG (AUGMENT)
             loss = F.mse_loss(model(x), x.sum(dim=1, keepdim=True))
             loss.backward()
+            if step == nan_at:
+                nan_at = None  # once: the replayed step is fine
+                loss = loss * float("nan")
             run.report(loss=loss)
             optimizer.step()
             optimizer.zero_grad()
@@ -64,7 +67,8 @@ def ours(caught) -> list[warnings.WarningMessage]:
     return [w for w in caught if issubclass(w.category, ResumeDivergenceWarning)]
 
 
-def preempted_and_resumed(run_dir, monkeypatch, augment: bool) -> tuple[dict[int, float], list]:
+def preempted_and_resumed(run_dir, monkeypatch, augment: bool, nan_at: int | None = None
+                          ) -> tuple[dict[int, float], list]:
     with pytest.raises(SystemExit) as ended, warnings.catch_warnings(record=True):
         warnings.simplefilter("always")  # a fresh start: the first test asserts its warning
         loop(run_dir, augment=augment, signal_at=5)
@@ -72,7 +76,7 @@ def preempted_and_resumed(run_dir, monkeypatch, augment: bool) -> tuple[dict[int
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        resumed = loop(run_dir, augment=augment)
+        resumed = loop(run_dir, augment=augment, nan_at=nan_at)
     return resumed, ours(caught)
 
 
@@ -113,3 +117,17 @@ def test_a_draw_before_the_loop_that_no_step_reads_is_not_reported(tmp_path, mon
     assert warned == []
     assert read_events(RunDir(run_dir).events, ["resume_diverged"]) == []
     assert all(resumed[s] == reference[s] for s in resumed), (resumed, reference)
+
+
+@pytest.mark.timeout(120)
+def test_a_rollback_to_the_restored_checkpoint_does_not_count_as_a_draw(tmp_path, monkeypatch):
+    # The held verdict compares the moved generators with their state at the loop's start; a guard
+    # rollback to the checkpoint the segment restored puts back the state from before the window's
+    # draw, which is no step drawing (nothing is read from the global RNG here): no warning.
+    run_dir = tmp_path / "run"
+    resumed, warned = preempted_and_resumed(run_dir, monkeypatch, augment=False, nan_at=8)
+    (rollback,) = read_events(RunDir(run_dir).events, ["rollback"])
+    restored = min(resumed) - 1
+    assert (rollback.get("from_step"), rollback.get("to_step")) == (8, restored), rollback.fields
+    assert warned == []
+    assert read_events(RunDir(run_dir).events, ["resume_diverged"]) == []
