@@ -38,6 +38,9 @@ class IntervalError(ValueError):
 # a checkpoint cost or a step time is at most numbers.MAX_SECONDS (~11.6 days).
 MAX_MTBF_S = 1e12
 MAX_NODES = 1_000_000
+# The smallest duration taken: below it 2 x cost x MTBF can underflow to 0 and Daly's interval
+# come out as -cost (a fuzzed --cost 1e-200 --mtbf 5.7e-198 did); no real cost or MTBF is near it.
+LEAST_S = 1e-6
 
 
 def positive(name: str, value: float | int | None, unit: str = "seconds",
@@ -49,14 +52,16 @@ def positive(name: str, value: float | int | None, unit: str = "seconds",
     number = numbers.finite(value)
     if number is None or number <= 0:
         raise IntervalError(f"{name} must be a positive number of {unit}, got {numbers.shown(value)}")
+    if number < LEAST_S:
+        raise IntervalError(f"{name} must be at least {LEAST_S:g} {unit}, got {numbers.shown(value)}")
     if number > most:
         raise IntervalError(f"{name} must be at most {most:g} {unit}, got {numbers.shown(value)}")
     return number
 
 
 def young(cost_s: float, mtbf_s: float) -> float:
-    """Young's interval sqrt(2 C M)."""
-    return math.sqrt(2.0 * cost_s * mtbf_s)
+    """Young's interval sqrt(2 C M) (two roots: the product of two tiny durations underflows)."""
+    return math.sqrt(2.0 * cost_s) * math.sqrt(mtbf_s)
 
 
 def daly(cost_s: float, mtbf_s: float) -> float:
@@ -64,7 +69,7 @@ def daly(cost_s: float, mtbf_s: float) -> float:
     if cost_s >= 2.0 * mtbf_s:
         return mtbf_s
     ratio = cost_s / (2.0 * mtbf_s)
-    return math.sqrt(2.0 * cost_s * mtbf_s) * (1.0 + math.sqrt(ratio) / 3.0 + ratio / 9.0) - cost_s
+    return young(cost_s, mtbf_s) * (1.0 + math.sqrt(ratio) / 3.0 + ratio / 9.0) - cost_s
 
 
 @dataclass(frozen=True)

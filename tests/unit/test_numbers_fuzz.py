@@ -17,7 +17,7 @@ import math
 import string
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from slurmft import numbers
@@ -214,6 +214,9 @@ def test_status_and_interval_over_any_journal_show_the_run_or_say_what_is_missin
 @FEW
 @given(cost=hostile_numbers, mtbf=hostile_numbers, step=st.one_of(st.none(), hostile_numbers),
        nodes=st.one_of(st.none(), hostile_numbers))
+# Found by this test in a run (2 x cost x MTBF underflowed to 0: Daly's interval came out -cost).
+@example(cost=1e-200, mtbf=5.69e-198, step=None, nodes=None)
+@example(cost=1e-200, mtbf=5.69e-192, step=None, nodes=1e6)
 def test_any_interval_inputs_give_finite_intervals_or_name_the_option(cost, mtbf, step, nodes):
     from slurmft.interval import IntervalError, compute
 
