@@ -38,9 +38,6 @@ class IntervalError(ValueError):
 # a checkpoint cost or a step time is at most numbers.MAX_SECONDS (~11.6 days).
 MAX_MTBF_S = 1e12
 MAX_NODES = 1_000_000
-# The smallest duration taken: below it 2 x cost x MTBF can underflow to 0 and Daly's interval
-# come out as -cost (a fuzzed --cost 1e-200 --mtbf 5.7e-198 did); no real cost or MTBF is near it.
-LEAST_S = 1e-6
 
 
 def positive(name: str, value: float | int | None, unit: str = "seconds",
@@ -52,8 +49,6 @@ def positive(name: str, value: float | int | None, unit: str = "seconds",
     number = numbers.finite(value)
     if number is None or number <= 0:
         raise IntervalError(f"{name} must be a positive number of {unit}, got {numbers.shown(value)}")
-    if number < LEAST_S:
-        raise IntervalError(f"{name} must be at least {LEAST_S:g} {unit}, got {numbers.shown(value)}")
     if number > most:
         raise IntervalError(f"{name} must be at most {most:g} {unit}, got {numbers.shown(value)}")
     return number
