@@ -17,20 +17,18 @@ are summed; a segment's median gap is taken over its first ``MAX_GAPS`` gaps.
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurmft import exitcodes, journal, safeio
-from slurmft.journal import Event, parse_line
+from slurmft import exitcodes, journal
+from slurmft.journal import Event
+from slurmft.watch.follow import JournalFollower
 
 FROZEN_COMMITS = 32
 MAX_GAPS = 8192
 MAX_SUBMITS = 256
-MAX_CHUNK = 8 * 1024 * 1024
-MAX_LINE = 64 * 1024
 Key = tuple[str, int]
 
 
@@ -143,55 +141,20 @@ class EttrAccumulator:
         return productive / wall if wall > 0 else None
 
 
-class EttrTail:
+class EttrTail(JournalFollower):
     """An ``EttrAccumulator`` fed from ``path``'s lines appended since the last ``poll``; a
     journal replaced or truncated is read again from its start."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.identity: tuple[int, int] | None = None
-        self.offset = 0
+        super().__init__(path)
         self.acc = EttrAccumulator()
-        self._partial = b""
 
     def poll(self) -> EttrAccumulator:
-        try:
-            seen = os.lstat(self.path)
-        except OSError:
-            return self.acc
-        if (seen.st_dev, seen.st_ino) == self.identity and seen.st_size == self.offset:
-            return self.acc
-        try:
-            fd, info = safeio.open_regular(self.path)
-        except OSError:
-            return self.acc
-        try:
-            if (info.st_dev, info.st_ino) != self.identity or info.st_size < self.offset:
-                self.identity, self.offset, self._partial = (info.st_dev, info.st_ino), 0, b""
-                self.acc = EttrAccumulator()
-            while self.offset < info.st_size:
-                chunk = os.pread(fd, min(MAX_CHUNK, info.st_size - self.offset), self.offset)
-                if not chunk:
-                    break
-                self.offset += len(chunk)
-                self._feed(chunk)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        self._follow()
         return self.acc
 
-    def _feed(self, chunk: bytes) -> None:
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > MAX_LINE:
-            self._partial = b""
-        for raw in lines:
-            if not raw.strip() or len(raw) > MAX_LINE:
-                continue
-            try:
-                event = parse_line(raw.decode("utf-8", errors="replace"))
-            except (RecursionError, ValueError):
-                event = None
-            if event is not None:
-                self.acc.add(event)
+    def _restart(self) -> None:
+        self.acc = EttrAccumulator()
+
+    def _event(self, event: Event, raw: bytes) -> None:
+        self.acc.add(event)

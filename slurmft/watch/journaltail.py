@@ -2,23 +2,19 @@
 byte offset (a cycle costs the new lines, not the whole history of a weeks-long run; a journal
 that exists but cannot be read is "could not observe") and keeps ``JournalSummary`` up to date
 line by line: segment starts and ends, commits, requeue requests, self-requeues, preemptions.
-The journal is untrusted: opened without following a symlink, a regular file only, read in
-bounded chunks, a line past ``MAX_LINE`` dropped.
+The reading itself (untrusted journal, bounded chunks, replaced or truncated journals) is
+``follow.JournalFollower``'s.
 """
 
 from __future__ import annotations
 
-import errno
-import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurmft import exitcodes, journal, safeio
-from slurmft.journal import Event, parse_line
-
-MAX_JOURNAL_CHUNK = 8 * 1024 * 1024
-MAX_LINE = 64 * 1024
+from slurmft import exitcodes, journal
+from slurmft.journal import Event
+from slurmft.watch.follow import JournalFollower
 _KEEP_COMMITS = 32
 MAX_KEPT_LINES = 4096  # journal lines a --once invocation hands to the next
 
@@ -103,81 +99,37 @@ class JournalSummary:
         return None
 
 
-class JournalTail:
+class JournalTail(JournalFollower):
     """Follows one run's ``events.jsonl`` from a byte offset; lines are parsed as they arrive."""
 
     def __init__(self, path: Path, *, keep_lines: bool = False) -> None:
         """``keep_lines``: also keep the lines the summary is made of (every line but the
         losses, the newest of those, up to ``MAX_KEPT_LINES``) so that ``save`` can hand the
         place in the journal to the next ``--once`` invocation."""
-        self.path = path
-        self.offset = 0
-        self.identity: tuple[int, int] | None = None
+        super().__init__(path)
         self.summary = JournalSummary()
-        self._partial = b""
         self._kept: deque[bytes] | None = deque(maxlen=MAX_KEPT_LINES) if keep_lines else None
         self._last_loss = b""
-        # False when the last poll could not read the journal (it exists, but the filesystem or
-        # its type refused: an NFS ESTALE, EIO, a FIFO): the summary is then older than the run,
-        # and deciding on it could take a planned end for a fault (could not observe, not absent).
-        self.observed = True
 
     def poll(self) -> JournalSummary:
         """The summary with the lines appended since the last poll; a journal whose identity
         and size have not changed costs one ``lstat``."""
-        self.observed = True
-        try:
-            seen = os.lstat(self.path)
-        except OSError as exc:
-            self.observed = exc.errno == errno.ENOENT  # none yet: nothing to read is the truth
-            return self.summary
-        if (seen.st_dev, seen.st_ino) == self.identity and seen.st_size == self.offset:
-            return self.summary
-        try:
-            fd, info = safeio.open_regular(self.path)
-        except OSError:
-            self.observed = False
-            return self.summary
-        try:
-            identity = (info.st_dev, info.st_ino)
-            if identity != self.identity or info.st_size < self.offset:  # replaced or truncated
-                self.identity, self.offset, self._partial = identity, 0, b""
-                self.summary = JournalSummary()
-                if self._kept is not None:
-                    self._kept.clear()
-                self._last_loss = b""
-            while self.offset < info.st_size:
-                chunk = os.pread(fd, min(MAX_JOURNAL_CHUNK, info.st_size - self.offset), self.offset)
-                if not chunk:
-                    break
-                self.offset += len(chunk)
-                self._feed(chunk)
-        except OSError:
-            self.observed = False
-        finally:
-            os.close(fd)
+        self._follow()
         return self.summary
 
-    def _feed(self, chunk: bytes) -> None:
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > MAX_LINE:  # a line without end: drop it, keep going
-            self._partial = b""
-        for raw in lines:
-            if not raw.strip() or len(raw) > MAX_LINE:
-                continue
-            try:
-                event = parse_line(raw.decode("utf-8", errors="replace"))
-            except (RecursionError, ValueError):
-                event = None
-            if event is not None:
-                self.summary.add(event)
-                if self._kept is not None:
-                    if event.kind == journal.LOSS:
-                        self._last_loss = raw
-                    else:
-                        self._kept.append(raw)
+    def _restart(self) -> None:
+        self.summary = JournalSummary()
+        if self._kept is not None:
+            self._kept.clear()
+        self._last_loss = b""
+
+    def _event(self, event: Event, raw: bytes) -> None:
+        self.summary.add(event)
+        if self._kept is not None:
+            if event.kind == journal.LOSS:
+                self._last_loss = raw
+            else:
+                self._kept.append(raw)
 
     def kept_lines(self) -> list[bytes]:
         """With ``keep_lines``: the lines the summary is made of, in journal order (enough to

@@ -21,7 +21,8 @@ from typing import Any
 from slurmft import numbers, safeio
 from slurmft.rundir import RunDir
 from slurmft.watch.filecache import DoneCache, HeartbeatCache, RunFilesCache, settled, signature
-from slurmft.watch.journaltail import MAX_KEPT_LINES, MAX_LINE, JournalSummary, JournalTail
+from slurmft.watch.follow import MAX_LINE
+from slurmft.watch.journaltail import MAX_KEPT_LINES, JournalSummary, JournalTail
 
 __all__ = ["MAX_KEPT_LINES", "MAX_LINE", "Beat", "Heartbeats", "JournalSummary", "JournalTail",
            "done_for", "read_done", "read_heartbeats", "read_regular", "read_run_files",

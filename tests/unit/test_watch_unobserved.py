@@ -13,7 +13,7 @@ import os
 
 from slurmft.journal import read_events
 from slurmft.slurm.client import JobState
-from slurmft.watch import journaltail, runview
+from slurmft.watch import follow, runview
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.runwatch import RunWatch
 from slurmft.watch.state import FINISHED, WATCHING, RunState
@@ -129,7 +129,7 @@ def test_a_journal_that_cannot_be_read_is_not_observed_and_nothing_is_decided(tm
             return real_lstat(path, *args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(journaltail, "os", StaleJournal())
+        m.setattr(follow, "os", StaleJournal())
         w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 100)
     assert client.calls == [] and w.state.restarts_by_cause == {}
     w.step(job(JobState.PENDING, restart=1, nodes=()), NODES, T0 + 105)
