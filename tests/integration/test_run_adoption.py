@@ -56,7 +56,7 @@ def test_adopted_plain_loop_survives_preemption_and_crash_bit_for_bit(slurm_clus
         events = events_until(run, lambda ev: any(
             e.get("restart_count") == 1 and e.get("step", 0) >= preempted_at + 7
             for e in of(ev, "checkpoint_committed")), 90, "a checkpoint after the resume", context=ctx)
-        assert kill_ranks(job.job_id, SCRIPT) >= 2  # a crash: no handler, no emergency save
+        assert kill_ranks(slurm_cluster, job.job_id, SCRIPT) >= 2  # a crash: no handler, no emergency save
         committed = max(e.get("step") for e in of(job.events(), "checkpoint_committed"))
         events_until(run, lambda ev: len(of(ev, "job_running")) == 2, 90,
                      "the watcher starting the crashed job again", context=ctx)

@@ -26,7 +26,7 @@ def test_crashed_three_node_run_resumes_on_two_nodes(slurm_cluster, tmp_path):
     first.wait_for(lambda j: any(e.get("step") == 10 for e in first.events(["checkpoint_committed"])),
                    90, "checkpoint of step 10")
     first.wait_step(12, timeout=30)
-    assert kill_ranks(first.job_id) >= 3  # a crash: no handler, no emergency save
+    assert kill_ranks(slurm_cluster, first.job_id) >= 3  # a crash: no handler, no emergency save
     crashed = first.wait_finished(timeout=60)
     assert crashed.state is JobState.FAILED and crashed.restart_count == 0
     # From the disk: a kill between a commit and its journal line leaves a commit the journal lacks.

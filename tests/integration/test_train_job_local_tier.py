@@ -32,7 +32,7 @@ def test_node_killed_during_the_copy_to_the_run_dir_resumes_from_the_local_tier(
                    "both ranks paused in the copy of step 10 to the run dir")
     survivor, victim = first.state().nodes
     slurm_cluster.kill_node(victim)  # its slurmd, its slurmstepd, its rank: SIGKILL
-    kill_ranks(first.job_id)
+    kill_ranks(slurm_cluster, first.job_id)
     first.client.cancel(first.job_id)
     first.wait_finished(timeout=120)
     assert RunDir(run).committed_steps() == [5]

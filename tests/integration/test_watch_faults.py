@@ -107,7 +107,7 @@ def test_controller_restart_while_watching_is_waited_out(slurm_cluster, tmp_path
         slurm_cluster._restart_dead_services(60)
         _wait_text(watcher, "Slurm answers again", 120)
         assert not of(job.events(), "fault_detected")  # an outage is not a fault of the job
-        assert kill_ranks(job.job_id) >= 2
+        assert kill_ranks(slurm_cluster, job.job_id) >= 2
         events = events_until(run, lambda ev: of(ev, "job_running"), 120, "job running again",
                               context=ctx)
         assert [e.get("cause") for e in of(events, "fault_detected")] == ["crash"]
@@ -129,7 +129,7 @@ def test_crash_loop_is_held_after_n_restarts_without_progress(slurm_cluster, tmp
             events_until(run, lambda ev: any(e.get("restart_count") == restart and e.get("step", 0) >= 2
                                              for e in of(ev, "loss")), 120, f"training in restart {restart}",
                          context=ctx)
-            assert kill_ranks(job.job_id) >= 1
+            assert kill_ranks(slurm_cluster, job.job_id) >= 1
             if restart < 2:
                 events_until(run, lambda ev: len(of(ev, "job_running")) > restart, 90,
                              "job running again", context=ctx)
@@ -159,7 +159,7 @@ def test_two_jobs_watched_at_once_only_the_faulty_one_is_touched(slurm_cluster, 
     try:
         events_until(tmp_path / "a", lambda ev: 5 in _committed(ev), 120, "a's checkpoint", context=ctx)
         assert f"watching job {a.job_id}" in watcher.text() and f"watching job {b.job_id}" in watcher.text()
-        assert kill_ranks(a.job_id) >= 1
+        assert kill_ranks(slurm_cluster, a.job_id) >= 1
         events_until(tmp_path / "a", lambda ev: of(ev, "job_running"), 120, "a running again",
                      context=ctx)
         for run in (tmp_path / "a", tmp_path / "b"):

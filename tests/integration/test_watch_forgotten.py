@@ -78,7 +78,7 @@ def test_a_job_forgotten_while_no_watcher_ran_is_resubmitted_and_resumes(forgetf
         events_until(run, lambda ev: 5 in _committed(ev) and any(
             e.get("step", 0) >= 7 for e in of(ev, "loss")), 120, "step 7 after checkpoint 5",
             context=ctx)
-        assert kill_ranks(old) >= 1
+        assert kill_ranks(cluster, old) >= 1
         ended = observe_until(job.client, old, lambda j: j.state.finished, 60, "end", context=ctx)
         assert ended.state is JobState.FAILED and ended.restart_count == 0, ended
         ended_at = time.monotonic()
@@ -177,7 +177,7 @@ def test_a_forgotten_array_task_is_resubmitted_alone_and_followed_under_either_i
             time.sleep(0.5)
         watchers[0].kill(signal.SIGINT)
         events_until(run, lambda ev: 5 in _committed(ev), 120, "checkpoint 5", context=ctx)
-        assert kill_ranks(observe_until(client, old, lambda j: True, 10, "task").raw_job_id) >= 1
+        assert kill_ranks(cluster, observe_until(client, old, lambda j: True, 10, "task").raw_job_id) >= 1
         observe_until(client, old, lambda j: j.state.finished, 60, "end", context=ctx)
         _wait_forgotten(cluster, old, _min_job_age_s(cluster) + 75)
 

@@ -63,7 +63,7 @@ def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_p
     try:
         events_until(run, lambda ev: 10 in _committed(ev) and any(
             e.get("step", 0) >= 12 for e in of(ev, "loss")), 120, "step 12", context=ctx)
-        assert kill_ranks(job.job_id) >= 2  # an ordinary crash: torchrun reports exit 1
+        assert kill_ranks(slurm_cluster, job.job_id) >= 2  # an ordinary crash: torchrun reports exit 1
         killed_at = time.time()
         committed = _committed(job.events())
         events = events_until(run, lambda ev: of(ev, "job_running"), 90, "job running again",

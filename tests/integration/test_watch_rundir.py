@@ -64,7 +64,7 @@ def test_a_second_job_in_the_same_run_dir_is_a_new_epoch_watched_crashed_and_rec
         events_until(run, lambda ev: any(e.get("job_id") == second.job_id and e.get("step", 0) >= 15
                                          for e in of(ev, "checkpoint_committed")), 150,
                      "job 2's checkpoint at step 15", context=ctx)
-        assert kill_ranks(second.job_id) >= 1
+        assert kill_ranks(slurm_cluster, second.job_id) >= 1
         events_until(run, lambda ev: of(ev, "job_running", job_id=second.job_id), 120,
                      "job 2 running again", context=ctx)
         final = observe_until(second.client, second.job_id, lambda j: j.state.finished, 200, "end",

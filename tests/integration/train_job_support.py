@@ -91,9 +91,13 @@ class TrainJob:
             time.sleep(0.3)
 
 
-def kill_ranks(job_id: str, script: Path = EXAMPLE) -> int:
-    """kill -9 every training rank of ``job_id`` running ``script`` (a crash: no handler runs);
-    returns how many."""
+def kill_ranks(cluster, job_id: str, script: Path = EXAMPLE) -> int:
+    """kill -9 every training rank of ``cluster``'s job ``job_id`` running ``script`` (a crash:
+    no handler runs); returns how many. The cluster's name is part of the match: every xdist
+    worker's devcluster numbers its jobs from 1, and a kill by job id alone killed another
+    worker's job of the same number (seen: a healthy run in test_watch_planned crashed by
+    test_run_adoption's kill on another cluster)."""
+    mine = [f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_CLUSTER_NAME={cluster.cluster_name}".encode()]
     killed = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -105,7 +109,7 @@ def kill_ranks(job_id: str, script: Path = EXAMPLE) -> int:
             continue
         argv = cmdline.split(b"\0")
         # A rank is `python -u train_gpt.py ...` (torchrun and the bash wrapper name it later).
-        if f"SLURM_JOB_ID={job_id}".encode() in environ and str(script).encode() in argv[1:3]:
+        if all(var in environ for var in mine) and str(script).encode() in argv[1:3]:
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
