@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import sys
 import time
@@ -35,7 +36,38 @@ MAX_OUTPUT = 1 << 20      # bytes of a child's output we keep
 MAX_REPORT = 1 << 20
 
 
-def free_port() -> int:
+# The rendezvous port is found free here and bound by torchrun's store seconds later. A port the
+# kernel hands out for port 0 lies in its ephemeral range, where any outbound connection on the
+# node may take it in between (seen: EADDRINUSE for the store, 4 devclusters' traffic on one box);
+# one below that range can be taken only by another listener.
+LISTEN_LOW = 10000
+PORT_TRIES = 64
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        low = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return low if 1024 < low <= 65535 else 32768
+
+
+def free_port(rng: random.Random | None = None) -> int:
+    """A TCP port free on this node for listening: a random one below the ephemeral range when
+    one of ``PORT_TRIES`` is free there, else one the kernel picks."""
+    rng = rng or random.SystemRandom()
+    high = ephemeral_low() - 1
+    if high > LISTEN_LOW:
+        for _ in range(PORT_TRIES):
+            port = rng.randint(LISTEN_LOW, high)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]

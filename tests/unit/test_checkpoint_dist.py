@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +22,16 @@ from slurmft.rundir import RunDir
 from slurmft.checkpoint.manifest import read_manifest, verify_checkpoint
 from slurmft.checkpoint.tiers import local_checkpoints, read_tier_index
 from slurmft.checkpoint.writer import FAULT_DELAY_ENV, FAULT_ENV, FAULT_MARK_ENV, PHASES
+from slurmft.launch import nodecheck
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "ckpt_worker.py"
 COMMITTED_AT = {"renamed", "committed"}  # phases at which the paused save is already committed
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """Below the ephemeral range: a port bound later by the ranks, which another worker's
+    connections must not take in between (slurmft.launch.nodecheck.free_port)."""
+    return nodecheck.free_port()
 
 
 def start(world: int, args: list[str], extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:

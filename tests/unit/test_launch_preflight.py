@@ -3,6 +3,8 @@ excludes a node; a busy sweep is waited for (bounded) or its fresh report used."
 
 import json
 import os
+import random
+import socket
 import time
 
 import pytest
@@ -185,3 +187,25 @@ def test_a_one_node_job_failing_the_same_job_check_on_a_second_node_is_the_jobs_
     disk = preflight.parse("FAIL n2 disk: 0 GiB free\nDONE n2", ("n2",), rc=0)
     assert preflight.jobs_own_failure(disk, ("n2",), earlier) is None  # another check: n2's own
     assert preflight.earlier_failures(tmp_path / "absent", ident) == {}
+
+
+def test_the_rendezvous_port_is_free_and_below_the_ephemeral_range():
+    """A port from the ephemeral range (what binding port 0 gives) can be taken by any outbound
+    connection between the pre-flight and torchrun's bind: the store failed with EADDRINUSE so."""
+    low = nodecheck.ephemeral_low()
+    for seed in range(20):
+        port = nodecheck.free_port(random.Random(seed))
+        assert nodecheck.LISTEN_LOW <= port < low
+        with socket.socket() as sock:
+            sock.bind(("", port))  # free: it can be listened on
+
+
+def test_a_taken_port_is_not_offered(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        busy = taken.getsockname()[1]
+        taken.listen()
+        monkeypatch.setattr(nodecheck, "LISTEN_LOW", busy)
+        monkeypatch.setattr(nodecheck, "ephemeral_low", lambda: busy + 2)  # candidates: busy, busy + 1
+        for seed in range(10):
+            assert nodecheck.free_port(random.Random(seed)) != busy

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,14 +21,15 @@ import pytest
 from slurmft import exitcodes
 from slurmft.journal import read_events
 from slurmft.rundir import RunDir, read_done
+from slurmft.launch import nodecheck
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """Below the ephemeral range: a port bound later by the ranks, which another worker's
+    connections must not take in between (slurmft.launch.nodecheck.free_port)."""
+    return nodecheck.free_port()
 
 
 def _alive(pid: int) -> bool:

@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from slurmft.train.preemption import PreemptionHandler
+from slurmft.launch import nodecheck
 
 
 def _worker(rank, world, port, signal_rank, signal_step, check_every, results):
@@ -31,11 +32,10 @@ def _worker(rank, world, port, signal_rank, signal_step, check_every, results):
         dist.destroy_process_group()
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port() -> int:
+    """Below the ephemeral range: a port bound later by the ranks, which another worker's
+    connections must not take in between (slurmft.launch.nodecheck.free_port)."""
+    return nodecheck.free_port()
 
 
 @pytest.mark.timeout(120)
