@@ -20,7 +20,15 @@ NO_REQUEUE = 86
 HANG = 87
 """The step-time watchdog fired: a step (often a collective) hung; stacks are in the job log."""
 
-NAMES: dict[int, str] = {OK: "OK", REQUEUE: "REQUEUE", NO_REQUEUE: "NO_REQUEUE", HANG: "HANG"}
+REFORM = 88
+"""In-allocation mode: the allocation's generation moved past the one this rank started in (the
+launcher fenced a node or decided a restart), so the rank ended itself at once instead of waiting
+in a collective that cannot be aborted (gloo) until the process-group timeout. Not a failure of
+the run: the launcher re-forms the world in the allocation (a spare, a smaller world, or the same
+nodes again) and the ranks resume from the newest valid checkpoint."""
+
+NAMES: dict[int, str] = {OK: "OK", REQUEUE: "REQUEUE", NO_REQUEUE: "NO_REQUEUE", HANG: "HANG",
+                         REFORM: "REFORM"}
 
 
 def describe(code: int) -> str:

@@ -74,6 +74,10 @@ CHECKPOINT_SKIPPED = "checkpoint_skipped"  # step, reason: damaged, passed over 
 # user's line that drew, when traced); loss and journaled for cause loss: the first divergence of a
 # resumed run from the interrupted one (train/resume_audit.py, from resume_check.py and redo_check.py)
 RESUME_DIVERGED = "resume_diverged"
+# Rank 0, when the first step of a segment ends: what the (re)start cost, by phase. Wall times
+# (unix s) process_start, torch_imported, run_started, checkpoint_loaded, first_step_done; their
+# differences as *_s; tier (where the checkpoint was read from), restored_step, load_bytes.
+RESTART_PHASES = "restart_phases"
 # Written by the launcher when it wants a requeue it cannot do itself (no scontrol in the job):
 # reason, exclude (node names the pre-flight failed). `slurmft watch` carries it out.
 REQUEUE_REQUEST = "requeue_request"
@@ -231,7 +235,8 @@ def _flush_at_exit(ref: "weakref.ref[Journal]") -> None:
 
 
 class Journal:
-    """The journal of one run directory, stamped with the job id and restart count of this writer.
+    """The journal of one run directory, stamped with the job id and restart count of this writer,
+    and with ``attempt`` (torchrun's restart count inside one job segment) when one is given.
 
     ``buffered_kinds`` are kept in memory until the next durable event, ``flush_every_events``
     of them, the oldest being ``flush_every_s`` old, ``flush()`` or interpreter exit; every other
@@ -239,13 +244,15 @@ class Journal:
     """
 
     def __init__(self, run_dir: RunDir | Path, *, job_id: str | None = None,
-                 restart_count: int | None = None, buffered_kinds: Iterable[str] = BUFFERED_KINDS,
+                 restart_count: int | None = None, attempt: int | None = None,
+                 buffered_kinds: Iterable[str] = BUFFERED_KINDS,
                  flush_every_events: int = JournalConfig.flush_every_events,
                  flush_every_s: float = JournalConfig.flush_every_s) -> None:
         JournalConfig(flush_every_events, flush_every_s)  # validates both
         self.run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
         self.job_id = job_id
         self.restart_count = restart_count
+        self.attempt = attempt
         self.buffered_kinds = frozenset(buffered_kinds)
         self.flush_every_events = flush_every_events
         self.flush_every_s = flush_every_s
@@ -264,7 +271,9 @@ class Journal:
         return len(self._pending)
 
     def append(self, kind: str, /, **fields: Any) -> None:
-        stamped = {"job_id": self.job_id, "restart_count": self.restart_count}
+        stamped: dict[str, Any] = {"job_id": self.job_id, "restart_count": self.restart_count}
+        if self.attempt is not None:
+            stamped["attempt"] = self.attempt
         stamped.update(fields)
         line = encode_event(kind, stamped)  # validated (and timestamped) now, even if written later
         with self._lock:

@@ -27,6 +27,9 @@ WATCH = "watch"
 DONE = "DONE"
 CKPT_TIERS = "ckpt_tiers.json"  # which nodes' local tiers hold which steps (slurmft.checkpoint.tiers)
 CLAIM = "claim.json"  # which job (array task) runs in the run dir now (slurmft.launch.claim)
+# In-allocation mode: the launcher's view of the allocation (generation, active, spares, fenced),
+# written by the launcher on the batch host, read by the ranks (slurmft.train.alloc_watch).
+ALLOCATION = "allocation.json"
 STEP_PREFIX = "step_"
 TMP_MARK = ".tmp-"
 STEP_DIGITS = 9
@@ -101,6 +104,10 @@ class RunDir:
     @property
     def claim(self) -> Path:
         return self.root / CLAIM
+
+    @property
+    def allocation(self) -> Path:
+        return self.root / ALLOCATION
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / step_dirname(step)

@@ -42,14 +42,15 @@ class _Phase:
 class Heartbeat:
     """Call ``beat(step)`` after every step on every rank; only node leaders write, in wall time.
 
-    run_dir, node: the file is ``<run_dir>/heartbeat/<node>.json``. job_id, restart_count: written
-    in each beat. interval_s: seconds between writes at step boundaries (10; a step longer than
-    that beats at each boundary). enabled: False on all but local rank 0 (True). clock: the wall
-    clock written as ``time`` (``time.time``); monotonic: the clock step durations are measured on
-    (``time.monotonic``, immune to NTP steps).
+    run_dir, node: the file is ``<run_dir>/heartbeat/<node>.json``. job_id, restart_count, attempt
+    (torchrun's restart count of the workers): written in each beat. interval_s: seconds between
+    writes at step boundaries (10; a step longer than that beats at each boundary). enabled: False
+    on all but local rank 0 (True). clock: the wall clock written as ``time`` (``time.time``);
+    monotonic: the clock step durations are measured on (``time.monotonic``, immune to NTP steps).
     """
 
     def __init__(self, run_dir: RunDir, node: str, *, job_id: str | None, restart_count: int,
+                 attempt: int = 0,
                  interval_s: float = DEFAULT_INTERVAL_S, enabled: bool = True,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -61,6 +62,7 @@ class Heartbeat:
         self.node = node
         self.job_id = job_id
         self.restart_count = restart_count
+        self.attempt = attempt
         self.interval_s = interval_s
         self.enabled = enabled
         self._clock = clock
@@ -131,6 +133,7 @@ class Heartbeat:
             "node": self.node,
             "job_id": self.job_id,
             "restart_count": self.restart_count,
+            "attempt": self.attempt,
             "pid": os.getpid(),
             "step": self._step,
             "time": self._clock(),

@@ -159,7 +159,7 @@ class Run(StepBoundary, RunEndings):
         self._started = True
         # Before the restore: the load announces itself in it, and its first beat says the run beats.
         self.heartbeat = Heartbeat(self.run_dir, self.env.node, job_id=self.env.job_id,
-                                   restart_count=self.env.restart_count,
+                                   restart_count=self.env.restart_count, attempt=self.env.attempt,
                                    interval_s=self.config.heartbeat_interval_s,
                                    enabled=self.env.is_node_leader)
         self._checkpoints = CheckpointManager(

@@ -33,7 +33,8 @@ def fail(message: str, run_dir: str | Path | None = None, env: JobEnv | None = N
             events = RunDir(Path(run_dir)).events
             if env.is_rank0 and events.parent.is_dir():
                 journal.append_event(events, journal.SEGMENT_END, job_id=env.job_id,
-                                     restart_count=env.restart_count, exit_code=exitcodes.NO_REQUEUE,
+                                     restart_count=env.restart_count, attempt=env.attempt,
+                                     exit_code=exitcodes.NO_REQUEUE,
                                      outcome=exitcodes.describe(exitcodes.NO_REQUEUE), reason=message)
         except (JobEnvError, OSError, ValueError):
             pass  # the line above is all that can be said: the job ends as a crash (exit 1 or 86)

@@ -2,11 +2,14 @@
 
 ``JobEnv`` is the ONE reader of the job's environment: rank, local rank, world size (torchrun's
 ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``, else srun's ``SLURM_PROCID``/``SLURM_LOCALID``/
-``SLURM_NTASKS``), the node name, the Slurm job id, the restart count and the node list are read
-here once, validated, and passed around frozen; no other module reads ``SLURM_*`` variables.
+``SLURM_NTASKS``), the node name, the Slurm job id (and the launcher's array-aware one), the
+restart count, torchrun's attempt and the node list are read here once, validated, and passed
+around frozen; no other module reads ``SLURM_*`` or ``TORCHELASTIC_*`` variables.
 
-``Segment`` is one run of the job (job id + restart count): it journals the segment's start and
-its end, and ends the process with a code from ``slurmft.exitcodes``. The end is journaled
+``Segment`` is one run of the job, keyed (job id, restart count, attempt): ``attempt`` is torchrun's
+``TORCHELASTIC_RESTART_COUNT`` (0 when absent), which moves when torchrun restarts its workers
+inside one job segment (in-allocation recovery), so every event the ranks journal carries it. It
+journals the segment's start and its end, and ends the process with a code from ``slurmft.exitcodes``. The end is journaled
 before the exit because torchrun reports any failing worker as exit 1: the sbatch template reads
 the real outcome back with ``python -m slurmft.journal outcome``. Torch-free (a barrier, when
 needed, is passed in).
@@ -37,6 +40,9 @@ class JobEnv:
     rank, local_rank, world_size, local_world_size: torchrun's, else srun's. node: this node's name.
     job_id, restart_count, num_nodes, nodelist: Slurm's (None/0/1/None outside Slurm).
     pg_timeout_s: collective timeout for ``init_process_group`` (``$SLURMFT_PG_TIMEOUT_S``, 600).
+    attempt: torchrun's restart count of the workers (``$TORCHELASTIC_RESTART_COUNT``, 0).
+    slurm_id: the launcher's array-aware job id (``$SLURMFT_JOB_ID``, else ``job_id``): the one
+    ``allocation.json`` and the launcher's journal lines name.
     """
 
     rank: int
@@ -49,6 +55,8 @@ class JobEnv:
     num_nodes: int
     nodelist: str | None
     pg_timeout_s: float = 600.0
+    attempt: int = 0
+    slurm_id: str | None = None
 
     @property
     def is_rank0(self) -> bool:
@@ -94,6 +102,8 @@ class JobEnv:
             num_nodes=integer(("SLURM_JOB_NUM_NODES", "SLURM_NNODES"), 1, 1),
             nodelist=env.get("SLURM_JOB_NODELIST") or None,
             pg_timeout_s=float(integer(("SLURMFT_PG_TIMEOUT_S",), 600, 1)),
+            attempt=integer(("TORCHELASTIC_RESTART_COUNT",), 0, 0),
+            slurm_id=env.get("SLURMFT_JOB_ID") or env.get("SLURM_JOB_ID") or None,
         )
 
 
@@ -128,6 +138,7 @@ class Segment:
         self.env = env
         flushing = JournalConfig.load()  # per-step events buffered ([journal], SLURMFT_JOURNAL_*)
         self.journal = Journal(run_dir, job_id=env.job_id, restart_count=env.restart_count,
+                               attempt=env.attempt,
                                flush_every_events=flushing.flush_every_events,
                                flush_every_s=flushing.flush_every_s)
 

@@ -131,3 +131,9 @@ def test_a_negative_interval_or_bound_is_refused(tmp_path, bad):
     with pytest.raises(ValueError, match="bound_s"):
         with hb.phase("x", bound_s=bad):
             pass
+
+
+def test_each_beat_names_torchruns_attempt(tmp_path):
+    hb = Heartbeat(RunDir(tmp_path), "n1", job_id="7", restart_count=1, attempt=3)
+    hb.beat(1, force=True)
+    assert (read(tmp_path)["restart_count"], read(tmp_path)["attempt"]) == (1, 3)

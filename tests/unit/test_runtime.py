@@ -62,3 +62,27 @@ def test_run_dir_checks(tmp_path):
     assert preflight(RunDir(tmp_path / "new"), min_free_gb=0) == []
     problems = preflight(RunDir(tmp_path / "new"), min_free_gb=1e9)
     assert len(problems) == 1 and problems[0].startswith("disk:")
+
+
+def test_torchruns_restart_count_is_the_attempt_and_keys_every_event_of_the_segment(tmp_path):
+    """In-allocation recovery restarts the workers inside one job segment: torchrun's
+    TORCHELASTIC_RESTART_COUNT tells the attempts apart, on every event the ranks journal."""
+    env = JobEnv.from_environ({"SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "1",
+                               "TORCHELASTIC_RESTART_COUNT": "2", "SLURMFT_JOB_ID": "4_1"})
+    assert (env.attempt, env.slurm_id) == (2, "4_1")
+    segment = Segment(env, RunDir(tmp_path))
+    segment.started(restored_step=40)
+    segment.record("loss", step=41, loss=0.5)
+    with pytest.raises(SystemExit):
+        segment.end(exitcodes.REFORM, "allocation generation moved", step=41)
+    events = read_events(RunDir(tmp_path).events)
+    assert [(e.kind, e.get("job_id"), e.get("restart_count"), e.get("attempt")) for e in events] == [
+        ("segment_start", "5", 1, 2), ("loss", "5", 1, 2), ("segment_end", "5", 1, 2)]
+    assert events[-1].get("outcome") == "REFORM (88)"
+
+
+def test_no_torchrun_restart_count_is_attempt_zero_and_a_bad_one_is_named():
+    env = JobEnv.from_environ({"SLURM_JOB_ID": "5"})
+    assert (env.attempt, env.slurm_id) == (0, "5")
+    with pytest.raises(JobEnvError, match=r"\$TORCHELASTIC_RESTART_COUNT=-1 must be >= 0"):
+        JobEnv.from_environ({"TORCHELASTIC_RESTART_COUNT": "-1"})
