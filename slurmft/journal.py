@@ -89,6 +89,17 @@ FAULT_DETECTED = "fault_detected"    # cause, evidence, nodes, fault_time (best 
 RECOVERY_ACTION = "recovery_action"  # action (requeue|exclude|readmit|start_now|expedite|set_down|
                                      # hold|requeue_hold|resubmit),
                                      # cause, nodes, ok, detail
+# In-allocation mode (issue 27): the launcher journals FAULT_DETECTED (cause: one of
+# ALLOC_CAUSES; nodes, evidence, fault_time, detected_by "launcher") and RECOVERY_ACTION (action:
+# one of ALLOC_ACTIONS; nodes, spare or None, world_nodes, generation) itself, each with
+# ``"where": WHERE_ALLOCATION``; the watcher's own events carry no ``where`` (a requeue's).
+WHERE = "where"
+WHERE_ALLOCATION = "allocation"
+WHERE_REQUEUE = "requeue"
+ALLOC_CAUSES = ("node_death", "node_silent", "rank_crash", "hang")
+ALLOC_FENCE, ALLOC_REPLACE, ALLOC_SHRINK, ALLOC_RESTART = (
+    "fence", "replace_node", "shrink", "restart_in_place")
+ALLOC_ACTIONS = (ALLOC_FENCE, ALLOC_REPLACE, ALLOC_SHRINK, ALLOC_RESTART)
 # A planned end (time limit, preemption, pre-flight requeue: ``detect.PLANNED``) is no fault: it
 # is journaled as PLANNED_END (fields of FAULT_DETECTED) and the watcher's help restarting it
 # (exclude, start_now...) as RESTART_ACTION (fields of RECOVERY_ACTION).
@@ -147,6 +158,11 @@ class Event:
         if not isinstance(value, list):
             return []
         return [v for v in value if isinstance(v, str)][:limit]
+
+
+def in_allocation(event: "Event") -> bool:
+    """Whether ``event`` is the in-allocation launcher's (``where: "allocation"``)."""
+    return event.get(WHERE) == WHERE_ALLOCATION
 
 
 def encode_event(kind: str, fields: Mapping[str, Any], *, now: float | None = None) -> bytes:

@@ -28,7 +28,8 @@ DONE = "DONE"
 CKPT_TIERS = "ckpt_tiers.json"  # which nodes' local tiers hold which steps (slurmft.checkpoint.tiers)
 CLAIM = "claim.json"  # which job (array task) runs in the run dir now (slurmft.launch.claim)
 # In-allocation mode: the launcher's view of the allocation (generation, active, spares, fenced),
-# written by the launcher on the batch host, read by the ranks (slurmft.train.alloc_watch).
+# written by the launcher on the batch host, read by the ranks (slurmft.train.alloc_watch), the
+# watcher and status; parsed by slurmft.allocation.
 ALLOCATION = "allocation.json"
 STEP_PREFIX = "step_"
 TMP_MARK = ".tmp-"

@@ -86,6 +86,9 @@ class Job:
     # a job Slurm held after a failed launch reads reason JobHeldUser, detail "launch failed
     # requeued held" (22.05, measured). Empty where a backend does not say.
     reason_detail: str = ""
+    # The node the batch script runs on (squeue's batch_host); empty where a backend does not
+    # say or the job has not started. Its death ends the job whatever ``--no-kill`` says.
+    batch_host: str = ""
 
     @property
     def ids(self) -> frozenset[str]:

@@ -171,6 +171,7 @@ def job_from_squeue(rec: Mapping[str, Any], where: Where) -> Job:
         requeue_allowed=bool(requeue) if isinstance(requeue, bool) else True,
         time_limit_end=limit_end,
         reason_detail=text(rec, "state_description", where),
+        batch_host=text(rec, "batch_host", where) if state is JobState.RUNNING else "",
     )
 
 

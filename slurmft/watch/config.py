@@ -67,6 +67,11 @@ class WatchConfig:
     # "ignore" leaves the job alone.
     admin_drain: str = "after_checkpoint"
     admin_drain_wait_s: float = 3600.0
+    # In-allocation mode (the launcher recovers node deaths inside the job's allocation): a node
+    # of the job that Slurm shows DOWN and that the launcher has not fenced is left to the
+    # launcher this long after the watcher first saw it DOWN; then the job is recovered as any
+    # other (requeued without the node). The batch host's death is never waited on.
+    allocation_grace_s: float = 60.0
     # The run's lease (watch/lease.json, beside flock, which NFS/Lustre may keep node-local):
     # renewed every lease_s/4; a watcher on another host takes the run over only after lease_s
     # without renewal. At least 4 poll cycles and 2 minutes (the loop backs off up to 60 s while
@@ -84,6 +89,7 @@ class WatchConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         non_negative = ("checkpoint_overdue_min_s", "node_fault_fade_s", "admin_drain_wait_s",
+                        "allocation_grace_s",
                         "hang_timeout_s", "clock_skew_s",
                         "startup_grace_s", "pending_warn_s", "start_now_delay_s")
         for name in non_negative:

@@ -25,8 +25,8 @@ from slurmft.watch.findings import (
     NODE_FAIL, NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED, HANG, CRASH, TIMEOUT, PREEMPTED,
     PREFLIGHT, BOOT_FAIL, OUT_OF_MEMORY, REQUEUED, REQUEUE_REQUEST, LAUNCH_FAILED, FORGOTTEN,
     NO_REQUEUE, FINISHED, CANCELLED, STRAGGLER, CHECKPOINT_OVERDUE, NOT_RESPONDING, RECOVER,
-    EXPEDITE, GIVE_UP, FINISH, WAIT, WARN, SET_DOWN, RESUBMIT, PLANNED, FAULTS, planned,
-    SWEEPER_PREFIX, Finding, Memory, RunObservation, _ts, node_problem, bad_nodes,
+    EXPEDITE, GIVE_UP, FINISH, WAIT, WARN, SET_DOWN, DOWN_FENCED, RESUBMIT, PLANNED, FAULTS,
+    planned, SWEEPER_PREFIX, Finding, Memory, RunObservation, _ts, node_problem, bad_nodes,
 )
 from slurmft.watch.runview import JournalSummary, done_for
 
@@ -36,7 +36,7 @@ __all__ = [
     "PREEMPTED", "PREFLIGHT", "BOOT_FAIL", "OUT_OF_MEMORY", "REQUEUED", "REQUEUE_REQUEST",
     "LAUNCH_FAILED", "FORGOTTEN", "NO_REQUEUE", "FINISHED", "CANCELLED", "STRAGGLER",
     "CHECKPOINT_OVERDUE", "NOT_RESPONDING", "RECOVER", "EXPEDITE", "GIVE_UP", "FINISH", "WAIT",
-    "WARN", "SET_DOWN", "RESUBMIT", "PLANNED", "FAULTS", "planned", "SWEEPER_PREFIX", "Finding",
+    "WARN", "SET_DOWN", "DOWN_FENCED", "RESUBMIT", "PLANNED", "FAULTS", "planned", "SWEEPER_PREFIX", "Finding",
     "Memory", "RunObservation", "node_problem", "bad_nodes", "detect_checkpoint_overdue",
     "detect_hang", "detect_straggler", "hang_timeout", "typical_step_s", "admin_drain",
     "admin_drain_bound", "detect_nodes", "detect_silent_node", "silent_nodes",

@@ -10,6 +10,7 @@ import statistics
 
 from slurmft.slurm.client import JobState
 from slurmft.watch.config import WatchConfig
+from slurmft.watch.detect_alloc import allocation_view
 from slurmft.watch.findings import (
     CHECKPOINT_OVERDUE, HANG, NODE_DOWN, RECOVER, STRAGGLER, WARN, Finding, Memory, RunObservation,
     _ts,
@@ -63,8 +64,17 @@ def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fin
     if not obs.beats and not memory.beats_seen:
         return None
     started = _ts(job, "start_time")
-    beats = [b for b in obs.beats.values() if b.node in job.nodes
-             and b.job_id in job.ids and b.restart_count == job.restart_count]
+    # In-allocation mode: a restart inside the allocation starts the world again (judged from
+    # then on, as a segment's start is: the beats before it are the old world's), and a node
+    # the launcher fenced is no longer the run's.
+    view = allocation_view(obs)
+    fenced = view.fenced if view is not None else frozenset()
+    restarted = view.restarted_at if view is not None else None
+    if restarted is not None and (started is None or restarted > started):
+        started = restarted
+    beats = [b for b in obs.beats.values() if b.node in job.nodes and b.node not in fenced
+             and b.job_id in job.ids and b.restart_count == job.restart_count
+             and (restarted is None or b.time >= restarted)]
     starting = not any(b.step_s is not None for b in beats)  # no step finished this segment yet
     deadlines = [_beat_deadline(b, memory, config, starting) for b in beats]
     if starting and started is not None:  # loading, or stuck before its first step
@@ -78,7 +88,7 @@ def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fin
     newest = max(b.time for b in beats) if beats else None
     fault_time = newest if newest is not None else (started or obs.now) + config.startup_grace_s
     silent = tuple(n for n in job.nodes if (node := obs.nodes.get(n)) is not None
-                   and not node.responding)
+                   and not node.responding and n not in fenced)
     if silent:  # the heartbeats stopped because a node did
         return Finding(NODE_DOWN, RECOVER, f"no heartbeat in time ({obs.now - deadline:.0f} s past "
                        f"the deadline, hang timeout {timeout:.0f} s) and {','.join(silent)} not "

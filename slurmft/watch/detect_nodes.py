@@ -1,7 +1,8 @@
 """Node trouble on a running job: a node of its allocation DOWN or drained (the sweeper's drain
 at once, an admin's drain as maintenance: after the next checkpoint), and operator mode's silent
-node (NOT_RESPONDING at two polls and its heartbeats older than the hang timeout). Pure
-functions, as in ``detect.py``.
+node (NOT_RESPONDING at two polls and its heartbeats older than the hang timeout); for a job in
+in-allocation mode, what is left to its launcher (``detect_alloc.py``). Pure functions, as in
+``detect.py``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from typing import Mapping
 from slurmft.slurm.client import JobState
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect_hang import _beat_deadline, hang_timeout
+from slurmft.watch.detect_alloc import AllocView, allocation_view, batch_host
 from slurmft.watch.findings import (
-    NODE_DOWN, NODE_DRAINED, NOT_RESPONDING, RECOVER, SET_DOWN, WARN, Finding, Memory,
-    RunObservation, bad_nodes,
+    DOWN_FENCED, NODE_DOWN, NODE_DRAINED, NOT_RESPONDING, RECOVER, SET_DOWN, WARN, Finding,
+    Memory, RunObservation, bad_nodes,
 )
 from slurmft.watch.runview import JournalSummary
 
@@ -26,13 +28,51 @@ def detect_nodes(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fi
     if job is None or job.state is not JobState.RUNNING or job.completing:
         return None
     troubled = bad_nodes(job.nodes, obs.nodes)
+    view = allocation_view(obs)
+    left: Finding | None = None
+    if view is not None:
+        troubled, left = _in_allocation(obs, memory, config, view, troubled)
     acting = [t for t in troubled if t[1] != NOT_RESPONDING]
     if not acting:
-        return None
+        return left
     if all(cause == NODE_DRAINED for _, cause, _ in acting):
         return admin_drain(obs, memory, config, acting)
     return Finding(acting[0][1], RECOVER, "; ".join(e for _, _, e in acting),
                    tuple(n for n, _, _ in acting))
+
+
+def _in_allocation(obs: RunObservation, memory: Memory, config: WatchConfig, view: AllocView,
+                   troubled: list[tuple[str, str, str]]
+                   ) -> tuple[list[tuple[str, str, str]], Finding | None]:
+    """The node trouble of an in-allocation job that is the watcher's to act on, and a warning
+    for what it leaves to the launcher: a fenced node's (expected: the launcher recovered from
+    it), a spare's (it trains nothing: the launcher has one spare fewer), and, for
+    ``allocation_grace_s`` from when it was first seen DOWN, an active node's that the launcher
+    has not fenced yet. The batch host's trouble is always the watcher's (its death ends the
+    job), and so is a drain (the launcher does not read Slurm's node states)."""
+    batch = batch_host(obs)
+    kept, left = [], []
+    for name, cause, evidence in troubled:
+        if name == batch:
+            kept.append((name, cause, evidence))
+        elif name in view.fenced:
+            continue
+        elif name in view.spares and cause != NOT_RESPONDING:
+            left.append((name, f"{evidence}: a spare, which trains nothing (the launcher has one "
+                               "spare fewer)"))
+        elif cause == NODE_DOWN:
+            waited = obs.now - memory.down_since.get(name, obs.now)
+            if waited < config.allocation_grace_s:
+                left.append((name, f"{evidence}: left to the in-allocation launcher to fence "
+                                   f"(for up to {config.allocation_grace_s:.0f} s)"))
+            else:
+                kept.append((name, cause, f"{evidence}, and the in-allocation launcher did not "
+                                          f"fence it in {waited:.0f} s"))
+        else:
+            kept.append((name, cause, evidence))
+    if not left:
+        return kept, None
+    return kept, Finding(NODE_DOWN, WARN, "; ".join(e for _, e in left), tuple(n for n, _ in left))
 
 
 def admin_drain(obs: RunObservation, memory: Memory, config: WatchConfig,
@@ -109,11 +149,22 @@ def silent_nodes(obs: RunObservation, memory: Memory, config: WatchConfig, resta
 
 def detect_silent_node(obs: RunObservation, memory: Memory, config: WatchConfig) -> Finding | None:
     """Operator mode: nodes of a RUNNING job that ``silent_nodes`` corroborates as gone, which
-    Slurm would call DOWN only after SlurmdTimeout."""
+    Slurm would call DOWN only after SlurmdTimeout. In-allocation mode: a node the launcher
+    fenced is set DOWN once Slurm too has shown it NOT_RESPONDING at two polls (two witnesses,
+    the launcher's evidence given as the reason), and the job is left alone."""
     job = obs.job
     if job is None or job.state is not JobState.RUNNING:
         return None
+    view = allocation_view(obs)
     silent = silent_nodes(obs, memory, config, job.restart_count, memory.silent_since)
+    if view is not None and config.operator:
+        gone = [n for n in job.nodes if n in view.fenced and n != batch_host(obs)
+                and _not_responding_twice(obs, memory, config, n)]
+        if gone:
+            return Finding(NODE_DOWN, DOWN_FENCED, "; ".join(
+                f"{n} fenced by the in-allocation launcher ({view.evidence.get(n, 'no evidence')}) "
+                "and not responding for two polls" for n in gone), tuple(gone))
+        silent = [n for n in silent if n not in view.fenced]
     if not silent:
         return None
     newest = max(b.time for b in (obs.beats or {}).values() if b.node in silent
@@ -121,6 +172,13 @@ def detect_silent_node(obs: RunObservation, memory: Memory, config: WatchConfig)
     return Finding(NODE_DOWN, SET_DOWN, f"{','.join(silent)} not responding for two polls and its "
                    f"heartbeats {obs.now - newest:.0f} s old > hang timeout "
                    f"{hang_timeout(memory, config):.0f} s", tuple(silent), newest)
+
+
+def _not_responding_twice(obs: RunObservation, memory: Memory, config: WatchConfig, name: str) -> bool:
+    node = obs.nodes.get(name)
+    first = memory.silent_since.get(name)
+    return (node is not None and not node.responding and not node.down and first is not None
+            and obs.now - first >= config.poll_s)
 
 
 def silent_nodes_of_ending_job(obs: RunObservation, memory: Memory, config: WatchConfig,

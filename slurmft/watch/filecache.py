@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from slurmft.allocation import Allocation
     from slurmft.watch.runview import Beat
 
 # A directory or file whose mtime is this close to now may change again within the same mtime
@@ -58,6 +59,11 @@ class RunFilesCache:
         self.beats = HeartbeatCache()
         self.done = DoneCache()
         self.no_heartbeat_dir = False
+        # allocation.json (in-allocation mode): read when the run dir's signature moved (the
+        # launcher replaces it by rename); None: none, or one that does not check (``error``).
+        self.allocation: Allocation | None = None
+        self.allocation_error: str | None = None
+        self.allocation_sig: tuple[int, int, int, int] | None = None
         # False when the last read could not look at the run dir (its stat, or DONE's lstat,
         # failed for another reason than absence): DONE is then unknown, not absent.
         self.observed = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from slurmft.allocation import Allocation
 from slurmft.slurm.client import Job, Node
 from slurmft.watch.runview import Beat, JournalSummary
 
@@ -45,6 +46,9 @@ NOT_RESPONDING = "not_responding"
 
 RECOVER, EXPEDITE, GIVE_UP, FINISH, WAIT, WARN = "recover", "expedite", "give_up", "finish", "wait", "warn"
 SET_DOWN = "set_down"  # operator mode: mark the silent node DOWN, then recover
+# Operator mode, in-allocation: a node the launcher fenced that Slurm shows NOT_RESPONDING at two
+# polls is set DOWN with the launcher's evidence; the job, recovered in its allocation, is left be.
+DOWN_FENCED = "down_fenced"
 RESUBMIT = "resubmit"  # Slurm forgot the job: submit it again from what was saved
 
 # Planned ends: the run stopped because the cluster's rules said so (a time limit, a
@@ -94,6 +98,9 @@ class Memory:
     silent_since: Mapping[str, float] = field(default_factory=dict)
     drained_since: Mapping[str, float] = field(default_factory=dict)
     drained_after_step: Mapping[str, int | None] = field(default_factory=dict)
+    # When each node of the allocation was first seen DOWN (in-allocation mode: the launcher's
+    # grace to fence it before the watcher recovers the job itself).
+    down_since: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,8 @@ class RunObservation:
     beats: Mapping[str, Beat] | None  # None: the heartbeat dir could not be read this cycle
     done: dict | None
     now: float
+    # allocation.json (in-allocation mode), when the run dir has one that checks; None otherwise.
+    allocation: Allocation | None = None
 
 
 def _ts(job: Job, attr: str) -> float | None:

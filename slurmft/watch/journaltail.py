@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurmft import exitcodes, journal
-from slurmft.journal import Event
+from slurmft.journal import Event, in_allocation
 from slurmft.watch.follow import JournalFollower
 _KEEP_COMMITS = 32
+MAX_FENCED = 4096  # nodes taken from one fence event
 MAX_KEPT_LINES = 4096  # journal lines a --once invocation hands to the next
 
 
@@ -32,6 +33,13 @@ class JournalSummary:
     last_loss_step: int | None = None
     last_loss_time: float | None = None
     events_read: int = 0
+    # In-allocation mode (issue 27), per segment (job, restart count): the nodes the launcher
+    # fenced (node -> its ``recovery_action`` fence event), and the time of the newest restart
+    # inside the allocation (the launcher's newest event there, or the ranks' newest start of an
+    # attempt > 0): what the watcher leaves alone, and from when a restarted world is judged.
+    alloc_fenced: dict[tuple[str, int], dict[str, Event]] = field(default_factory=dict)
+    alloc_faults: dict[tuple[str, int], dict[str, Event]] = field(default_factory=dict)  # the evidence
+    alloc_restarted: dict[tuple[str, int], float] = field(default_factory=dict)
 
     @staticmethod
     def key(event: Event) -> tuple[str, int] | None:
@@ -57,6 +65,19 @@ class JournalSummary:
         elif kind == journal.SEGMENT_START:
             self.segment_starts.append(event)
             del self.segment_starts[:-64]
+            attempt = event.count("attempt")
+            if attempt is not None and attempt > 0:
+                self._restarted(key, event.time)
+        elif kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION) and in_allocation(event):
+            self._restarted(key, event.time)
+            if kind == journal.FAULT_DETECTED:
+                faults = self.alloc_faults.setdefault(key, {})
+                for node in event.names("nodes")[:MAX_FENCED]:
+                    faults[node] = event
+            elif event.get("action") == journal.ALLOC_FENCE:
+                fenced = self.alloc_fenced.setdefault(key, {})
+                for node in event.names("nodes")[:MAX_FENCED]:
+                    fenced.setdefault(node, event)
         elif kind == journal.SEGMENT_END:
             self.segment_ends[key] = event
         elif kind == journal.REQUEUE_REQUEST:
@@ -65,6 +86,28 @@ class JournalSummary:
             self.self_requeues[key] = str(event.get("reason") or "")
         elif kind == journal.PREEMPTION:
             self.preemptions[key] = event
+
+    def _restarted(self, key: tuple[str, int], when: float) -> None:
+        self.alloc_restarted[key] = max(when, self.alloc_restarted.get(key, when))
+
+    def fenced(self, ids, restart_count: int) -> dict[str, Event]:
+        """The nodes the launcher fenced in segment (job, ``restart_count``), each with the
+        launcher's fault event that named it (its evidence), else the fence event itself."""
+        found: dict[str, Event] = {}
+        for job_id in ([ids] if isinstance(ids, str) else sorted(ids)):
+            key = (str(job_id), restart_count)
+            faults = self.alloc_faults.get(key, {})
+            for node, fence in self.alloc_fenced.get(key, {}).items():
+                found[node] = faults.get(node, fence)
+        return found
+
+    def restarted_in_allocation(self, ids, restart_count: int) -> float | None:
+        """When segment (job, ``restart_count``) last restarted inside its allocation (None:
+        never; the launcher's fault and recovery events count from their time on)."""
+        times = [self.alloc_restarted[(str(i), restart_count)]
+                 for i in ([ids] if isinstance(ids, str) else ids)
+                 if (str(i), restart_count) in self.alloc_restarted]
+        return max(times) if times else None
 
     @staticmethod
     def find(mapping: dict, ids, restart_count: int):

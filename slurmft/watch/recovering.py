@@ -71,7 +71,11 @@ class Recovering:
             return
         offenders = [n for n, count in st.node_faults.items()
                      if count >= self.config.repeat_offender_faults - 1 and n in finding.nodes]
-        exclude = [n for n in dict.fromkeys([*finding.nodes, *self._known_bad(), *offenders])
+        # In-allocation mode: the nodes the launcher fenced in the segment recovered from are
+        # never used again by this job, a later requeue included.
+        recovered = job.restart_count - 1 if finding.action == detect.EXPEDITE else job.restart_count
+        fenced = [n for n in obs.summary.fenced(job.ids, recovered) if n not in finding.nodes]
+        exclude = [n for n in dict.fromkeys([*finding.nodes, *fenced, *self._known_bad(), *offenders])
                    if n in obs.nodes]  # a name Slurm does not know (a hostname...) cannot be excluded
         if self.config.exclude_stragglers:
             straggler = detect.detect_straggler(self.memory(), self.config)
@@ -97,6 +101,10 @@ class Recovering:
         for name in finding.nodes:
             st.clean_since.pop(name, None)
             if name in obs.nodes and finding.cause != detect.NODE_DRAINED:  # maintenance: no fault
+                st.node_faults[name] = st.node_faults.get(name, 0) + 1
+        for name in fenced:
+            st.clean_since.pop(name, None)
+            if name in obs.nodes:
                 st.node_faults[name] = st.node_faults.get(name, 0) + 1
         if finding.cause in detect.FAULTS:
             giveup.record_fault_restart(st, finding.cause, newest)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmft import numbers, safeio
+from slurmft import allocation, numbers, safeio
 from slurmft.rundir import RunDir
 from slurmft.watch.filecache import DoneCache, HeartbeatCache, RunFilesCache, settled, signature
 from slurmft.watch.follow import MAX_LINE
@@ -236,7 +236,8 @@ def read_run_files(run_dir: RunDir, cache: RunFilesCache, *, look_for_done: bool
     ``look_for_done`` False (``RunWatch``: a cycle whose job is where it was the cycle before,
     deciding nothing unless it reads again): once a read has found the run dir settled and its
     heartbeat directory there, the heartbeat directory's ``stat`` alone; DONE keeps the value
-    last read. Anything else (no heartbeat directory, one that cannot be read) reads in full."""
+    last read. ``allocation.json`` is read with DONE, into ``cache.allocation``. Anything else
+    (no heartbeat directory, one that cannot be read) reads in full."""
     if (not look_for_done and cache.root_sig is not None and cache.observed
             and not cache.no_heartbeat_dir and cache.beats.beats is not None):
         beats = read_heartbeats(run_dir, cache.beats, root_exists=True)
@@ -253,6 +254,8 @@ def read_run_files(run_dir: RunDir, cache: RunFilesCache, *, look_for_done: bool
     same = sig == cache.root_sig
     cache.root_sig = sig if settled(info, time.time()) else None
     done = cache.done.value if same else read_done(run_dir, cache.done)
+    if not same:
+        _read_allocation(run_dir, cache)
     cache.observed = not cache.done.unreadable
     if not cache.observed:
         cache.root_sig = None  # look again next cycle
@@ -261,6 +264,29 @@ def read_run_files(run_dir: RunDir, cache: RunFilesCache, *, look_for_done: bool
     beats = read_heartbeats(run_dir, cache.beats, root_exists=True)
     cache.no_heartbeat_dir = beats == {} and cache.beats.beats is None
     return beats, done
+
+
+def _read_allocation(run_dir: RunDir, cache: RunFilesCache) -> None:
+    """``allocation.json`` into the cache (an ``lstat`` first: read only when it changed): None
+    when there is none; one that cannot be read or does not check is None too, with why in
+    ``allocation_error`` (the watcher then judges the job by its journal alone: the launcher's
+    events say what it fenced)."""
+    try:
+        sig = signature(os.lstat(run_dir.allocation))
+    except FileNotFoundError:
+        cache.allocation_sig, cache.allocation, cache.allocation_error = None, None, None
+        return
+    except OSError as exc:
+        cache.allocation_sig, cache.allocation = None, None
+        cache.allocation_error = f"{run_dir.allocation}: cannot be read: {exc}"
+        return
+    if sig == cache.allocation_sig:
+        return
+    try:
+        cache.allocation, cache.allocation_error = allocation.read(run_dir), None
+    except allocation.AllocationError as exc:
+        cache.allocation, cache.allocation_error = None, str(exc)
+    cache.allocation_sig = sig
 
 
 def done_for(done: dict[str, Any] | None, ids) -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 from slurmft import journal
 from slurmft.journal import Journal
 from slurmft.rundir import RunDir
-from slurmft.slurm.client import Job, JobState, Node
+from slurmft.slurm.client import Job, JobState, Node, SlurmError
 from slurmft.watch import detect, giveup, slurmhold
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
@@ -142,7 +142,16 @@ class RunWatch(Recovering, Resubmission):
         self._seen = seen
         beats, done = read_run_files(self.run_dir, self._files, look_for_done=not self._light)
         self._learn(job, beats)
-        return RunObservation(self.job_id, job, nodes, summary, beats, done, now)
+        return RunObservation(self.job_id, job, nodes, summary, beats, done, now,
+                              self._allocation())
+
+    def _allocation(self):
+        """allocation.json as last read; one that does not check is said once in the journal."""
+        error = self._files.allocation_error
+        if error is not None and self.state.warn_once(f"allocation_unreadable:{error[:120]}"):
+            self.emit(journal.WATCH_WARNING, what="allocation_unreadable", nodes=[],
+                      detail=f"{error[:300]}: judged by the journal's launcher events alone")
+        return self._files.allocation
 
     def _look_for_done(self, obs: RunObservation) -> RunObservation | None:
         """``obs`` read again in full (DONE looked for) before acting on it; None when the run
@@ -154,7 +163,7 @@ class RunWatch(Recovering, Resubmission):
             log.warning("job %s: could not read the run dir in %s this cycle: deciding nothing",
                         self.job_id, self.run_dir.root)
             return None
-        return replace(obs, beats=beats, done=done)
+        return replace(obs, beats=beats, done=done, allocation=self._allocation())
 
     def memory(self) -> Memory:
         st = self.state
@@ -162,7 +171,8 @@ class RunWatch(Recovering, Resubmission):
                       {n: tuple(h) for n, h in self._history.items()}, self._beat_gap_s,
                       self._beats_seen, silent_since=dict(st.silent_since),
                       drained_since=dict(st.drained_since),
-                      drained_after_step=dict(st.drained_after_step))
+                      drained_after_step=dict(st.drained_after_step),
+                      down_since=dict(st.down_since))
 
     def _learn(self, job: Job | None, beats) -> None:
         """Step times and the beat cadence (for the learned hang timeout) and per-node busy times
@@ -258,6 +268,8 @@ class RunWatch(Recovering, Resubmission):
                   and not node.responding and not node.down}
         drained = {n for n, p in problems.items() if p is not None and p[0] == detect.NODE_DRAINED}
         st.silent_since = {n: st.silent_since.get(n, now) for n in silent}
+        down = {n for n in mine if (node := nodes.get(n)) is not None and node.down}
+        st.down_since = {n: st.down_since.get(n, now) for n in down}
         st.drained_since = {n: st.drained_since.get(n, now) for n in drained}
         st.drained_after_step = {n: st.drained_after_step.get(n, newest_step) for n in drained}
         if running and st.phase == WATCHING:
@@ -303,9 +315,13 @@ class RunWatch(Recovering, Resubmission):
                 self._warn(finding, obs)
         acting = next((f for f in findings if f.action in (detect.RECOVER, detect.EXPEDITE,
                                                           detect.GIVE_UP, detect.FINISH,
-                                                          detect.SET_DOWN, detect.RESUBMIT)),
+                                                          detect.SET_DOWN, detect.RESUBMIT,
+                                                          detect.DOWN_FENCED)),
                       None)
         if acting is None:
+            return
+        if acting.action == detect.DOWN_FENCED:
+            self._down_fenced(acting, obs)
             return
         if acting.action == detect.FINISH:
             job = obs.job
@@ -328,11 +344,27 @@ class RunWatch(Recovering, Resubmission):
             acting = found
         self._start_recovery(acting, obs)
 
+    def _down_fenced(self, finding: Finding, obs: RunObservation) -> None:
+        """Operator mode, in-allocation: set DOWN the nodes the launcher fenced that Slurm shows
+        NOT_RESPONDING (each once per segment: no rights, and Slurm's own timeout does it); the
+        job, recovered in its allocation, is left alone."""
+        job = obs.job
+        assert job is not None
+        for name in finding.nodes:
+            if self.state.warn_once(f"down_fenced:{name}:{job.job_id}:{job.restart_count}"):
+                try:
+                    self.actor.set_down(name, finding.cause, f"fenced by job {job.job_id}'s launcher: "
+                                        f"{finding.evidence}")
+                except SlurmError as exc:
+                    log.error("job %s: could not set %s DOWN: %s", self.job_id, name, exc)
+
     def _warn(self, finding: Finding, obs: RunObservation) -> None:
         job = obs.job
         key = f"{finding.cause}:{job.job_id if job else self.job_id}:{job.restart_count if job else ''}"
         if finding.cause == detect.CHECKPOINT_OVERDUE:
             key += f":{obs.summary.newest_commit_step()}"
+        elif finding.cause == detect.NODE_DOWN:  # in-allocation: each node left to the launcher
+            key += f":{','.join(finding.nodes)}"
         if self.state.warn_once(key):
             self.emit(journal.WATCH_WARNING, what=finding.cause, detail=finding.evidence,
                       nodes=list(finding.nodes))

@@ -56,6 +56,14 @@ def test_2205_running_job_with_a_time_limit_says_when_it_ends():
     assert unlimited.time_limit_end is None
 
 
+def test_2205_a_running_job_names_its_batch_host_and_a_pending_one_none():
+    """The batch host's death ends even a ``--no-kill`` job (issue 27): the watcher must know it."""
+    (limited,) = parse_squeue(read(CAP / "squeue_running_time_limit.json"))
+    assert limited.batch_host == "n1"
+    pending = next(j for j in parse_squeue(read(CAP / "squeue_requeued_pending.json")) if j.run_dir)
+    assert pending.batch_host == ""
+
+
 def test_2205_requeued_job_is_pending_begintime_with_eligible_time_ahead():
     jobs = parse_squeue(read(CAP / "squeue_requeued_pending.json"))
     job = next(j for j in jobs if j.run_dir is not None)

@@ -62,6 +62,7 @@ def test_job_records_round_trip():
     line = (FIXTURES / "node_death" / "records.jsonl").read_text().splitlines()[0]
     data = json.loads(line)["job"]
     assert job_to_json(job_from_json(data)) == {"raw_job_id": "", "time_limit_end": None, "reason_detail": "",
+                                                "batch_host": "",
                                                 **data}  # recorded before they existed
 
 

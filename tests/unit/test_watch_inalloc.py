@@ -1,0 +1,346 @@
+"""The watcher and a job in in-allocation mode (issue 27): the launcher recovers a node's death
+inside the allocation (a spare, or a smaller world), so the watcher must never requeue or hold
+such a run for that death ("never touch a healthy run", issue 25), must still take the requeue
+path when the batch host dies or the launcher does not act, excludes the fenced nodes from the
+next requeue, and in operator mode sets a fenced node DOWN once Slurm corroborates it.
+
+The run dir is written the way the launcher and the ranks write it: the launcher's journal
+events with the contract's fields (``where: "allocation"``, stamped with the array-aware job id,
+the raw id and the restart count, as ``launch.journaling.Voice`` stamps them), ``allocation.json``
+through ``slurmft.allocation.write``, heartbeats through the ranks' own ``Heartbeat`` writer.
+Each test fails on the code before in-allocation mode (the watcher requeued, or called a
+restarting world hung)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from slurmft import allocation, journal
+from slurmft.allocation import Allocation, Fence
+from slurmft.journal import encode_event, read_events
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import Job, JobState, Node, NodeState
+from slurmft.train.heartbeat import Heartbeat
+from slurmft.watch.config import WatchConfig
+from slurmft.watch.runwatch import RunWatch
+from slurmft.watch.state import RunState, load_state
+
+T0 = 1_800_000_000.0
+NODES = ("n1", "n2", "n3", "n4")   # n1 the batch host, n4 the spare
+
+
+def at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(T0 + seconds, tz=timezone.utc)
+
+
+def job(state=JobState.RUNNING, nodes=NODES, restart=0, **kw) -> Job:
+    return Job(job_id="7", name="train", state=state, nodes=nodes, node_count=len(nodes),
+               restart_count=restart, start_time=at(0) if state is JobState.RUNNING else None,
+               batch_host="n1" if state is JobState.RUNNING else "", raw_job_id="7", **kw)
+
+
+def table(**states) -> dict[str, Node]:
+    """The node table: every node ALLOCATED and answering, but those named (DOWN, NOT_RESPONDING,
+    DRAIN...)."""
+    nodes = {n: Node(n, NodeState.ALLOCATED) for n in (*NODES, "n5")}
+    for name, how in states.items():
+        if how == "DOWN":
+            nodes[name] = Node(name, NodeState.DOWN, frozenset({"NOT_RESPONDING"}), "Not responding")
+        elif how == "NOT_RESPONDING":
+            nodes[name] = Node(name, NodeState.ALLOCATED, frozenset({"NOT_RESPONDING"}))
+        else:
+            nodes[name] = Node(name, NodeState.ALLOCATED, frozenset({"DRAIN"}), how)
+    return nodes
+
+
+class Client:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def requeue(self, job_id):
+        self.calls.append(("requeue", job_id))
+        return True
+
+    def update_pending(self, job_id, *, exclude_nodes=(), readmit_nodes=(), start_now=False):
+        kind = "readmit" if readmit_nodes else "start_now" if start_now else "exclude"
+        self.calls.append((kind, job_id, tuple(readmit_nodes or exclude_nodes)))
+
+    def set_down(self, node, reason):
+        self.calls.append(("set_down", node, reason))
+
+    def hold(self, job_id):
+        self.calls.append(("hold", job_id))
+
+    def requeue_hold(self, job_id):
+        self.calls.append(("requeue_hold", job_id))
+        return True
+
+    def submit_line(self, job_id):
+        return None
+
+
+@pytest.fixture
+def run(tmp_path) -> RunDir:
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    return rd
+
+
+def launcher_event(rd: RunDir, kind: str, when: float, restart: int = 0, **fields) -> None:
+    """One event as the in-allocation launcher journals it (``launch.journaling.Voice``'s stamp)."""
+    stamped = {"job_id": "7", "raw_job_id": "7", "restart_count": restart,
+               "where": journal.WHERE_ALLOCATION, **fields}
+    with open(rd.events, "ab") as f:
+        f.write(encode_event(kind, stamped, now=when))
+
+
+def rank_event(rd: RunDir, kind: str, when: float, restart: int = 0, **fields) -> None:
+    with open(rd.events, "ab") as f:
+        f.write(encode_event(kind, {"job_id": "7", "restart_count": restart, **fields}, now=when))
+
+
+def beat(rd: RunDir, node: str, when: float, step: int = 10, step_s: float = 1.0) -> None:
+    """A heartbeat through the ranks' own writer, at wall time ``when``, after a ``step_s`` step."""
+    ticks = iter([0.0, step_s])
+    hb = Heartbeat(rd, node, job_id="7", restart_count=0, clock=lambda: when,
+                   monotonic=lambda: next(ticks, step_s))
+    hb.beat(step, force=True)
+
+
+def node_death(rd: RunDir, when: float, dead: str = "n3", spare: str | None = "n4") -> None:
+    """The launcher's record of a node death recovered in the allocation, as the contract says
+    it: the fault, the fence, the replacement (or the shrink), and allocation.json's generation 1."""
+    launcher_event(rd, journal.FAULT_DETECTED, when, cause="node_death", nodes=[dead],
+                   evidence=[f"{dead}'s step ended (srun exit 9)"], fault_time=when - 2,
+                   detected_by="launcher")
+    launcher_event(rd, journal.RECOVERY_ACTION, when + 0.1, action=journal.ALLOC_FENCE,
+                   nodes=[dead], spare=None, world_nodes=3 if spare else 2, generation=1)
+    launcher_event(rd, journal.RECOVERY_ACTION, when + 0.2,
+                   action=journal.ALLOC_REPLACE if spare else journal.ALLOC_SHRINK,
+                   nodes=[dead], spare=spare, world_nodes=3 if spare else 2, generation=1)
+
+
+def write_allocation(rd: RunDir, *, fenced=("n3",), spares=(), when: float = T0) -> None:
+    active = [n for n in NODES if n not in fenced and n not in spares]
+    allocation.write(rd, Allocation(
+        job_id="7", generation=len(fenced), active=tuple(active), spares=tuple(spares),
+        fenced=tuple(Fence(n, "node_death", when, (f"{n}'s step ended",)) for n in fenced),
+        min_nodes=2))
+
+
+def watcher(rd: RunDir, client: Client, **cfg) -> RunWatch:
+    return RunWatch(rd, RunState(job_id="7"), client, WatchConfig(**cfg))
+
+
+def watcher_faults(rd: RunDir) -> list:
+    """What the watcher itself journaled as a fault or an action (the launcher's are not its)."""
+    return [e for e in read_events(rd.events, [journal.FAULT_DETECTED, journal.RECOVERY_ACTION,
+                                               journal.PLANNED_END, journal.GAVE_UP])
+            if not journal.in_allocation(e)]
+
+
+# -- a node death the launcher recovered: left alone --------------------------------------------
+
+def test_a_fenced_node_down_in_a_running_job_is_left_to_the_launcher(run):
+    """n3 died, the launcher fenced it and n4 took its place; Slurm shows n3 DOWN while the job
+    runs on (``--no-kill``). The old watcher requeued this healthy run at once."""
+    client = Client()
+    w = watcher(run, client)
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 50)
+    node_death(run, T0 + 60)
+    write_allocation(run)
+    for node in ("n1", "n2", "n4"):
+        beat(run, node, T0 + 75)
+    for t in (80, 85, 120, 400):
+        for node in ("n1", "n2", "n4"):
+            beat(run, node, T0 + t - 1)
+        w.step(job(), table(n3="DOWN"), T0 + t)
+    assert client.calls == []
+    assert watcher_faults(run) == []
+    assert load_state(run, "7").phase == "watching"
+
+
+@pytest.mark.parametrize("source", ["journal", "allocation.json"])
+def test_either_record_of_the_fence_is_enough(run, source):
+    """The journal's fence event alone (allocation.json unreadable or not written yet), or
+    allocation.json alone (the journal's lines lost): the fenced node is the launcher's."""
+    client = Client()
+    w = watcher(run, client)
+    for node in ("n1", "n2", "n4"):
+        beat(run, node, T0 + 79)
+    if source == "journal":
+        node_death(run, T0 + 60)
+    else:
+        write_allocation(run)
+    w.step(job(), table(n3="DOWN"), T0 + 80)
+    assert client.calls == [] and watcher_faults(run) == []
+
+
+def test_a_spare_that_dies_is_warned_about_never_recovered(run):
+    """A spare trains nothing: its death costs the run one spare, not a requeue."""
+    client = Client()
+    w = watcher(run, client)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for t in (80, 500):
+        for node in ("n1", "n2", "n3"):
+            beat(run, node, T0 + t - 1)
+        w.step(job(), table(n4="DOWN"), T0 + t)
+    assert client.calls == []
+    (warning,) = read_events(run.events, [journal.WATCH_WARNING])
+    assert warning.get("nodes") == ["n4"] and "a spare" in warning.get("detail")
+
+
+# -- what is still the watcher's: the batch host, a launcher that does not act ------------------
+
+def test_the_batch_hosts_death_still_goes_the_requeue_path_at_once(run):
+    client = Client()
+    w = watcher(run, client)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 79)
+    w.step(job(), table(n1="DOWN"), T0 + 80)
+    assert client.calls == [("requeue", "7")]
+    (fault,) = [e for e in watcher_faults(run) if e.kind == journal.FAULT_DETECTED]
+    assert fault.get("nodes") == ["n1"] and fault.get("cause") == "node_down"
+
+
+def test_an_active_node_the_launcher_does_not_fence_is_recovered_after_the_grace(run):
+    """In-allocation mode, n3 DOWN and not fenced: the launcher's to handle for
+    allocation_grace_s from when the watcher first saw it DOWN, then the watcher recovers the job
+    (a launcher that does not act must not leave a run broken)."""
+    client = Client()
+    w = watcher(run, client, allocation_grace_s=60)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for t in (80, 110, 139):
+        for node in ("n1", "n2"):
+            beat(run, node, T0 + t - 1)
+        w.step(job(), table(n3="DOWN"), T0 + t)
+    assert client.calls == []
+    assert load_state(run, "7").down_since == {"n3": T0 + 80}  # kept for the next watcher (cron)
+    beat(run, "n1", T0 + 140)
+    w.step(job(), table(n3="DOWN"), T0 + 141)
+    assert client.calls == [("requeue", "7")]
+    fault = [e for e in watcher_faults(run) if e.kind == journal.FAULT_DETECTED][0]
+    assert "did not fence it in 61 s" in fault.get("evidence")
+
+
+def test_a_node_drained_by_the_sweeper_still_recovers_the_job(run):
+    """The launcher does not read Slurm's node states: a node the sweeper found unhealthy is
+    the watcher's, in-allocation mode or not."""
+    client = Client()
+    w = watcher(run, client)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 79)
+    w.step(job(), table(n2="slurmft: gpu: xid 79"), T0 + 80)
+    assert client.calls == [("requeue", "7")]
+
+
+# -- hang detection across a restart inside the allocation ----------------------------------------
+
+def test_a_world_restarting_in_the_allocation_is_judged_from_its_restart(run):
+    """Every worker stops and starts again on a restart in the allocation (torchrun), and the
+    checkpoint load before the first step may take minutes: the beats from before the restart
+    are the old world's. The old watcher called the run hung hang_min_s after the last old beat;
+    now the start-up grace runs from the restart, and past it a restart that never trains is
+    still a hang (the safety net when the launcher's recovery itself is stuck)."""
+    cfg = dict(hang_min_s=60, clock_skew_s=0, startup_grace_s=300)
+    client = Client()
+    w = watcher(run, client, **cfg)
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 50)
+    w.step(job(), table(), T0 + 55)
+    node_death(run, T0 + 60)
+    write_allocation(run)
+    w.step(job(), table(n3="DOWN"), T0 + 200)   # 150 s since the last beat: no step yet
+    w.step(job(), table(n3="DOWN"), T0 + 400)
+    assert client.calls == []
+    w.step(job(), table(n3="DOWN"), T0 + 60.2 + 300 + 60 + 1)
+    assert client.calls == [("requeue", "7")]
+    fault = [e for e in watcher_faults(run) if e.kind == journal.FAULT_DETECTED][0]
+    assert fault.get("cause") == "hang"
+
+
+def test_the_new_worlds_beats_are_judged_as_usual_after_the_restart(run):
+    """Once the restarted world beats (its segment_start with attempt 1, then steps), a stall
+    is found from those beats, as in any segment."""
+    client = Client()
+    w = watcher(run, client, hang_min_s=60, clock_skew_s=0, startup_grace_s=300)
+    node_death(run, T0 + 60)
+    rank_event(run, journal.SEGMENT_START, T0 + 70, attempt=1, world_size=3)
+    for node in ("n1", "n2", "n4"):
+        beat(run, node, T0 + 80)
+    w.step(job(), table(n3="DOWN"), T0 + 100)
+    assert client.calls == []
+    w.step(job(), table(n3="DOWN"), T0 + 80 + 10 * 1.0 + 1.0 + 60 + 5)  # gap + timeout passed
+    assert client.calls == [("requeue", "7")]
+
+
+# -- operator mode: a fenced node DOWN, on two witnesses ------------------------------------------
+
+def test_operator_mode_sets_a_fenced_silent_node_down_with_the_launchers_evidence(run):
+    client = Client()
+    w = watcher(run, client, operator=True)
+    node_death(run, T0 + 60)
+    write_allocation(run)
+    for t in (70, 76, 82):
+        for node in ("n1", "n2", "n4"):
+            beat(run, node, T0 + t - 1)
+        w.step(job(), table(n3="NOT_RESPONDING"), T0 + t)
+    # First sight at 70, two polls by 76: set DOWN once, the job never requeued.
+    assert client.calls == [("set_down", "n3", client.calls[0][2])]
+    reason = client.calls[0][2]
+    assert reason.startswith("slurmft: watch: fenced by job 7's launcher") and "srun exit 9" in reason
+
+
+def test_operator_mode_never_sets_down_a_fenced_node_that_answers(run):
+    """Fenced for a rank crash or a hang, its slurmd alive: no DOWN (it would kill every other
+    job on the node on the launcher's word alone)."""
+    client = Client()
+    w = watcher(run, client, operator=True)
+    node_death(run, T0 + 60)
+    for t in (70, 76, 82, 200):
+        for node in ("n1", "n2", "n4"):
+            beat(run, node, T0 + t - 1)
+        w.step(job(), table(), T0 + t)
+    assert client.calls == []
+
+
+# -- the next requeue avoids the fenced nodes ---------------------------------------------------
+
+def test_a_later_requeue_excludes_the_nodes_the_launcher_fenced(run):
+    """n3 was fenced (node death) in restart 0; then the batch host died and Slurm requeued the
+    job: n3 is excluded with the batch host, and counted against it."""
+    client = Client()
+    w = watcher(run, client)
+    node_death(run, T0 + 60)
+    for node in ("n1", "n2", "n4"):
+        beat(run, node, T0 + 79)
+    w.step(job(), table(n3="DOWN"), T0 + 80)
+    assert client.calls == []
+    w.step(job(state=JobState.PENDING, nodes=(), restart=1), table(n1="DOWN", n3="DOWN"), T0 + 110)
+    excluded = [c for c in client.calls if c[0] == "exclude"]
+    assert excluded and set(excluded[0][2]) == {"n1", "n3"}
+    assert load_state(run, "7").node_faults == {"n1": 1, "n3": 1}
+
+
+def test_a_time_limit_requeue_after_a_fence_excludes_the_fenced_node(run):
+    """A planned end (the job saved and requeued itself at its time limit) after a fence for a
+    hang on a live node: the fenced node is still never used again by this job."""
+    client = Client()
+    w = watcher(run, client)
+    launcher_event(run, journal.FAULT_DETECTED, T0 + 60, cause="hang", nodes=["n2"],
+                   evidence=["n2 silent 10 s"], fault_time=T0 + 50, detected_by="launcher")
+    launcher_event(run, journal.RECOVERY_ACTION, T0 + 61, action="fence", nodes=["n2"],
+                   spare=None, world_nodes=3, generation=1)
+    for node in ("n1", "n3", "n4"):
+        beat(run, node, T0 + 99)
+    w.step(job(), table(), T0 + 100)
+    rank_event(run, journal.TEMPLATE, T0 + 150, action="requeue",
+               reason="training saved and asked to be requeued")
+    rank_event(run, journal.SEGMENT_END, T0 + 150, exit_code=85, outcome="requeue")
+    w.step(job(state=JobState.PENDING, nodes=(), restart=1), table(), T0 + 160)
+    assert ("exclude", "7", ("n2",)) in client.calls
