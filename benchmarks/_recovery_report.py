@@ -1,0 +1,145 @@
+"""What ``recovery_bench.py`` reports: the summary of its trials (one per SlurmdTimeout, and the
+keys of issue 27 across them) and its markdown tables. Also reads the older single-timeout JSON
+(``--tables FILE`` on a result saved before issue 27)."""
+
+from __future__ import annotations
+
+from _recovery_trial import IN_ALLOCATION, MODES, NODES
+
+SPARE_TARGET_S = 15.0
+# issue 27's JSON keys: (fault, mode) whose recovery time each one is, per SlurmdTimeout
+ISSUE_KEYS = {"requeue_node_death_s": ("node_death", "watch"),
+              "slurm_alone_node_death_s": ("node_death", "slurm"),
+              "inalloc_node_death_s": ("node_death", "inalloc"),
+              "inalloc_shrink_s": ("node_death", "shrink"),
+              "inalloc_crash_s": ("crash", "inalloc")}
+
+
+def timeout_summary(results: list[dict], slurmd_timeout: int, cap: float) -> dict:
+    """One SlurmdTimeout's trials and the figures the tables and targets read."""
+    by = {(r["fault"], r["mode"]): r for r in results}
+    summary: dict = {"slurmd_timeout_s": slurmd_timeout, "cap_s": cap, "trials": results}
+
+    def get(fault: str, mode: str, key: str = "recover_s"):
+        return by.get((fault, mode), {}).get(key)
+
+    if ("node_death", "watch") in by:
+        w, s = get("node_death", "watch"), get("node_death", "slurm")
+        summary["node_death_s"] = w
+        summary["slurm_alone_node_death_s"] = s
+        summary["node_death_ratio"] = w / s if w and s else None
+        summary["node_death_down_to_running_s"] = get("node_death", "watch", "down_to_running_s")
+    if ("node_death", "operator") in by:
+        op = summary["operator_node_death_s"] = get("node_death", "operator")
+        plain = summary.get("node_death_s")
+        summary["operator_saves_s"] = plain - op if plain is not None and op is not None else None
+    if ("hang", "watch") in by:
+        summary["hang_recovered"] = get("hang", "watch", "recovered")
+        summary["hang_detect_s"] = get("hang", "watch", "detect_s")
+        summary["slurm_alone_hang_recovered"] = get("hang", "slurm", "recovered")
+    if ("crash", "watch") in by:
+        summary["crash_recovered"] = get("crash", "watch", "recovered")
+        summary["slurm_alone_crash_recovered"] = get("crash", "slurm", "recovered")
+    for key, (fault, mode) in ISSUE_KEYS.items():
+        if (fault, mode) in by:
+            summary[key] = get(fault, mode)
+    phases = next((r["restart_phases"] for r in results
+                   if r["mode"] in IN_ALLOCATION and r.get("restart_phases")), None)
+    summary["restart_phases"] = phases
+    return summary
+
+
+def issue_keys(runs: list[dict]) -> dict:
+    """Issue 27's keys, each {SlurmdTimeout (str): seconds or None}, present when measured."""
+    out: dict = {}
+    for key in [*ISSUE_KEYS, "restart_phases"]:
+        values = {str(run["slurmd_timeout_s"]): run[key] for run in runs if key in run}
+        if values:
+            out[key] = values
+    return out
+
+
+def fmt(v) -> str:
+    return "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v))
+
+
+def print_tables(summary: dict) -> None:
+    """The markdown tables of a run (also from a saved ``--json`` output: ``--tables FILE``)."""
+    runs = summary.get("runs") or [summary]  # before issue 27: one timeout, its keys at the top
+    print(f"recovery benchmark: poll {summary['poll_s']:g} s, hang timeout "
+          f"{summary['hang_timeout_s']:g} s, {summary.get('nodes', 2)} training node(s), 1-min load "
+          f"{fmt(summary.get('loadavg_1m'))} at the end")
+    for run in runs:
+        print_run(run, summary)
+    cycle = summary.get("cycle")
+    if cycle:
+        print(f"\n| a watcher cycle with {cycle['jobs']} jobs queued: < 0.2 s CPU, <= 2 controller "
+              f"calls | {cycle['cpu_s']:.3f} s CPU (+ {cycle['slurm_commands_cpu_s']:.3f} s in "
+              f"squeue/scontrol), {cycle['queries']} calls ({', '.join(cycle['commands'])}) | "
+              f"{'yes' if cycle['cpu_s'] < 0.2 and cycle['queries'] <= 2 else 'NO'} |")
+    spare = summary.get("inalloc_node_death_s")
+    if spare:
+        values = [v for v in spare.values()]
+        met = bool(values) and all(v is not None and v <= SPARE_TARGET_S for v in values)
+        print(f"\n| node death recovered by a spare <= {SPARE_TARGET_S:g} s at every SlurmdTimeout | "
+              + ", ".join(f"{fmt(v)} s at {t} s" for t, v in spare.items())
+              + f" | {'yes' if met else 'NO'} |")
+
+
+def print_run(run: dict, summary: dict) -> None:
+    results = run["trials"]
+    load = run.get("loadavg_1m_start")
+    print(f"\nSlurmdTimeout {run.get('slurmd_timeout_s', 10):g} s, cap {run['cap_s']:g} s"
+          + (f", 1-min load {load:.1f} at its start, {run['loadavg_1m_end']:.1f} at its end"
+             if load is not None else "") + "\n")
+    print("| fault | mode | recovered | fault -> detected s | fault -> training again s | "
+          "back at step (restored) | world | DOWN -> RUNNING s | job states seen |")
+    print("| --- | --- | --- | ---: | ---: | --- | ---: | ---: | --- |")
+    for r in results:
+        back = r.get("back") or {}
+        at = (f"{back['step']} ({back['restored_step']})" if back.get("step") is not None else "-")
+        recovered = "yes" if r["recovered"] else (f"no: {r['ended']}" if r.get("ended")
+                                                  else "no (after cap)")
+        print(f"| {r['fault']} | {MODES[r['mode']]} | {recovered} | {fmt(r['detect_s'])} | "
+              f"{fmt(r['recover_s'])} | {at} | {fmt(back.get('world_size'))} | "
+              f"{fmt(r.get('down_to_running_s'))} | {','.join(r.get('job_states_seen', [])) or '-'} |")
+    print()
+    print("| target | measured | met |")
+    print("| --- | --- | --- |")
+    ratio = run.get("node_death_ratio")
+    if ratio is not None or run.get("slurm_alone_node_death_s") is not None:
+        print(f"| node death <= 0.20 x Slurm alone (requeue path) | {'-' if ratio is None else f'{ratio:.2f}'} "
+              f"({fmt(run.get('node_death_s'))} s vs {fmt(run.get('slurm_alone_node_death_s'))} s) | "
+              f"{'yes' if ratio is not None and ratio <= 0.2 else 'NO'} |")
+    if run.get("operator_saves_s") is not None:
+        print(f"| (no target) what --operator saves on a node death | {fmt(run['operator_saves_s'])} s "
+              f"({fmt(run['operator_node_death_s'])} s vs {fmt(run['node_death_s'])} s) | - |")
+    if "hang_recovered" in run:
+        limit = summary["hang_timeout_s"] + 2 * summary["poll_s"]
+        d = run["hang_detect_s"]
+        print(f"| hang detected <= timeout + 2 polls ({limit:g} s) after the stop, and recovered; "
+              f"Slurm alone never | {fmt(d)} s, recovered {run['hang_recovered']}, Slurm alone "
+              f"{run.get('slurm_alone_hang_recovered')} | "
+              f"{'yes' if run['hang_recovered'] and d is not None and d <= limit else 'NO'} |")
+    if "crash_recovered" in run:
+        print(f"| crash recovered; Slurm alone never | {run['crash_recovered']}, Slurm "
+              f"alone {run['slurm_alone_crash_recovered']} | "
+              f"{'yes' if run['crash_recovered'] else 'NO'} |")
+    for r in results:
+        if r["mode"] not in IN_ALLOCATION:
+            continue
+        stayed = r.get("job_states_seen") == ["RUNNING"]
+        back = r.get("back") or {}
+        checks = [stayed, bool(r.get("at_restored_step"))]
+        if r["mode"] == "shrink" and r["fault"] == "node_death":
+            checks.append(back.get("world_size") == NODES - 1)
+        if r["mode"] == "inalloc" and r["fault"] == "node_death":
+            checks.append(r["recover_s"] is not None and r["recover_s"] <= SPARE_TARGET_S)
+        print(f"| {r['fault']}, {MODES[r['mode']]}: job never left RUNNING, back at the restored "
+              f"step{', <= 15 s' if r['mode'] == 'inalloc' and r['fault'] == 'node_death' else ''} | "
+              f"states {','.join(r.get('job_states_seen', []))}, {fmt(r['recover_s'])} s, "
+              f"fenced {r.get('fenced')} | {'yes' if all(checks) else 'NO'} |")
+    phases = run.get("restart_phases")
+    if phases:
+        print("\nrestart phases (the ranks' restart_phases event of the in-allocation recovery): "
+              + ", ".join(f"{k} {fmt(v)}" for k, v in phases.items() if k.endswith("_s")))

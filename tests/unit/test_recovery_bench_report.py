@@ -1,0 +1,51 @@
+"""``benchmarks/recovery_bench.py --tables`` on saved real outputs: the single-SlurmdTimeout JSON
+of 2026-11-25 and the per-timeout JSON written since issue 27 (a crash trial pair measured
+2026-11-26); the issue's keys map each SlurmdTimeout to its figure. Not the numbers themselves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+RESULTS = BENCH / "results"
+
+
+def tables(name: str) -> str:
+    proc = subprocess.run([sys.executable, str(BENCH / "recovery_bench.py"), "--tables",
+                           str(RESULTS / name)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_the_old_single_timeout_output_still_prints():
+    out = tables("recovery_bench_2026-11-25.json")
+    assert "| node death <= 0.20 x Slurm alone (requeue path) | 0.20 (36.2 s vs 182.1 s) | yes |" in out
+    assert "| node_death | Slurm alone | yes | - | 182.1 |" in out
+    assert "2 calls (squeue, sinfo) | yes |" in out
+
+
+def test_the_per_timeout_output_prints_each_trial_with_where_it_came_back():
+    out = tables("recovery_bench_crash_loaded_2026-11-26.json")
+    assert "SlurmdTimeout 10 s, cap 240 s" in out
+    assert "| crash | slurmft watch (requeue) | yes | 5.8 | 40.2 | 21 (20) | 3 |" in out
+    assert "| crash | Slurm alone | no: FAILED |" in out
+
+
+def test_issue_keys_map_each_slurmd_timeout_to_its_figure():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _recovery_report import issue_keys, timeout_summary
+    finally:
+        sys.path.remove(str(BENCH))
+    saved = json.loads((RESULTS / "recovery_bench_crash_loaded_2026-11-26.json").read_text())
+    trials = saved["runs"][0]["trials"]
+    as_inalloc = [{**t, "mode": "inalloc"} for t in trials if t["mode"] == "watch"]
+    runs = [timeout_summary(trials + as_inalloc, 10, 240.0),
+            timeout_summary([{**t, "recover_s": 2 * t["recover_s"]} for t in as_inalloc], 120, 460.0)]
+    keys = issue_keys(runs)
+    assert keys["inalloc_crash_s"] == {"10": trials[0]["recover_s"], "120": 2 * trials[0]["recover_s"]}
+    assert "requeue_node_death_s" not in keys  # not measured: absent, never a made-up figure
