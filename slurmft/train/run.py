@@ -13,11 +13,12 @@ k-th batch, and checkpoint ``k`` (``save(k)``) holds the state *after* step ``k`
 from it continues with step ``k + 1``. ``run.step`` is the number of completed steps.
 
 What ``Run`` owns (each piece stays usable alone: ``run.checkpoints``, ``run.guard``...):
-* start (``with``): job identity (``JobEnv``), run dir check, ``Segment``, ``TrainState``,
-  ``CheckpointManager`` and resume from the newest valid checkpoint, journaled as ``segment_start``
-  with ``restored_step``, ``load_s`` and ``load_bytes``; heartbeat (created first: the load
-  announces itself in it), watchdog, signal handlers. ``phase()``: a long phase of the user's own
-  (an evaluation) with its bound, for the watchdog and the watcher.
+* start (``with``): job identity (``JobEnv``), run dir check, ``Segment``, ``TrainState``, in
+  in-allocation mode the allocation watch (:mod:`slurmft.train.alloc_watch`: a world the
+  launcher re-forms ends this rank at once with exit 88), ``CheckpointManager`` and resume from
+  the newest valid checkpoint, journaled as ``segment_start`` with ``restored_step``, ``load_s``
+  and ``load_bytes``; heartbeat (created first: the load announces itself in it), watchdog,
+  signal handlers. ``phase()``: a long phase of the user's own (an evaluation) with its bound.
 * ``report()``: ONE all-reduce (SUM over ranks) of loss, gradient norm and "a preemption signal
   arrived", so the guard judges the same numbers on every rank and the preemption decision costs
   no extra collective. A verdict other than OK clears the gradients (``zero_grad(set_to_none=True)``)
@@ -52,6 +53,7 @@ import torch.distributed as dist
 from slurmft import exitcodes, journal
 from slurmft.config import ConfigError, load_section
 from slurmft.rundir import RUN_DIR_ENV, RunDir
+from slurmft.train.alloc_watch import AllocationWatch
 from slurmft.train.boundary import BoundaryCheck, step_generator, user_site
 from slurmft.checkpoint.manager import CheckpointError, CheckpointManager
 from slurmft.checkpoint.config import CheckpointConfig
@@ -131,6 +133,7 @@ class Run(StepBoundary, RunEndings):
         self._checkpoints: CheckpointManager | None = None
         self._forward_timer: ForwardTimer | None = None
         self._audit: ResumeAudit | None = None
+        self._alloc_watch: AllocationWatch | None = None
         self._busy_steps = 0
 
     # ------------------------------------------------------------------ start / close
@@ -157,6 +160,7 @@ class Run(StepBoundary, RunEndings):
         self.rank = dist.get_rank(self.process_group) if self._distributed else 0
         self.device = torch.device(self._device_arg) if self._device_arg else self._collective_device()
         self._started = True
+        self._watch_allocation()  # before the restore: its collectives may meet a dead peer
         # Before the restore: the load announces itself in it, and its first beat says the run beats.
         self.heartbeat = Heartbeat(self.run_dir, self.env.node, job_id=self.env.job_id,
                                    restart_count=self.env.restart_count, attempt=self.env.attempt,
@@ -202,6 +206,9 @@ class Run(StepBoundary, RunEndings):
 
     def close(self) -> None:
         """Stop the watchdog, restore the signal handlers, finish the save in flight. Idempotent."""
+        if self._alloc_watch is not None:
+            self._alloc_watch.stop()
+            self._alloc_watch = None
         if self._forward_timer is not None:
             self._forward_timer.remove()
             self._forward_timer = None
@@ -352,6 +359,21 @@ class Run(StepBoundary, RunEndings):
         return self.result.ok
 
     # ------------------------------------------------------------------ internals
+
+    def _watch_allocation(self) -> None:
+        """In-allocation mode (``allocation.json`` names this job): start the watch, then tell it
+        the nodes of this world (one all-gather), so a node fenced before this rank first looked
+        at the file still ends it."""
+        self._alloc_watch = AllocationWatch.start_for(
+            self.run_dir, (self.env.slurm_id, self.env.job_id),
+            on_reform=lambda reason: self.segment.finish(exitcodes.REFORM, reason, step=self.step))
+        if self._alloc_watch is None:
+            return
+        nodes: list[Any] = [self.env.node]
+        if self._distributed and self.world_size > 1:
+            nodes = [None] * self.world_size
+            dist.all_gather_object(nodes, self.env.node, group=self.process_group)
+        self._alloc_watch.set_world([n for n in nodes if isinstance(n, str)])
 
     def _checkpoint_bytes(self, step: int | None) -> int:
         if step is None:

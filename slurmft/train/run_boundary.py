@@ -1,6 +1,8 @@
 """What :class:`slurmft.train.run.Run` does at each step boundary (the code after the loop body):
 the guard's verdict acted on (rollback, or give up: exit 86), the ``loss`` event, the heartbeat,
-the periodic save and preemption; and the journal events of each checkpoint committed."""
+the periodic save and preemption; and the journal events of each checkpoint committed. In
+in-allocation mode it also looks at ``allocation.json`` first (one ``stat``): a world the launcher
+re-forms ends here, exit 88, rather than in the next step's collective."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from slurmft import exitcodes, journal
+from slurmft.train.alloc_watch import AllocationWatch
 from slurmft.train.boundary import BoundaryCheck
 from slurmft.checkpoint.manager import CheckpointManager
 from slurmft.train.guards import GuardResult, Verdict
@@ -43,6 +46,7 @@ class StepBoundary:
     _preemption: PreemptionHandler | None
     _audit: ResumeAudit | None
     _forward_timer: ForwardTimer | None
+    _alloc_watch: AllocationWatch | None
     _end: Callable[..., NoReturn]
     _preempt: Callable[[int], None]
 
@@ -51,6 +55,8 @@ class StepBoundary:
         def checkpoints(self) -> CheckpointManager: ...
 
     def _boundary_after(self, step: int, total: int) -> None:
+        if self._alloc_watch is not None:
+            self._alloc_watch.check()
         self._boundary.settle(step)  # a draw before the loop matters from the step that draws too
         stop = self._stop_agreed if self._reported else (
             self._preemption is not None and self._preemption.should_stop())

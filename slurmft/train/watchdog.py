@@ -11,12 +11,8 @@ nested in it runs.
 When a deadline passes, the process ends with ``os._exit(slurmft.exitcodes.HANG)``: a rank stuck
 inside a collective cannot be unwound, and ``os._exit`` does not wait for it. Before that, a
 reporting thread writes a message and every thread's stack (``faulthandler``) to stderr (the job
-log) and calls the optional ``on_fire`` hook (e.g. a journal line). Both may sit on the shared
-filesystem, which may be what hangs, so the exit never waits for them: the watchdog waits at most
-``report_timeout_s`` for the report, then exits regardless. A report blocked while holding the
-GIL (``faulthandler`` writes to a hung file that way) would stop that Python-level wait too, so
-``faulthandler``'s own C thread, which needs no GIL, is armed first to end the process a moment
-later with exit code 1 as a last resort.
+log) and calls the optional ``on_fire`` hook (e.g. a journal line), bounded by
+``report_timeout_s`` (:mod:`slurmft.train.hard_exit`: the filesystem may be what hangs).
 """
 
 from __future__ import annotations
@@ -33,9 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, TextIO
 
 from slurmft import exitcodes
-
-# Seconds the C-level backstop waits beyond report_timeout_s (the Python path normally exits first).
-BACKSTOP_MARGIN_S = 2.0
+from slurmft.train.hard_exit import exit_after_report
 
 
 @dataclass
@@ -175,20 +169,10 @@ class StepWatchdog:
     def _fire(self, label: str, elapsed: float, limit: float) -> None:
         message = (f"slurmft watchdog: {label} has run {elapsed:.1f} s, over its {limit:.1f} s "
                    f"timeout; dumping all thread stacks and exiting with {exitcodes.describe(self.exit_code)}")
-        _arm_backstop(self.report_timeout_s + BACKSTOP_MARGIN_S)
-        reported = threading.Event()
-        reporter = threading.Thread(target=self._report, args=(message, reported),
-                                    name="slurmft-watchdog-report", daemon=True)
-        reporter.start()
-        if not reported.wait(self.report_timeout_s):
-            # Said from yet another thread: stderr itself may be what hangs.
-            note = (f"slurmft watchdog: reporting did not finish within {self.report_timeout_s:g} s "
-                    f"(stderr or the journal's filesystem hangs); exiting without it\n")
-            threading.Thread(target=_write_fd, args=(2, note), daemon=True).start()
-        self._exit(self.exit_code)
-        faulthandler.cancel_dump_traceback_later()  # reached only when _exit was replaced (tests)
+        exit_after_report(self.exit_code, lambda: self._report(message),
+                          report_timeout_s=self.report_timeout_s, who="slurmft watchdog", _exit=self._exit)
 
-    def _report(self, message: str, done: threading.Event) -> None:
+    def _report(self, message: str) -> None:
         stream = self.stream or sys.stderr
         try:
             print(message, file=stream, flush=True)
@@ -204,24 +188,3 @@ class StepWatchdog:
                     print(f"slurmft watchdog: on_fire hook failed: {exc}", file=stream, flush=True)
                 except (OSError, ValueError):
                     pass
-        done.set()
-
-
-def _arm_backstop(after_s: float) -> None:
-    """End the process with exit code 1 after ``after_s`` seconds from a C thread (needs no GIL).
-
-    Its stack dump goes to /dev/null: the report is the reporting thread's job, and writing it
-    here could block on the very file that hangs.
-    """
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        faulthandler.dump_traceback_later(after_s, exit=True, file=devnull)
-    except (OSError, RuntimeError, ValueError):
-        pass
-
-
-def _write_fd(fd: int, text: str) -> None:
-    try:
-        os.write(fd, text.encode())
-    except OSError:
-        pass

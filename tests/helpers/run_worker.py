@@ -6,6 +6,7 @@ momentum and a step LR schedule. Each rank appends what its guard judged to ``--
   --signal-at K --signal-rank R   rank R sends itself SIGUSR2 in step K (a preemption seen by one rank)
   --nan-at K --nan-rank R         rank R's loss and gradients are NaN the first time step K runs
   --slow-rank R --slow-s S        rank R's forward pass takes S seconds longer (a straggler node)
+  --step-sleep S                  every rank sleeps S seconds in each step (a run to interrupt)
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main() -> None:
     p.add_argument("--max-trips", type=int, default=3)
     p.add_argument("--slow-rank", type=int)
     p.add_argument("--slow-s", type=float, default=0.0)
+    p.add_argument("--step-sleep", type=float, default=0.0)
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -72,6 +74,7 @@ def main() -> None:
             x = torch.randn(4, 8, generator=gen)
             y = x.sum(dim=1, keepdim=True)
             loss = F.mse_loss(model(x), y)
+            time.sleep(args.step_sleep)
             loss.backward()
             if step in args.nan_at and rank == args.nan_rank:  # once per step number
                 args.nan_at.remove(step)

@@ -1,0 +1,178 @@
+"""In-allocation mode, the ranks' side: leave a world the launcher re-forms, at once.
+
+When a node of the allocation dies, the launcher on the batch host fences it and re-forms the
+world (a spare takes its place, or the world shrinks, or the same nodes restart); it says so by
+moving ``generation`` in ``<run_dir>/allocation.json`` (:mod:`slurmft.allocation`). The ranks that
+survive may sit in a gloo collective with the dead peer, which cannot be aborted and would block
+until the process-group timeout (600 s by default). So every rank runs :class:`AllocationWatch`:
+a daemon thread that looks at the file every ``poll_s`` (0.5 s) and ends the process with
+``os._exit(slurmft.exitcodes.REFORM)`` (88) when
+
+* the generation is newer than the first one this rank saw (its start generation), or
+* a node of this rank's world is fenced. This closes the window in which the generation moved
+  between torchrun's rendezvous and this rank's first look: the start generation is then the new
+  one, but the world still holds the node the launcher fenced.
+
+Before the exit, ``on_reform`` (``Run``'s: rank 0 journals ``segment_end`` with 88 and every rank
+says one line on stderr) runs bounded by ``report_timeout_s``: the filesystem may be what hangs
+(:mod:`slurmft.train.hard_exit`). torchrun's agent then sees its workers exit and restarts them
+in the re-formed world, and they resume from the newest valid checkpoint.
+
+A look costs one ``stat``: the launcher replaces the file atomically (a new inode), so the file is
+read and checked only when its inode, size or times changed. ``Run`` also calls :meth:`check` at
+every step boundary. The file is untrusted input: one that cannot be read or checked is no reason
+to end a healthy rank (said once on stderr; the watch goes on), nor is a record of another job, a
+generation that went back, or a file that went away.
+
+The watch is off, with no thread and no cost, unless ``allocation.json`` names this job when
+:meth:`AllocationWatch.start_for` looks (the launcher writes it before starting any rank).
+Torch-free: the world's node names are handed in by ``Run`` (one ``all_gather_object``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Callable, Collection, Iterable, TextIO
+
+from slurmft import allocation, exitcodes
+from slurmft.rundir import RunDir
+from slurmft.train.hard_exit import exit_after_report
+
+DEFAULT_POLL_S = 0.5
+
+
+class AllocationWatch:
+    """Ends this rank with exit 88 when the launcher re-forms its world (see the module docstring).
+
+    run_dir: the run directory. job_ids: the ids this job goes by (the launcher's array-aware
+    ``SLURMFT_JOB_ID`` and ``SLURM_JOB_ID``); a record naming none of them is not this job's.
+    on_reform: called with the reason before the exit (bounded). poll_s: seconds between looks.
+    report_timeout_s: longest the exit waits for ``on_reform``. stream: where a warning about an
+    unusable file goes (stderr).
+    """
+
+    def __init__(self, run_dir: RunDir, job_ids: Iterable[str | None], *,
+                 on_reform: Callable[[str], None] | None = None, poll_s: float = DEFAULT_POLL_S,
+                 report_timeout_s: float = 5.0, stream: TextIO | None = None,
+                 _exit: Callable[[int], None] = os._exit) -> None:
+        if not poll_s > 0 or not report_timeout_s > 0:
+            raise ValueError("allocation watch needs poll_s > 0 and report_timeout_s > 0")
+        self.run_dir = run_dir
+        self.job_ids = frozenset(j for j in job_ids if j)
+        self.on_reform = on_reform
+        self.poll_s = poll_s
+        self.report_timeout_s = report_timeout_s
+        self.stream = stream
+        self._exit = _exit
+        self.start_generation: int | None = None
+        self.world: frozenset[str] = frozenset()
+        self.fired: str | None = None  # the reason, once fired
+        self._seen: tuple[int, ...] | None = None
+        self._warned = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def start_for(cls, run_dir: RunDir, job_ids: Iterable[str | None],
+                  **kwargs) -> "AllocationWatch | None":
+        """A started watch when ``allocation.json`` names this job now, else None (mode off)."""
+        watch = cls(run_dir, job_ids, **kwargs)
+        try:
+            record = allocation.read(run_dir)
+        except allocation.AllocationError as exc:
+            # In-allocation mode (the file is there) but unusable: watch anyway; the first record
+            # that checks gives the start generation. Ending a healthy rank would not fix it.
+            watch._warn(exc)
+            return watch.start()
+        if record is None or record.job_id not in watch.job_ids:
+            return None
+        return watch.start()
+
+    def set_world(self, nodes: Collection[str]) -> None:
+        """The nodes this rank's world runs on (every rank's node, from ``Run``'s all-gather)."""
+        with self._lock:
+            self.world = frozenset(nodes)
+            self._seen = None  # judge the record again against the world
+        self.check()
+
+    def start(self) -> "AllocationWatch":
+        self.check()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="slurmft-allocation-watch",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def check(self) -> str | None:
+        """Look at the file now (one ``stat`` when it did not change); end the process when the
+        world is being re-formed. Returns the reason when ``_exit`` was replaced (tests)."""
+        with self._lock:
+            if self.fired is not None:
+                return self.fired
+            reason = self._look()
+            if reason is None:
+                return None
+            self.fired = reason
+        self._stop.set()
+        exit_after_report(exitcodes.REFORM, lambda: self._report(reason),
+                          report_timeout_s=self.report_timeout_s, who="slurmft allocation watch",
+                          _exit=self._exit)
+        return reason
+
+    def _look(self) -> str | None:
+        path = self.run_dir.allocation
+        try:
+            st = os.lstat(path)
+        except OSError:  # gone (or unreachable for now): no news is no reason to leave
+            return None
+        key = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key == self._seen:
+            return None
+        self._seen = key
+        try:
+            record = allocation.read(self.run_dir)
+        except allocation.AllocationError as exc:
+            self._warn(exc)
+            return None
+        if record is None or record.job_id not in self.job_ids:
+            return None
+        if self.start_generation is None:
+            self.start_generation = record.generation
+        fenced = sorted(self.world.intersection(record.fenced_nodes))
+        if record.generation > self.start_generation:
+            moved = f"the allocation's generation moved from {self.start_generation} to {record.generation}"
+            return moved + (f" (fenced: {', '.join(fenced)})" if fenced else "")
+        if fenced:
+            return f"node(s) of this rank's world were fenced by the launcher: {', '.join(fenced)}"
+        return None
+
+    def _report(self, reason: str) -> None:
+        if self.on_reform is not None:
+            try:
+                self.on_reform(reason)
+            except Exception as exc:  # the exit must happen whatever the hook does
+                self._say(f"slurmft allocation watch: on_reform hook failed: {exc}")
+
+    def _warn(self, exc: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            self._say(f"slurmft allocation watch: WARNING: {exc}; still watching")
+
+    def _say(self, line: str) -> None:
+        try:
+            print(line, file=self.stream or sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.check()

@@ -1,0 +1,179 @@
+"""AllocationWatch, torch-free: when it ends a rank (a newer generation, a fenced node of its world),
+when it does not (another job's record, a file it cannot use, a generation that went back, no
+file), and that a look at an unchanged file is one stat. The real ranks stuck in gloo are
+tests/unit/test_alloc_watch_dist.py's."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+
+import pytest
+
+from slurmft import allocation, exitcodes
+from slurmft.rundir import RunDir, atomic_write_bytes
+from slurmft.train.alloc_watch import AllocationWatch
+
+
+def write(run: RunDir, generation: int, *, job_id: str = "77", active=("n0", "n1", "n2"),
+          spares=("n3",), fenced=()) -> None:
+    """As the launcher writes it (slurmft.allocation.write: atomic, checked)."""
+    allocation.write(run, allocation.Allocation(
+        job_id=job_id, generation=generation, active=tuple(active), spares=tuple(spares),
+        fenced=tuple(allocation.Fence(node=n, cause="node_death", time=1.8e9, evidence=("step gone",))
+                     for n in fenced), min_nodes=2))
+
+
+class Exits:
+    """Stands in for os._exit: records the code (the real exit is the dist test's)."""
+
+    def __init__(self) -> None:
+        self.codes: list[int] = []
+        self.done = threading.Event()
+
+    def __call__(self, code: int) -> None:
+        self.codes.append(code)
+        self.done.set()
+
+
+def watch(run: RunDir, exits: Exits, said: list[str] | None = None, **kw) -> AllocationWatch | None:
+    kw.setdefault("poll_s", 3600)  # the tests look by hand unless they test the thread
+    return AllocationWatch.start_for(run, ("77", None), _exit=exits,
+                                     on_reform=(said.append if said is not None else None),
+                                     stream=io.StringIO(), **kw)
+
+
+def test_a_newer_generation_ends_the_rank_with_88_after_the_journal_hook(tmp_path):
+    run, exits, said = RunDir(tmp_path), Exits(), []
+    write(run, 3)
+    w = watch(run, exits, said)
+    assert w is not None and w.start_generation == 3
+    w.set_world(["n0", "n1", "n2"])
+    assert w.check() is None and exits.codes == []
+    write(run, 4, active=("n0", "n3", "n2"), spares=(), fenced=("n1",))
+    reason = w.check()
+    assert exits.codes == [exitcodes.REFORM]
+    assert reason == "the allocation's generation moved from 3 to 4 (fenced: n1)"
+    assert said == [reason]  # the hook (rank 0's segment_end) ran before the exit
+    w.stop()
+
+
+def test_the_poll_thread_ends_a_rank_stuck_elsewhere(tmp_path):
+    """The training thread is stuck in a collective: only the watch's own thread can end it."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 0)
+    w = watch(run, exits, poll_s=0.05)
+    assert w is not None
+    write(run, 1)
+    assert exits.done.wait(30), "the poll thread did not end the rank"
+    assert exits.codes == [exitcodes.REFORM]
+    w.stop()
+
+
+def test_a_fenced_node_of_the_world_ends_the_rank_even_at_its_start_generation(tmp_path):
+    """The generation moved between torchrun's rendezvous and the rank's first look: the start
+    generation is the new one, but the world still holds the fenced node."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 5, active=("n0", "n3", "n2"), spares=(), fenced=("n1",))
+    w = watch(run, exits)
+    assert w is not None and exits.codes == []  # n1 is not known to be in this world yet
+    w.set_world(["n0", "n1", "n2"])
+    assert exits.codes == [exitcodes.REFORM]
+    assert w.fired == "node(s) of this rank's world were fenced by the launcher: n1"
+
+
+def test_a_fenced_spare_or_a_node_of_another_world_is_no_reason(tmp_path):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 2)
+    w = watch(run, exits)
+    assert w is not None
+    w.set_world(["n0", "n1", "n2"])
+    write(run, 2, spares=(), fenced=("n3",))  # the spare died: no rank of ours ran there
+    assert w.check() is None and exits.codes == []
+    w.stop()
+
+
+def test_no_file_or_another_jobs_file_turns_the_watch_off(tmp_path):
+    run, exits = RunDir(tmp_path), Exits()
+    assert watch(run, exits) is None  # the default (requeue) mode: no thread, no cost
+    write(run, 1, job_id="76")  # a record an earlier job left in the run dir
+    assert watch(run, exits) is None
+    write(run, 1, job_id="77")
+    assert AllocationWatch.start_for(run, ("4_1", "77"), _exit=exits, poll_s=3600) is not None
+
+
+@pytest.mark.parametrize("bad", [b"{not json", b'{"version": 1, "job_id": "77", "generation": -1}',
+                                 b'{"version": 9, "job_id": "77", "generation": 8}', b"[]"])
+def test_a_file_that_does_not_check_is_said_once_and_ends_nothing(tmp_path, bad):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    stream = io.StringIO()
+    w = AllocationWatch.start_for(run, ("77",), _exit=exits, poll_s=3600, stream=stream)
+    assert w is not None
+    atomic_write_bytes(run.allocation, bad)
+    assert w.check() is None
+    atomic_write_bytes(run.allocation, bad + b" ")
+    assert w.check() is None and exits.codes == []
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and "allocation.json" in lines[0] and "still watching" in lines[0]
+    write(run, 2)  # the launcher's next record still counts
+    assert w.check() is not None and exits.codes == [exitcodes.REFORM]
+
+
+def test_a_link_or_a_fifo_in_its_place_is_refused_not_followed(tmp_path):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    w = watch(run, exits)
+    assert w is not None
+    elsewhere = tmp_path / "elsewhere.json"
+    os.replace(run.allocation, elsewhere)
+    write(RunDir(tmp_path / "other"), 9)
+    os.symlink(tmp_path / "other" / "allocation.json", run.allocation)
+    assert w.check() is None
+    os.unlink(run.allocation)
+    os.mkfifo(run.allocation)
+    assert w.check() is None and exits.codes == []  # and it did not block on the FIFO
+
+
+def test_a_generation_that_went_back_or_a_file_that_went_away_is_no_reason(tmp_path):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 4)
+    w = watch(run, exits)
+    assert w is not None
+    write(run, 3)
+    assert w.check() is None
+    os.unlink(run.allocation)
+    assert w.check() is None and exits.codes == []
+
+
+def test_an_unchanged_file_is_not_read_again(tmp_path, monkeypatch):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    w = watch(run, exits)
+    assert w is not None
+    reads = []
+    real = allocation.read
+    monkeypatch.setattr(allocation, "read", lambda r: (reads.append(1), real(r))[1])
+    for _ in range(50):
+        w.check()
+    assert reads == []
+    write(run, 1)  # rewritten (a new inode): read once
+    w.check()
+    w.check()
+    assert reads == [1]
+
+
+def test_the_exit_does_not_wait_for_a_hook_that_hangs(tmp_path):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    hung = threading.Event()
+    w = AllocationWatch.start_for(run, ("77",), _exit=exits, poll_s=3600, report_timeout_s=0.2,
+                                  on_reform=lambda reason: hung.wait(60), stream=io.StringIO())
+    assert w is not None
+    write(run, 2)
+    started = time.monotonic()
+    w.check()
+    assert exits.codes == [exitcodes.REFORM] and time.monotonic() - started < 30
+    hung.set()
