@@ -59,6 +59,18 @@ def _watch_state(run_dir: Path):
         return exc
 
 
+def _allocation(run_dir: Path):
+    """The in-allocation launcher's allocation.json (None when there is none), or the
+    AllocationError saying why it cannot be read (shown as unreadable)."""
+    from slurmft import allocation
+    from slurmft.rundir import RunDir
+
+    try:
+        return allocation.read(RunDir(run_dir))
+    except allocation.AllocationError as exc:
+        return exc
+
+
 def _lookup_job(client, job_id: str):
     """The job for a JOBID target, or a clear exit."""
     from slurmft.commands.joblookup import LookupFailed, find_job
@@ -135,7 +147,8 @@ def status(
         except ResolveError as exc:
             raise _fail(EXIT_USAGE, f"{exc} (or give the run dir instead of the job id)")
         events = _events_of(run_dir)
-    report = build_report(events, job, now=time.time(), watch_state=_watch_state(run_dir))
+    report = build_report(events, job, now=time.time(), watch_state=_watch_state(run_dir),
+                          allocation=_allocation(run_dir))
     if plot is not None:
         from slurmft.status.plot import PlotUnavailable, write_plot
 

@@ -86,6 +86,8 @@ def _summary(report: Report, run_dir: Path, note: str) -> Table:
         w = report.watcher
         saved = f"{w['phase']}, {w['restarts'] or 0} restarts" + (f": {w['reason']}" if w["reason"] else "")
         grid.add_row("watcher", escape(f"{saved} (its saved state; it may not be running now)"))
+    if report.allocation is not None:
+        grid.add_row("allocation", escape(_allocation(report)))
     if note:
         grid.add_row("note", escape(note))
     ettr = "-" if report.ettr is None else f"{report.ettr:.1%}"
@@ -108,6 +110,18 @@ def _summary(report: Report, run_dir: Path, note: str) -> Table:
     else:
         grid.add_row("checkpoints", "none committed")
     return grid
+
+
+def _allocation(report: Report) -> str:
+    """In-allocation mode: the launcher's nodes as allocation.json has them."""
+    a = report.allocation or {}
+    if "unreadable" in a:
+        return f"allocation.json unreadable: {a['unreadable']}"
+    fenced = ", ".join(f"{f['node']} ({f['cause'] or 'no cause'})" for f in a["fenced"][:8])
+    whose = "" if a["job_id"] == report.job_id else f" (job {a['job_id']}'s)"
+    return (f"generation {a['generation']}{whose}: active {nodes(a['active'])}, "
+            f"spares {nodes(a['spares']) if a['spares'] else 'none'} ({len(a['spares'])}), "
+            f"fenced {fenced or 'none'}" + (f"; at least {a['min_nodes']} nodes" if a["min_nodes"] else ""))
 
 
 def _table(title: str, headers: tuple[str, ...]) -> Table:
@@ -141,20 +155,27 @@ def _segments(report: Report) -> Table:
         ranks = f" x{seg.world_size}" if seg.world_size else ""
         load = duration(seg.load_s) + ("" if seg.load_bandwidth is None
                                        else f" {size(seg.load_bandwidth)}/s")
-        ended = seg.outcome or ("running" if i == len(report.segments) - 1 and seg.end is None
+        nxt = report.segments[i + 1] if i + 1 < len(report.segments) else None
+        reformed = nxt is not None and (nxt.job_id, nxt.restart_count) == (seg.job_id, seg.restart_count)
+        ended = seg.outcome or ("running" if nxt is None and seg.end is None
+                                else "re-formed in the allocation" if reformed
                                 else "killed (no end recorded)")
-        table.add_row(str(i), f"{seg.job_id}.{seg.restart_count}", clock(seg.start),
+        table.add_row(str(i), f"{seg.job_id}.{seg.restart_count}"
+                      + (f"/{seg.ordinal}" if seg.ordinal else ""), clock(seg.start),
                       duration(None if end is None else end - seg.start),
                       escape(seg.nodelist or "-") + ranks, steps, load, escape(ended))
     return table
 
 
 def _faults(report: Report) -> Table:
-    table = _table("faults (UTC; then times after the fault; steps and time lost)",
-                   ("#", "cause", "at", "seen", "requeue", "running", "back", "steps", "time"))
+    table = _table("faults (UTC; then times after the fault; steps and time lost; where: "
+                   "requeue or in the allocation)",
+                   ("#", "cause", "where", "at", "seen", "acted", "running", "back", "steps", "time"))
     for i, f in enumerate(report.faults):
-        table.add_row(str(i), escape(f.cause), clock(f.fault_time), after(f.detected, f.fault_time),
-                      after(f.requeued, f.fault_time), after(f.running, f.fault_time),
+        table.add_row(str(i), escape(f.cause), "alloc" if f.where == "allocation" else "requeue",
+                      clock(f.fault_time), after(f.detected, f.fault_time),
+                      after(f.requeued if f.acted is None else f.acted, f.fault_time),
+                      after(f.running, f.fault_time),
                       after(f.back, f.fault_time), "-" if f.steps_lost is None else str(f.steps_lost),
                       duration(f.lost_s))
     return table

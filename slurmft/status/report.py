@@ -7,7 +7,9 @@ is :mod:`slurmft.status.journal_reader`.
 Definitions (``slurmft status`` shows them; docs/architecture.md repeats them):
 
 - A *segment* is one run of the training process: ``segment_start`` to ``segment_end`` (absent
-  when the process was killed), keyed by (job id, restart count). Its loss events are its steps.
+  when the process was killed), keyed by (job id, restart count, ordinal): a requeue starts one
+  (a new restart count), and so does a restart of the world inside the allocation (in-allocation
+  mode: same restart count, the next ordinal; ``segkeys.py``). Its loss events are its steps.
 - A step's *duration* is the time since the previous loss event of the same segment; a
   segment's first step (which also pays for start-up and checkpoint load) is given the median
   step duration of its segment.
@@ -19,20 +21,25 @@ Definitions (``slurmft status`` shows them; docs/architecture.md repeats them):
 - A *fault* is every interruption between two segments (and a fault the watcher detected after
   the last segment started). Its times: fault -> detected -> requeued -> running -> back, where
   *back* is the first loss event of the next segment past its restored step; the *work lost* is
-  the steps between the restored step and the last step reached before the fault.
+  the steps between the restored step and the last step reached before the fault. *Where* it was
+  recovered: ``requeue`` (through Slurm: a new restart count) or ``allocation`` (the next segment
+  is the same job and restart count: the launcher re-formed the world in the allocation; its own
+  ``fault_detected`` is the detection, its ``recovery_action`` the action, no requeue).
 """
 
 from __future__ import annotations
 
-import bisect
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from slurmft import exitcodes, journal, numbers
+from slurmft.allocation import Allocation
 from slurmft.journal import Event
 from slurmft.slurm.client import Job
-from slurmft.status.state import run_state, segment_key, waiting_from_watcher, watcher_view
+from slurmft.status.faults import Fault, Index, Segment, find_fault
+from slurmft.status.segkeys import Key, SegmentKeys
+from slurmft.status.state import run_state, waiting_from_watcher, watcher_view
 from slurmft.status.journal_reader import JournalUnreadable, read_journal
 from slurmft.watch.detect import PLANNED as PLANNED_CAUSES
 
@@ -40,66 +47,6 @@ __all__ = ["PLANNED_CAUSES", "Fault", "JournalUnreadable", "Report", "Segment", 
            "report_dict"]
 
 RECENT_WARNINGS = 5
-
-
-@dataclass
-class Segment:
-    job_id: str
-    restart_count: int
-    start: float
-    end: float | None = None
-    exit_code: int | None = None
-    outcome: str = ""
-    reason: str = ""
-    world_size: int | None = None
-    num_nodes: int | None = None
-    nodelist: str = ""
-    restored_step: int | None = None
-    load_s: float | None = None
-    load_bytes: int | None = None
-    first_step: int | None = None
-    last_step: int | None = None
-    last_step_time: float | None = None
-    steps: int = 0
-    median_step_s: float | None = None
-    # (step, reason) of each checkpoint this segment passed over at its load (damaged)
-    checkpoints_skipped: list[tuple[int | None, str]] = field(default_factory=list)
-    # the resume check's verdict on this segment: {step, cause, site, message} (the first only)
-    resume_diverged: dict[str, Any] | None = None
-
-    @property
-    def load_bandwidth(self) -> float | None:
-        """Bytes per second of the checkpoint load, when the segment journaled both."""
-        if self.load_s and self.load_bytes is not None and self.load_s > 0:
-            return numbers.finite(self.load_bytes / self.load_s)
-        return None
-
-
-@dataclass
-class Fault:
-    cause: str
-    job_id: str
-    restart_count: int              # of the segment the fault ended (or hit)
-    fault_time: float | None = None
-    detected: float | None = None
-    requeued: float | None = None
-    running: float | None = None
-    back: float | None = None
-    evidence: str = ""
-    nodes: list[str] = field(default_factory=list)
-    last_step: int | None = None    # the last step reached before the fault
-    restored_step: int | None = None
-    steps_lost: int | None = None
-    lost_s: float | None = None
-    restarted: bool = False         # a next segment started after it
-    recovered: bool = False         # training got back past its restored step
-
-    @property
-    def downtime_s(self) -> float | None:
-        """Fault to training back at the restored step (the time to recover)."""
-        if self.back is None or self.fault_time is None:
-            return None
-        return self.back - self.fault_time
 
 
 @dataclass
@@ -125,6 +72,9 @@ class Report:
     watcher: dict[str, Any] | None   # from <run_dir>/watch/state.json, when there is one
     first_time: float | None
     now: float
+    # In-allocation mode: allocation.json as a person reads it (active nodes, spares, fenced), or
+    # {"unreadable": why}; None when the run dir has none.
+    allocation: dict[str, Any] | None = None
 
     @property
     def restarts(self) -> int:
@@ -136,20 +86,21 @@ class Report:
         return sum(n for cause, n in self.restarts_by_cause.items() if cause in PLANNED_CAUSES)
 
 
-def _steps(events: Sequence[Event]) -> tuple[dict[tuple[str, int], list[tuple[int, float, float, int]]], set[int]]:
+def _steps(events: Sequence[Event], keys: Sequence[Key | None]
+           ) -> tuple[dict[Key, list[tuple[int, float, float, int]]], set[int]]:
     """Per segment key, one row per loss event: (step, time, duration, event index); and the
     indices of loss events that a later run of the same step superseded (redone work)."""
-    per_seg: dict[tuple[str, int], list[tuple[int, float, int]]] = {}
+    per_seg: dict[Key, list[tuple[int, float, int]]] = {}
     last_index: dict[int, int] = {}
     for index, event in enumerate(events):
         if event.kind != journal.LOSS:
             continue
-        step, key = event.count("step"), segment_key(event)
+        step, key = event.count("step"), keys[index]
         if step is None or key is None:
             continue
         per_seg.setdefault(key, []).append((step, event.time, index))
         last_index[step] = index
-    rows_by_seg: dict[tuple[str, int], list[tuple[int, float, float, int]]] = {}
+    rows_by_seg: dict[Key, list[tuple[int, float, float, int]]] = {}
     for key, rows in per_seg.items():
         gaps = [max(b[1] - a[1], 0.0) for a, b in zip(rows, rows[1:])]
         median = statistics.median(gaps) if gaps else 0.0
@@ -159,15 +110,15 @@ def _steps(events: Sequence[Event]) -> tuple[dict[tuple[str, int], list[tuple[in
     return rows_by_seg, superseded
 
 
-def _segments(events: Sequence[Event], steps) -> list[Segment]:
-    segments: dict[tuple[str, int], Segment] = {}
-    for event in events:
-        key = segment_key(event)
+def _segments(events: Sequence[Event], keys: Sequence[Key | None], steps) -> list[Segment]:
+    segments: dict[Key, Segment] = {}
+    for event, key in zip(events, keys):
         if key is None:
             continue
         if event.kind == journal.SEGMENT_START and key not in segments:
             segments[key] = Segment(
-                job_id=key[0], restart_count=key[1], start=event.time,
+                job_id=key[0], restart_count=key[1], start=event.time, ordinal=key[2],
+                attempt=event.count("attempt"),
                 world_size=numbers.whole(event.get("world_size"), 1),
                 num_nodes=numbers.whole(event.get("num_nodes"), 1),
                 nodelist=event.text("nodelist"),
@@ -190,90 +141,6 @@ def _segments(events: Sequence[Event], steps) -> list[Segment]:
             gaps = [row[2] for row in rows[1:]]
             seg.median_step_s = statistics.median(gaps) if gaps else None
     return sorted(segments.values(), key=lambda s: s.start)
-
-
-def _cause_without_watcher(index: "_Index", seg: Segment) -> str:
-    """What ended a segment when no watcher journaled a detection: the job's own words."""
-    key = (seg.job_id, seg.restart_count)
-    if key in index.preempted:
-        return "preempted"
-    if seg.exit_code == exitcodes.HANG:
-        return "hang"
-    if seg.exit_code == exitcodes.REQUEUE:
-        return "preempted"
-    if seg.exit_code is not None and seg.exit_code != exitcodes.OK:
-        return "crash"
-    if key in index.requested:
-        return "requeue_request"
-    return "unknown"
-
-
-class _Index:
-    """The journal's non-loss events indexed once, so that each segment's look at them costs its
-    own events, not the whole journal's (a journal of many short segments, a user's file read as
-    root by ``slurmft status``, made the report quadratic in its size)."""
-
-    def __init__(self, events: Sequence[Event]) -> None:
-        self.events = events
-        self.order = sorted(range(len(events)), key=lambda i: events[i].time)
-        self.times = [events[i].time for i in self.order]
-        self.preempted = {segment_key(e) for e in events if e.kind == journal.PREEMPTION}
-        self.requested = {segment_key(e) for e in events if e.kind == journal.REQUEUE_REQUEST}
-
-    def window(self, lo: float, hi: float | None) -> list[Event]:
-        """The events with ``lo <= time < hi`` (``hi`` None: no upper end), in file order."""
-        start = bisect.bisect_left(self.times, lo)
-        end = len(self.times) if hi is None else bisect.bisect_left(self.times, hi, start)
-        return [self.events[i] for i in sorted(self.order[start:end])]
-
-
-def _fault(index: _Index, steps, seg: Segment, nxt: Segment | None) -> Fault | None:
-    """The fault that ended ``seg``: every segment followed by another, and the last one when it
-    ended with a failure or the watcher detected something after it started; None otherwise.
-    ``index`` need not hold the loss events (``steps`` has them)."""
-    window = index.window(seg.start, nxt.start if nxt else None)
-    detections = [e for e in window if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)]
-    if nxt is None and not detections and (seg.end is None or seg.exit_code == exitcodes.OK):
-        return None
-    detection = detections[0] if detections else None
-    fault_time = detection.when("fault_time") if detection else None
-    if fault_time is None:  # no estimate: the segment's end, unless the recovery ended it
-        known = [t for t in (seg.end, detection.time if detection else None) if t is not None]
-        fault_time = min(known) if known else None
-    fault = Fault(
-        cause=(detection.text("cause", 200) or "unknown") if detection else _cause_without_watcher(index, seg),
-        job_id=seg.job_id, restart_count=seg.restart_count, fault_time=fault_time,
-        detected=detection.time if detection else None,
-        evidence=detection.text("evidence") if detection else seg.reason,
-        nodes=detection.names("nodes") if detection else [])
-    after = detection.time if detection else seg.start
-    for e in window:
-        if e.time < after:
-            continue
-        if (fault.requeued is None and e.kind in (journal.RECOVERY_ACTION, journal.RESTART_ACTION)
-                and e.get("action") in ("requeue", "resubmit") and e.get("ok")):
-            fault.requeued = e.time
-        elif fault.running is None and e.kind == journal.JOB_RUNNING:
-            fault.running = e.when("start_time") or e.time
-    if fault.requeued is None:  # the job requeued itself (preemption)
-        own = [e for e in window if e.kind == journal.TEMPLATE and e.get("action") == "requeue"
-               and segment_key(e) == (seg.job_id, seg.restart_count)]
-        fault.requeued = own[0].time if own else None
-    # Every loss event of the segment came before the fault that ended it.
-    rows = steps.get((seg.job_id, seg.restart_count), [])
-    fault.last_step = rows[-1][0] if rows else None
-    if nxt is not None:
-        fault.restarted = True
-        fault.running = fault.running or nxt.start
-        fault.restored_step = nxt.restored_step
-        restored = nxt.restored_step or 0
-        back = [r for r in steps.get((nxt.job_id, nxt.restart_count), []) if r[0] > restored]
-        if back:
-            fault.back, fault.recovered = back[0][1], True
-        if fault.last_step is not None:
-            fault.steps_lost = max(fault.last_step - restored, 0)
-            fault.lost_s = sum(r[2] for r in rows if r[0] > restored)
-    return fault
 
 
 def _job_dict(job: Job) -> dict[str, Any]:
@@ -300,15 +167,29 @@ def _run_start(events: Sequence[Event], segments: Sequence[Segment], job: Job | 
     return min([first] + [t for t in submitted if 0 < t <= first])
 
 
+def _allocation_view(record: Allocation | Exception | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    if isinstance(record, Exception):
+        return {"unreadable": str(record)[:300]}
+    return {"job_id": record.job_id, "generation": record.generation, "active": list(record.active),
+            "spares": list(record.spares), "min_nodes": record.min_nodes,
+            "fenced": [{"node": f.node, "cause": f.cause, "time": f.time} for f in record.fenced]}
+
+
 def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
-                 watch_state: Mapping[str, Any] | Exception | None = None) -> Report:
-    """The run's report from its journal events (file order) and, when known, its Slurm job and
-    the watcher's saved state (the JSON of ``watch/state.json``, or why it could not be read)."""
-    steps, superseded = _steps(events)
-    segments = _segments(events, steps)
+                 watch_state: Mapping[str, Any] | Exception | None = None,
+                 allocation: Allocation | Exception | None = None) -> Report:
+    """The run's report from its journal events (file order) and, when known, its Slurm job,
+    the watcher's saved state (the JSON of ``watch/state.json``, or why it could not be read) and
+    the in-allocation launcher's ``allocation.json`` (or why it could not be read)."""
+    keying = SegmentKeys()
+    keys = [keying.key(e) for e in events]
+    steps, superseded = _steps(events, keys)
+    segments = _segments(events, keys, steps)
     others = [e for e in events if e.kind != journal.LOSS]  # a weeks-long run: mostly losses
-    by_time = _Index(others)
-    faults = [f for f in (_fault(by_time, steps, seg, segments[i + 1] if i + 1 < len(segments) else None)
+    by_time = Index(others)
+    faults = [f for f in (find_fault(by_time, steps, seg, segments[i + 1] if i + 1 < len(segments) else None)
                           for i, seg in enumerate(segments)) if f is not None]
     productive = redone_s = 0.0
     redone = 0
@@ -357,7 +238,8 @@ def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,
         last_checkpoint_time=commits[-1].time if commits else None,
         mean_checkpoint_blocking_s=statistics.fmean(blocking) if blocking else None,
         state=state, waiting_for=waiting, warnings=warnings,
-        slurm=_job_dict(job) if job else None, watcher=watcher, first_time=first, now=now)
+        slurm=_job_dict(job) if job else None, watcher=watcher, first_time=first, now=now,
+        allocation=_allocation_view(allocation))
 
 
 def report_dict(report: Report) -> dict[str, Any]:

@@ -52,6 +52,16 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
         new_id = current.text("new_job_id", 64)
         return (f"resubmitted as job {new_id} (Slurm had forgotten job {current.text('old_job_id', 64)}){slurm}",
                 f"Slurm to start job {new_id}; it resumes from the newest checkpoint")
+    if current is not None and journal.in_allocation(current):
+        # The in-allocation launcher's own recovery: no requeue, the job stays RUNNING.
+        cause = current.text("cause", 200) or next(
+            (e.text("cause", 200) for e in reversed(watcher)
+             if e.kind == journal.FAULT_DETECTED and journal.in_allocation(e)), "") or "a fault"
+        spare = current.text("spare", 200) if current.kind != journal.FAULT_DETECTED else ""
+        world = current.count("world_nodes")
+        how = f"spare {spare}" if spare else (f"{world} nodes" if world else "the nodes it has")
+        return (f"recovering in its allocation from {cause}{slurm}",
+                f"the launcher's new world ({how}) to start training from the newest checkpoint")
     if current is not None and current.kind in (*detections, *actions):
         detected_at = max(e.time for e in watcher if e.kind in detections) \
             if any(e.kind in detections for e in watcher) else 0.0

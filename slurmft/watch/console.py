@@ -56,6 +56,8 @@ def _num(value: Any) -> float | None:
 def describe(kind: str, event: Mapping[str, Any]) -> str | None:
     """One line for an event (None: an event kind a person need not see)."""
     job = f"job {event.get('job_id', '?')}"
+    if event.get(journal.WHERE) == journal.WHERE_ALLOCATION:  # the launcher's, relayed
+        job += " (in its allocation)"
     if kind == journal.WATCH_STARTED:
         return f"{job}: watching (run dir {event.get('run_dir', '?')})"
     if kind in (journal.FAULT_DETECTED, journal.PLANNED_END):

@@ -8,7 +8,9 @@ accumulates what that ratio is made of, with the same rules as ``build_report``:
 time is the gap to the previous row of its segment (the segment's median gap for its first row);
 a row whose step is logged again later (redone after a restore) is not productive; the wall
 clock runs from the run's submission (``watch_started``'s ``job_submit_time``) or first segment
-start to its finish or now.
+start to its finish or now. Segments are keyed as ``slurmft status`` keys them
+(``status/segkeys.py``): a restart of the world inside the allocation is a segment of its own, so
+the time it took is lost time, not the duration of the next step.
 
 Memory stays bounded over months: per-step times are kept only for steps above the oldest of
 the last ``FROZEN_COMMITS`` committed checkpoints (no restore goes further back), the rows below
@@ -24,21 +26,12 @@ from pathlib import Path
 
 from slurmft import exitcodes, journal
 from slurmft.journal import Event
+from slurmft.status.segkeys import Key, SegmentKeys
 from slurmft.watch.follow import JournalFollower
 
 FROZEN_COMMITS = 32
 MAX_GAPS = 8192
 MAX_SUBMITS = 256
-Key = tuple[str, int]
-
-
-def _key(event: Event) -> Key | None:
-    # Fields through Event's typed reads (slurmft.numbers): a 400-digit job_submit_time once
-    # raised OverflowError here, out of the metrics feed and so out of every watcher cycle.
-    job, restart = event.get("job_id"), event.count("restart_count")
-    if not isinstance(job, (str, int)) or restart is None:
-        return None
-    return str(job), restart
 
 
 @dataclass
@@ -63,6 +56,7 @@ class EttrAccumulator:
     """Fed the journal's events in file order (``add``); ``ettr(now)`` at any time."""
 
     def __init__(self) -> None:
+        self.keys = SegmentKeys()  # a restart in the allocation is a segment of its own
         self.segments: dict[Key, _Segment] = {}
         self.last_segment: Key | None = None   # the one with the latest start
         self.rows: dict[Key, _Rows] = {}
@@ -75,8 +69,9 @@ class EttrAccumulator:
 
     def add(self, event: Event) -> None:
         kind = event.kind
+        key = self.keys.key(event)  # every event, in file order: the keys follow the segments
         if kind == journal.LOSS:
-            step, key = event.count("step"), _key(event)
+            step = event.count("step")
             if step is not None and key is not None:
                 self._row(step, event.time, key)
         elif kind == journal.CHECKPOINT_COMMITTED:
@@ -92,7 +87,6 @@ class EttrAccumulator:
             if submitted is not None:
                 self.submits.append(submitted)
         elif kind in (journal.SEGMENT_START, journal.SEGMENT_END):
-            key = _key(event)
             if key is None:
                 return
             if kind == journal.SEGMENT_START and key not in self.segments:

@@ -17,6 +17,7 @@ from slurmft.journal import Event, in_allocation
 from slurmft.watch.follow import JournalFollower
 _KEEP_COMMITS = 32
 MAX_FENCED = 4096  # nodes taken from one fence event
+MAX_RELAYED = 256  # in-allocation events kept between two cycles for the listeners
 MAX_KEPT_LINES = 4096  # journal lines a --once invocation hands to the next
 
 
@@ -40,6 +41,11 @@ class JournalSummary:
     alloc_fenced: dict[tuple[str, int], dict[str, Event]] = field(default_factory=dict)
     alloc_faults: dict[tuple[str, int], dict[str, Event]] = field(default_factory=dict)  # the evidence
     alloc_restarted: dict[tuple[str, int], float] = field(default_factory=dict)
+    # The launcher's in-allocation events as they arrive, and "running again" (the next segment
+    # start after its fault), for the watcher's listeners (metrics, --on-event, the console):
+    # (kind, fields), taken by ``take_relayed``; the fault each segment waits to run again after.
+    relayed: list[tuple[str, float, dict]] = field(default_factory=list)
+    alloc_waiting: dict[tuple[str, int], Event] = field(default_factory=dict)
 
     @staticmethod
     def key(event: Event) -> tuple[str, int] | None:
@@ -68,16 +74,34 @@ class JournalSummary:
             attempt = event.count("attempt")
             if attempt is not None and attempt > 0:
                 self._restarted(key, event.time)
+            fault = self.alloc_waiting.pop(key, None)
+            if fault is not None:
+                self._relay(journal.JOB_RUNNING, event.time, key, {
+                    "nodes": [], "start_time": event.time, "cause": fault.text("cause", 200),
+                    "fault_time": fault.when("fault_time") or fault.time, "planned": False})
         elif kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION) and in_allocation(event):
             self._restarted(key, event.time)
             if kind == journal.FAULT_DETECTED:
                 faults = self.alloc_faults.setdefault(key, {})
                 for node in event.names("nodes")[:MAX_FENCED]:
                     faults[node] = event
-            elif event.get("action") == journal.ALLOC_FENCE:
-                fenced = self.alloc_fenced.setdefault(key, {})
-                for node in event.names("nodes")[:MAX_FENCED]:
-                    fenced.setdefault(node, event)
+                self.alloc_waiting[key] = event
+                self._relay(kind, event.time, key, {
+                    "cause": event.text("cause", 200), "evidence": _said(event),
+                    "nodes": event.names("nodes")[:MAX_FENCED],
+                    "fault_time": event.when("fault_time"), "action": "in_allocation"})
+            else:
+                waiting = self.alloc_waiting.get(key)
+                spare, world = event.text("spare", 200), event.count("world_nodes")
+                self._relay(kind, event.time, key, {
+                    "action": event.text("action", 64), "nodes": event.names("nodes")[:MAX_FENCED],
+                    "cause": waiting.text("cause", 200) if waiting is not None else "",
+                    "ok": True, "detail": ", ".join(filter(None, (
+                        f"spare {spare}" if spare else "", f"{world} nodes" if world else "")))})
+                if event.get("action") == journal.ALLOC_FENCE:
+                    fenced = self.alloc_fenced.setdefault(key, {})
+                    for node in event.names("nodes")[:MAX_FENCED]:
+                        fenced.setdefault(node, event)
         elif kind == journal.SEGMENT_END:
             self.segment_ends[key] = event
         elif kind == journal.REQUEUE_REQUEST:
@@ -86,6 +110,16 @@ class JournalSummary:
             self.self_requeues[key] = str(event.get("reason") or "")
         elif kind == journal.PREEMPTION:
             self.preemptions[key] = event
+
+    def _relay(self, kind: str, when: float, key: tuple[str, int], fields: dict) -> None:
+        self.relayed.append((kind, when, {"job_id": key[0], "restart_count": key[1],
+                                          journal.WHERE: journal.WHERE_ALLOCATION, **fields}))
+        del self.relayed[:-MAX_RELAYED]
+
+    def take_relayed(self) -> list[tuple[str, float, dict]]:
+        """The in-allocation events read since the last call: (kind, time, fields)."""
+        taken, self.relayed = self.relayed, []
+        return taken
 
     def _restarted(self, key: tuple[str, int], when: float) -> None:
         self.alloc_restarted[key] = max(when, self.alloc_restarted.get(key, when))
@@ -142,6 +176,14 @@ class JournalSummary:
         return None
 
 
+def _said(event: Event) -> str:
+    """The launcher's evidence (a list of lines, or one) as one printable line."""
+    said = event.get("evidence")
+    lines = said if isinstance(said, list) else [said] if said else []
+    text = "; ".join(str(line)[:300] for line in lines[:8])
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 class JournalTail(JournalFollower):
     """Follows one run's ``events.jsonl`` from a byte offset; lines are parsed as they arrive."""
 
@@ -186,6 +228,7 @@ class JournalTail(JournalFollower):
         if self._kept is not None:
             self._kept.clear()
         self._feed(b"".join(raw + b"\n" for raw in lines))
+        self.summary.take_relayed()  # the last invocation's: told then
         self._partial = b""
         self.identity, self.offset = identity, offset
 

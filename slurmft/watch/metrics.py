@@ -25,10 +25,12 @@ step and age come from the journal summary's newest commit; ETTR from ``slurmft.
 (``build_report(...).ettr``: it reads the whole journal, so not every cycle).
 
 Metrics (per-run ones are labelled ``slurm_job``: ``job`` is Prometheus's own target label):
-  slurmft_watch_faults_total{slurm_job,cause}              faults detected
-  slurmft_watch_restarts_total{slurm_job,cause}            restarts (running again after a fault)
-  slurmft_watch_detect_seconds{slurm_job,cause}            histogram: fault -> detected
-  slurmft_watch_recover_seconds{slurm_job,cause}           histogram: fault -> running again
+  slurmft_watch_faults_total{slurm_job,cause,where}        faults detected
+  slurmft_watch_restarts_total{slurm_job,cause,where}      restarts (running again after a fault)
+  slurmft_watch_detect_seconds{slurm_job,cause,where}      histogram: fault -> detected
+  slurmft_watch_recover_seconds{slurm_job,cause,where}     histogram: fault -> running again
+    (where: "requeue", the watcher's recovery through Slurm, or "allocation", the in-allocation
+    launcher's own, relayed from the run's journal: both kinds counted alike)
   slurmft_watch_gave_up{slurm_job}                         1 once the watcher gave up on the run
   slurmft_watch_run_active{slurm_job}                      1 while the run is watched and not over
   slurmft_watch_ettr{slurm_job}                            effective training time ratio (0..1)
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
 JOB = "slurm_job"
+WHERE = "where"  # requeue | allocation
 DETECT_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 RECOVER_BUCKETS = (5, 10, 20, 30, 60, 120, 180, 300, 600, 1800, 3600, 4 * 3600)
 CYCLE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
@@ -76,17 +79,17 @@ class WatchMetrics:
         self.clock = clock
         self._server: WSGIServer | None = None  # set by serve()
         self.registry = reg = CollectorRegistry()
-        self.faults = Counter("slurmft_watch_faults", "Faults the watcher detected", [JOB, "cause"],
-                              registry=reg)
+        self.faults = Counter("slurmft_watch_faults", "Faults the watcher (or, in the allocation, "
+                              "the launcher) detected", [JOB, "cause", WHERE], registry=reg)
         self.node_faults = Counter("slurmft_watch_node_faults", "Faults whose evidence named a node "
                                    "(the node a launch failed on, a DOWN or drained node...)",
                                    ["node", "cause"], registry=reg)
         self.restarts = Counter("slurmft_watch_restarts", "Runs running again after a fault",
-                                [JOB, "cause"], registry=reg)
+                                [JOB, "cause", WHERE], registry=reg)
         self.detect = Histogram("slurmft_watch_detect_seconds", "Time from a fault to its detection",
-                                [JOB, "cause"], buckets=DETECT_BUCKETS, registry=reg)
+                                [JOB, "cause", WHERE], buckets=DETECT_BUCKETS, registry=reg)
         self.recover = Histogram("slurmft_watch_recover_seconds",
-                                 "Time from a fault to the job running again", [JOB, "cause"],
+                                 "Time from a fault to the job running again", [JOB, "cause", WHERE],
                                  buckets=RECOVER_BUCKETS, registry=reg)
         self.gave_up = Gauge("slurmft_watch_gave_up", "1 once the watcher gave up on the run (held)",
                              [JOB], registry=reg)
@@ -113,17 +116,19 @@ class WatchMetrics:
         self.active.labels(str(job)).set(1)
         self.gave_up.labels(str(job)).set(0)
 
-    def record_fault(self, job: str, cause: str, detect_s: float | None) -> None:
-        self.faults.labels(str(job), str(cause)).inc()
+    def record_fault(self, job: str, cause: str, detect_s: float | None,
+                     where: str = journal.WHERE_REQUEUE) -> None:
+        self.faults.labels(str(job), str(cause), where).inc()
         seconds = _seconds(detect_s)
         if seconds is not None:
-            self.detect.labels(str(job), str(cause)).observe(seconds)
+            self.detect.labels(str(job), str(cause), where).observe(seconds)
 
-    def record_recovery(self, job: str, cause: str, recover_s: float | None) -> None:
-        self.restarts.labels(str(job), str(cause)).inc()
+    def record_recovery(self, job: str, cause: str, recover_s: float | None,
+                        where: str = journal.WHERE_REQUEUE) -> None:
+        self.restarts.labels(str(job), str(cause), where).inc()
         seconds = _seconds(recover_s)
         if seconds is not None:
-            self.recover.labels(str(job), str(cause)).observe(seconds)
+            self.recover.labels(str(job), str(cause), where).observe(seconds)
 
     def record_gave_up(self, job: str, cause: str) -> None:
         self.gave_up.labels(str(job)).set(1)
@@ -172,17 +177,19 @@ class WatchMetrics:
             fault, when = _seconds(event.get("fault_time")), _seconds(at)
             return None if fault is None or when is None else when - fault
 
+        where = (journal.WHERE_ALLOCATION if event.get(journal.WHERE) == journal.WHERE_ALLOCATION
+                 else journal.WHERE_REQUEUE)
         if kind == journal.WATCH_STARTED:
             self.watching(job)
         elif kind == journal.FAULT_DETECTED:
-            self.record_fault(job, event.get("cause") or "unknown", since_fault(event.get("time")))
+            self.record_fault(job, event.get("cause") or "unknown", since_fault(event.get("time")), where)
             nodes = event.get("nodes")
             for node in nodes if isinstance(nodes, list) else ():
                 if isinstance(node, str) and node:
                     self.node_faults.labels(node, str(event.get("cause") or "unknown")).inc()
         elif kind == journal.JOB_RUNNING:
             self.record_recovery(job, event.get("cause") or "unknown",
-                                 since_fault(event.get("start_time") or event.get("time")))
+                                 since_fault(event.get("start_time") or event.get("time")), where)
         elif kind == journal.GAVE_UP:
             self.record_gave_up(job, event.get("cause") or "unknown")
         elif kind == journal.RUN_FINISHED:

@@ -60,6 +60,7 @@ class RunWatch(Recovering, Resubmission):
         if once:  # a cron line's cycle: carry on where the last one stopped reading
             load_tail(self.tail, tail_path(run_dir))
         self._tail_saved = self.tail.complete_offset
+        self._relaying = self._tail_saved > 0  # a restored --once tail: what follows is new
         self._files = RunFilesCache()
         self._saved = saved  # what state.json holds: written again only when the state differs
         self._submission_saved_for: str | None = None
@@ -112,6 +113,19 @@ class RunWatch(Recovering, Resubmission):
             except Exception as exc:  # a listener never stops the watcher
                 log.error("event listener failed on %s: %s", kind, exc)
 
+    def _relay(self, events: list[tuple[str, float, dict]]) -> None:
+        """Hand the in-allocation launcher's events (its faults and actions, and running again)
+        to the listeners, as the watcher's own are (metrics count both alike): never journaled
+        again. The history a first read from the journal's start finds was told before."""
+        if self._relaying:
+            for kind, when, record in events:
+                for listener in self.listeners:
+                    try:
+                        listener(kind, {"run_dir": str(self.run_dir.root), "time": when, **record})
+                    except Exception as exc:  # a listener never stops the watcher
+                        log.error("event listener failed on %s: %s", kind, exc)
+        self._relaying = True
+
     def _save(self) -> None:
         """Write the state when it differs from what was last written (an idle cycle writes
         nothing; a step's intent is written before the step, as it changed)."""
@@ -136,6 +150,7 @@ class RunWatch(Recovering, Resubmission):
         run is watched reads it only then (``_watch`` reads again), so an idle run costs the
         ``stat`` of its heartbeat directory and the ``lstat`` of its journal."""
         summary = self.tail.poll()
+        self._relay(summary.take_relayed())
         seen = None if job is None else (job.state, job.restart_count, job.completing)
         self._light = (job is not None and seen == self._seen and not job.state.finished
                        and self.state.phase == WATCHING)

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "journal" / "preempt_crash.events.jsonl"
 NOW = 1_800_000_000.0
+W = ("where", "requeue")  # the watcher's own faults and restarts
 
 
 def samples(text: bytes | str) -> dict[tuple[str, tuple], float]:
@@ -42,14 +43,14 @@ def exercised() -> WatchMetrics:
 def test_what_the_loop_records():
     got = samples(exercised().text())
     j = ("slurm_job", "42")
-    assert got[("slurmft_watch_faults_total", (("cause", "node_down"), j))] == 1
-    assert got[("slurmft_watch_faults_total", (("cause", "hang"), j))] == 1
-    assert got[("slurmft_watch_restarts_total", (("cause", "node_down"), j))] == 1
-    assert got[("slurmft_watch_detect_seconds_sum", (("cause", "node_down"), j))] == 25.0
-    assert got[("slurmft_watch_detect_seconds_bucket", (("cause", "node_down"), ("le", "20.0"), j))] == 0
-    assert got[("slurmft_watch_detect_seconds_bucket", (("cause", "node_down"), ("le", "30.0"), j))] == 1
-    assert ("slurmft_watch_detect_seconds_count", (("cause", "hang"), j)) not in got  # no time known
-    assert got[("slurmft_watch_recover_seconds_sum", (("cause", "node_down"), j))] == 31.5
+    assert got[("slurmft_watch_faults_total", (("cause", "node_down"), j, W))] == 1
+    assert got[("slurmft_watch_faults_total", (("cause", "hang"), j, W))] == 1
+    assert got[("slurmft_watch_restarts_total", (("cause", "node_down"), j, W))] == 1
+    assert got[("slurmft_watch_detect_seconds_sum", (("cause", "node_down"), j, W))] == 25.0
+    assert got[("slurmft_watch_detect_seconds_bucket", (("cause", "node_down"), ("le", "20.0"), j, W))] == 0
+    assert got[("slurmft_watch_detect_seconds_bucket", (("cause", "node_down"), ("le", "30.0"), j, W))] == 1
+    assert ("slurmft_watch_detect_seconds_count", (("cause", "hang"), j, W)) not in got  # no time known
+    assert got[("slurmft_watch_recover_seconds_sum", (("cause", "node_down"), j, W))] == 31.5
     assert got[("slurmft_watch_ettr", (j,))] == 0.93
     assert got[("slurmft_watch_last_checkpoint_step", (j,))] == 1200
     assert got[("slurmft_watch_last_checkpoint_age_seconds", (j,))] == 90
@@ -80,16 +81,16 @@ def test_the_watchers_journal_events_of_a_real_run():
         m.on_event(e.kind, {"time": e.time, **e.fields})
     got = samples(m.text())
     j = ("slurm_job", "1")
-    assert got[("slurmft_watch_faults_total", (("cause", "crash"), j))] == 1
-    assert got[("slurmft_watch_faults_total", (("cause", "preempted"), j))] == 1
-    assert got[("slurmft_watch_restarts_total", (("cause", "crash"), j))] == 1
+    assert got[("slurmft_watch_faults_total", (("cause", "crash"), j, W))] == 1
+    assert got[("slurmft_watch_faults_total", (("cause", "preempted"), j, W))] == 1
+    assert got[("slurmft_watch_restarts_total", (("cause", "crash"), j, W))] == 1
     crash_fault = next(e for e in read_events(FIXTURE) if e.get("cause") == "crash")
     running = next(e for e in read_events(FIXTURE) if e.kind == "job_running" and e.get("cause") == "crash")
-    assert got[("slurmft_watch_detect_seconds_sum", (("cause", "crash"), j))] == \
+    assert got[("slurmft_watch_detect_seconds_sum", (("cause", "crash"), j, W))] == \
         pytest.approx(crash_fault.time - crash_fault.get("fault_time"))
-    assert got[("slurmft_watch_recover_seconds_sum", (("cause", "crash"), j))] == \
+    assert got[("slurmft_watch_recover_seconds_sum", (("cause", "crash"), j, W))] == \
         pytest.approx(running.get("start_time") - running.get("fault_time"))
-    assert ("slurmft_watch_detect_seconds_count", (("cause", "preempted"), j)) not in got  # no fault_time
+    assert ("slurmft_watch_detect_seconds_count", (("cause", "preempted"), j, W)) not in got  # no fault_time
     assert got[("slurmft_watch_run_active", (j,))] == 0  # run_finished
 
 
