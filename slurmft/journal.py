@@ -91,7 +91,9 @@ RECOVERY_ACTION = "recovery_action"  # action (requeue|exclude|readmit|start_now
                                      # cause, nodes, ok, detail
 # In-allocation mode (issue 27): the launcher journals FAULT_DETECTED (cause: one of
 # ALLOC_CAUSES; nodes, evidence, fault_time, detected_by "launcher") and RECOVERY_ACTION (action:
-# one of ALLOC_ACTIONS; nodes, spare or None, world_nodes, generation) itself, each with
+# one of ALLOC_ACTIONS; nodes, spare or None, world_nodes, generation, cause) itself: one action
+# per fault, ``fence`` for a spare, ``replace_node``/``shrink`` for an active node (fenced too),
+# ``restart_in_place`` (nothing fenced); each with
 # ``"where": WHERE_ALLOCATION``; the watcher's own events carry no ``where`` (a requeue's).
 WHERE = "where"
 WHERE_ALLOCATION = "allocation"

@@ -17,6 +17,9 @@ from slurmft.journal import Event, in_allocation
 from slurmft.watch.follow import JournalFollower
 _KEEP_COMMITS = 32
 MAX_FENCED = 4096  # nodes taken from one fence event
+# The launcher's actions that fence their nodes: a spare fenced, an active node replaced by a
+# spare or dropped from a shrinking world (one event each, the fence implied).
+FENCING = (journal.ALLOC_FENCE, journal.ALLOC_REPLACE, journal.ALLOC_SHRINK)
 MAX_RELAYED = 256  # in-allocation events kept between two cycles for the listeners
 MAX_KEPT_LINES = 4096  # journal lines a --once invocation hands to the next
 
@@ -95,10 +98,11 @@ class JournalSummary:
                 spare, world = event.text("spare", 200), event.count("world_nodes")
                 self._relay(kind, event.time, key, {
                     "action": event.text("action", 64), "nodes": event.names("nodes")[:MAX_FENCED],
-                    "cause": waiting.text("cause", 200) if waiting is not None else "",
+                    "cause": event.text("cause", 200) or (waiting.text("cause", 200)
+                                                          if waiting is not None else ""),
                     "ok": True, "detail": ", ".join(filter(None, (
                         f"spare {spare}" if spare else "", f"{world} nodes" if world else "")))})
-                if event.get("action") == journal.ALLOC_FENCE:
+                if event.get("action") in FENCING:  # a replaced or dropped node is fenced too
                     fenced = self.alloc_fenced.setdefault(key, {})
                     for node in event.names("nodes")[:MAX_FENCED]:
                         fenced.setdefault(node, event)

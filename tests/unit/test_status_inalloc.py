@@ -62,10 +62,8 @@ def spare_run(spare_attempt: int = 1) -> J:
     j.rank(6.5, journal.CHECKPOINT_COMMITTED, 0, step=6)
     j.launcher(21, journal.FAULT_DETECTED, cause="node_death", nodes=["n3"], evidence=["n3 silent 10 s"],
                fault_time=T0 + 11, detected_by="launcher")
-    j.launcher(21.1, journal.RECOVERY_ACTION, action="fence", nodes=["n3"], spare=None, world_nodes=3,
-               generation=1)
-    j.launcher(21.2, journal.RECOVERY_ACTION, action="replace_node", nodes=["n3"], spare="n4",
-               world_nodes=3, generation=1)
+    j.launcher(21.1, journal.RECOVERY_ACTION, action="replace_node", nodes=["n3"], spare="n4",
+               world_nodes=3, generation=1, cause="node_death", ok=True)
     j.rank(30, journal.SEGMENT_START, spare_attempt, world_size=3, num_nodes=3, nodelist="n[1-2,4]",
            restored_step=6, load_s=2.0)
     j.steps(35, 7, 15, spare_attempt)

@@ -110,16 +110,16 @@ def beat(rd: RunDir, node: str, when: float, step: int = 10, step_s: float = 1.0
 
 
 def node_death(rd: RunDir, when: float, dead: str = "n3", spare: str | None = "n4") -> None:
-    """The launcher's record of a node death recovered in the allocation, as the contract says
-    it: the fault, the fence, the replacement (or the shrink), and allocation.json's generation 1."""
+    """The launcher's record of a node death recovered in the allocation, as
+    ``launch/inalloc.py`` journals it: the fault, then one action (``replace_node`` with the
+    spare, else ``shrink``: the node is fenced by it, no ``fence`` event of its own)."""
     launcher_event(rd, journal.FAULT_DETECTED, when, cause="node_death", nodes=[dead],
                    evidence=[f"{dead}'s step ended (srun exit 9)"], fault_time=when - 2,
                    detected_by="launcher")
-    launcher_event(rd, journal.RECOVERY_ACTION, when + 0.1, action=journal.ALLOC_FENCE,
-                   nodes=[dead], spare=None, world_nodes=3 if spare else 2, generation=1)
-    launcher_event(rd, journal.RECOVERY_ACTION, when + 0.2,
+    launcher_event(rd, journal.RECOVERY_ACTION, when + 0.1,
                    action=journal.ALLOC_REPLACE if spare else journal.ALLOC_SHRINK,
-                   nodes=[dead], spare=spare, world_nodes=3 if spare else 2, generation=1)
+                   nodes=[dead], spare=spare, world_nodes=3 if spare else 2, generation=1,
+                   cause="node_death", ok=True)
 
 
 def write_allocation(rd: RunDir, *, fenced=("n3",), spares=(), when: float = T0) -> None:
@@ -327,6 +327,23 @@ def test_a_later_requeue_excludes_the_nodes_the_launcher_fenced(run):
     assert load_state(run, "7").node_faults == {"n1": 1, "n3": 1}
 
 
+def test_a_spare_the_launcher_fenced_is_left_alone_and_excluded_later(run):
+    """A spare's death: the launcher fences it (``fence``, the generation unchanged); Slurm's
+    DOWN of it is nothing to act on, and a later requeue avoids it."""
+    client = Client()
+    w = watcher(run, client)
+    launcher_event(run, journal.FAULT_DETECTED, T0 + 60, cause="node_death", nodes=["n4"],
+                   evidence=["n4's step ended"], fault_time=T0 + 58, detected_by="launcher")
+    launcher_event(run, journal.RECOVERY_ACTION, T0 + 60.1, action=journal.ALLOC_FENCE, nodes=["n4"],
+                   spare=None, world_nodes=3, generation=0, cause="node_death", ok=True)
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 79)
+    w.step(job(), table(n4="DOWN"), T0 + 80)
+    assert client.calls == [] and watcher_faults(run) == []
+    w.step(job(state=JobState.PENDING, nodes=(), restart=1), table(n1="DOWN", n4="DOWN"), T0 + 110)
+    assert {n for c in client.calls if c[0] == "exclude" for n in c[2]} == {"n1", "n4"}
+
+
 def test_a_time_limit_requeue_after_a_fence_excludes_the_fenced_node(run):
     """A planned end (the job saved and requeued itself at its time limit) after a fence for a
     hang on a live node: the fenced node is still never used again by this job."""
@@ -334,8 +351,8 @@ def test_a_time_limit_requeue_after_a_fence_excludes_the_fenced_node(run):
     w = watcher(run, client)
     launcher_event(run, journal.FAULT_DETECTED, T0 + 60, cause="hang", nodes=["n2"],
                    evidence=["n2 silent 10 s"], fault_time=T0 + 50, detected_by="launcher")
-    launcher_event(run, journal.RECOVERY_ACTION, T0 + 61, action="fence", nodes=["n2"],
-                   spare=None, world_nodes=3, generation=1)
+    launcher_event(run, journal.RECOVERY_ACTION, T0 + 61, action="replace_node", nodes=["n2"],
+                   spare="n4", world_nodes=3, generation=1, cause="hang", ok=True)
     for node in ("n1", "n3", "n4"):
         beat(run, node, T0 + 99)
     w.step(job(), table(), T0 + 100)
