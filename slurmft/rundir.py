@@ -31,6 +31,7 @@ CLAIM = "claim.json"  # which job (array task) runs in the run dir now (slurmft.
 # written by the launcher on the batch host, read by the ranks (slurmft.train.alloc_watch), the
 # watcher and status; parsed by slurmft.allocation.
 ALLOCATION = "allocation.json"
+ALIVE = "alive"  # in-allocation mode: each node's task beats here every second (slurmft.launch.task)
 STEP_PREFIX = "step_"
 TMP_MARK = ".tmp-"
 STEP_DIGITS = 9
@@ -109,6 +110,9 @@ class RunDir:
     @property
     def allocation(self) -> Path:
         return self.root / ALLOCATION
+
+    def alive(self, node: str) -> Path:
+        return self.root / ALIVE / f"{node}.json"
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / step_dirname(step)

@@ -16,6 +16,9 @@ launcher, which owns the orchestration as small, unit-tested modules:
   ``requeue``    self-requeue through ``slurmft.slurm`` when scontrol exists, else a journaled
                  ``requeue_request`` for ``slurmft watch``
   ``outcome``    the recorded outcome of THIS segment -> exit 0 / 85 / 86 / 87 / passed on
+  in-allocation mode (``SLURMFT_SPARE_NODES`` / ``SLURMFT_IN_ALLOCATION``, issue 27):
+  ``alloc_settings`` its settings; ``allocation`` ``<run_dir>/allocation.json``; ``nodesteps``
+  one srun step per node; ``liveness`` the nodes' task beats; ``inalloc`` the supervising loop
   ``main``       the order of the above, and the one place that exits
 
 Torch-free: torch is imported only by the training ranks and by the per-node torch check, each

@@ -21,7 +21,8 @@ from typing import Mapping, Sequence
 from slurmft import exitcodes, journal
 from slurmft.journal import read_events, segment_outcome
 from slurmft.launch import identity as identity_mod
-from slurmft.launch import claim, preflight, rendezvous, requeue, settings as settings_mod
+from slurmft.launch import alloc_settings, claim, inalloc, preflight, rendezvous, requeue
+from slurmft.launch import settings as settings_mod
 from slurmft.launch.journaling import Voice
 from slurmft.launch.outcome import Next, decide
 from slurmft.launch.signals import SignalLog, is_for_this_run
@@ -98,6 +99,7 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     voice = Voice(ident, run_dir)  # from here on, reasons are journaled too
     try:
         cfg = settings_mod.from_environ(env, ident)
+        alloc = alloc_settings.from_environ(env, ident)
     except settings_mod.SettingsError as exc:
         return give_up(voice, str(exc))
     problem = check_command(command, os.getcwd())
@@ -169,7 +171,7 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         voice.log(f"ignoring {','.join(early)} received before training started: {why}")
 
     try:
-        rdzv = rendezvous.choose(ident, result.ports)
+        rdzv = rendezvous.choose(ident, result.ports, alloc.active[0] if alloc else None)
     except rendezvous.RendezvousError as exc:
         return requeue.requeue_self(client, ident, voice, str(exc))
     voice.log(f"torchrun: {ident.num_nodes} node(s) x {cfg.nproc_per_node} rank(s), "
@@ -180,8 +182,20 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
                   f"{cfg.resignal_s:g} s until it ends)")
         voice.template("forward", signal=name)
 
-    srun_rc = run_step(rendezvous.step_argv(rdzv, ident, cfg, command), env, signals,
-                       cfg.resignal_s, forward, pending=signals.take())
+    if alloc is None:
+        srun_rc = run_step(rendezvous.step_argv(rdzv, ident, cfg, command), env, signals,
+                           cfg.resignal_s, forward, pending=signals.take())
+    else:
+        voice.log(f"in-allocation mode: active {','.join(alloc.active)}, spares "
+                  f"{','.join(alloc.spares) or 'none'}, at least {alloc.min_nodes} node(s), a node "
+                  f"silent {alloc.node_silent_s:g} s is fenced")
+        supervisor = inalloc.Supervisor(ident, cfg, alloc, rdzv, command, env, signals, voice,
+                                        client, forward, lambda: segment_code(cfg.run_dir, ident))
+        try:
+            srun_rc = supervisor.run(pending=signals.take())
+        except inalloc.GoRequeue as exc:
+            supervisor.stop_all()
+            return requeue.requeue_self(client, ident, voice, exc.reason, exc.exclude)
     recorded = segment_code(cfg.run_dir, ident)
     decision = decide(recorded, srun_rc)
     voice.log(f"training step ended: srun exit {srun_rc}, recorded outcome "

@@ -27,8 +27,9 @@ class Rendezvous:
         return f"{self.host}:{self.port}"
 
 
-def choose(identity: JobIdentity, ports: dict[str, int]) -> Rendezvous:
-    host = identity.nodes[0]
+def choose(identity: JobIdentity, ports: dict[str, int], host: str | None = None) -> Rendezvous:
+    """``host`` (default: the allocation's first node) hosts the store on its pre-flight port."""
+    host = host or identity.nodes[0]
     port = ports.get(host)
     if port is None:
         raise RendezvousError(f"the pre-flight on {host} (the rendezvous host) reported no free port")

@@ -2,19 +2,87 @@
 
 torchrun dies on SIGUSR2's default action and orphans its ranks, so it is started with USR2
 ignored; the ranks install their own handler (``slurmft.train.preemption``). The node that hosts
-the rendezvous store (node 0 of the step) says so with ``--rdzv-conf=is_host=1``.
+the rendezvous store (node 0 of the step) says so with ``--rdzv-conf=is_host=1``; in
+in-allocation mode the launcher writes each node's ``--rdzv-conf`` itself (every node is node 0
+of its own one-node step).
+
+In in-allocation mode (``SLURMFT_ALIVE_FILE`` set by the launcher) the task stays torchrun's
+parent and beats: every ``ALIVE_PERIOD_S`` it replaces that file (node, Slurm step id, a
+sequence number) from a thread that no collective can block, so the launcher tells a dead or
+frozen node (no beat) from a node whose ranks wait on a dead peer (beats go on). TERM and INT
+are passed to torchrun, which stops its workers; the task exits with torchrun's status.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
+
+from slurmft.rundir import atomic_write_json
+
+ALIVE_ENV = "SLURMFT_ALIVE_FILE"
+ALIVE_PERIOD_S = 1.0
+ALIVE_VERSION = 1
 
 
 def argv_for_node(argv: list[str], node_id: str | None) -> list[str]:
+    if any(a.startswith("--rdzv-conf") for a in argv):
+        return list(argv)
     is_host = "1" if node_id == "0" else "0"
     return [*argv[:3], f"--rdzv-conf=is_host={is_host}", *argv[3:]]
+
+
+def write_beat(path: Path, seq: int, ended: int | None = None) -> None:
+    beat = {"version": ALIVE_VERSION, "node": os.environ.get("SLURMD_NODENAME", ""),
+            "step_id": os.environ.get("SLURM_STEP_ID", ""), "seq": seq, "pid": os.getpid(),
+            "time": time.time()}
+    if ended is not None:
+        beat["ended"] = ended
+    try:
+        atomic_write_json(path, beat)
+    except OSError as exc:
+        print(f"slurmft.launch.task: cannot write {path}: {exc}", file=sys.stderr, flush=True)
+
+
+def beat_forever(path: Path, stop: threading.Event, period_s: float = ALIVE_PERIOD_S) -> int:
+    """Replace ``path`` every ``period_s`` until ``stop``; a failed write is retried next time
+    (the launcher fences a node only after many missed beats). Returns the last sequence number."""
+    seq = 0
+    while True:
+        seq += 1
+        write_beat(path, seq)
+        if stop.wait(period_s):
+            return seq
+
+
+def supervise(argv: list[str], alive: Path) -> int:
+    """Run torchrun as a child while beating; return its exit status (128+N for signal N)."""
+    proc = subprocess.Popen(argv)  # inherits USR2 ignored
+
+    def forward(signum: int, frame: object) -> None:
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    stop = threading.Event()
+    beater = threading.Thread(target=beat_forever, args=(alive, stop), daemon=True,
+                              name="slurmft-alive")
+    beater.start()
+    try:
+        rc = proc.wait()
+    finally:
+        stop.set()
+    beater.join(timeout=5 * ALIVE_PERIOD_S)
+    rc = rc if rc >= 0 else 128 - rc
+    # The last beat says the task ended by itself: its node is alive (not a node death).
+    write_beat(alive, 1 << 40, ended=rc)
+    return rc
 
 
 def main() -> None:
@@ -23,6 +91,9 @@ def main() -> None:
     if len(argv) < 3:
         sys.exit("slurmft.launch.task: expected PYTHON -m torch.distributed.run ARGS...")
     full = argv_for_node(argv, os.environ.get("SLURM_NODEID"))
+    alive = os.environ.get(ALIVE_ENV)
+    if alive:
+        sys.exit(supervise(full, Path(alive)))
     os.execv(full[0], full)
 
 

@@ -243,6 +243,12 @@ class CliSlurmClient:
             return
         self._change([*argv, job_id], lambda: policy.gone_or_ending(self.jobs, job_id))
 
+    def signal_step(self, job_id: str, step_id: str, signal: str = "KILL") -> None:
+        """``scancel --signal=SIG JOB.STEP``: one step's tasks only (in-allocation mode fences a
+        node by killing its step). Sent once: a signal's delivery cannot be read back."""
+        target = f"{validate.job_id(job_id)}.{validate.step_id(step_id)}"
+        self._run(["scancel", f"--signal={validate.signal_name(signal)}", target], idempotent=False)
+
     def requeue(self, job_id: str) -> bool:
         """Requeue unless the job completed successfully, decided from its state
         (``policy.requeue_by_state``): PENDING -> True, nothing done; RUNNING/SUSPENDED ->

@@ -34,6 +34,17 @@ def job_id(value: object) -> str:
     return text
 
 
+_STEP_ID_RE = re.compile(r"^[0-9]{1,10}$")
+
+
+def step_id(value: object) -> str:
+    """A job step's number (``3`` of ``104.3``)."""
+    text = str(value).strip() if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if text is None or not _STEP_ID_RE.fullmatch(text):
+        raise InvalidArgument(f"invalid step id {value!r}: expected digits")
+    return text
+
+
 def job_ids(values: Iterable[object]) -> list[str]:
     return [job_id(v) for v in values]
 

@@ -44,7 +44,7 @@ def _keep_signal_handlers():
         signal.signal(sig, handler)
 
 
-def _launch(tmp_path, preflight=GOOD, code=0, path=None, env_name="nonarray"):
+def _launch(tmp_path, preflight=GOOD, code=0, path=None, env_name="nonarray", extra=None):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "srun").write_text(FAKE_SRUN)
@@ -53,7 +53,7 @@ def _launch(tmp_path, preflight=GOOD, code=0, path=None, env_name="nonarray"):
     script.write_text("")
     env = {**recorded(env_name), "SLURMFT_RUN_DIR": str(tmp_path / "run"),
            "PATH": str(bin_dir) if path is None else path, "FAKE_PREFLIGHT": preflight,
-           "FAKE_CODE": str(code), "PYTHONPATH": os.pathsep.join(sys.path)}
+           "FAKE_CODE": str(code), "PYTHONPATH": os.pathsep.join(sys.path), **(extra or {})}
     return launch([str(script)], env)
 
 
@@ -120,3 +120,15 @@ def test_an_array_task_whose_run_dir_a_sibling_task_holds_is_refused_with_one_li
 
 def test_an_array_task_in_its_own_run_dir_runs(tmp_path):
     assert _launch(tmp_path, "PORT n2 40001;DONE n2", env_name="array-task1") == exitcodes.OK
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"SLURMFT_SPARE_NODES": "2"}, "SLURMFT_SPARE_NODES='2' must be between 0 and 1"),
+    ({"SLURMFT_IN_ALLOCATION": "1", "SLURMFT_MIN_NODES": "3"}, "SLURMFT_MIN_NODES='3'"),
+])
+def test_a_bad_in_allocation_setting_gives_up_before_anything_starts(tmp_path, capfd, extra, named):
+    assert _launch(tmp_path, extra=extra) == exitcodes.NO_REQUEUE
+    lines = [line for line in capfd.readouterr().err.splitlines() if "ERROR" in line]
+    assert len(lines) == 1 and named in lines[0]
+    assert not (tmp_path / "run" / "allocation.json").exists()
+    assert [e.get("action") for e in _events(tmp_path, journal.TEMPLATE)] == ["give_up"]

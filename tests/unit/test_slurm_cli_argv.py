@@ -196,3 +196,18 @@ def test_2205_accounting_finds_an_array_task_by_its_task_id():
     [task] = c.job_history("1_1")
     assert (task.job_id, task.raw_job_id, task.state, task.exit_code) == ("1_1", "1", JobState.FAILED, 1)
     assert replay.calls[-1][5:7] == ("-j", "1_1")
+
+
+def test_signal_step_kills_one_step_of_the_job_once():
+    c, replay = client("22.05.8", lambda argv: "")
+    c.signal_step("104_3", "7")
+    assert replay.calls == [("scancel", "--signal=KILL", "104_3.7")]
+
+
+@pytest.mark.parametrize("job, step", [("104", "7;x"), ("104", "-1"), ("104", ""), ("1.2", "3"),
+                                       ("104", True)])
+def test_signal_step_refuses_what_is_not_a_step(job, step):
+    c, replay = client("22.05.8", lambda argv: "")
+    with pytest.raises(InvalidArgument):
+        c.signal_step(job, step)
+    assert replay.calls == []

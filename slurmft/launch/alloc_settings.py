@@ -1,0 +1,62 @@
+"""In-allocation mode's settings: which of the allocation's nodes train, which wait as hot
+spares, and the bounds of recovery inside the allocation. Read once from the environment and
+validated against the allocation; a bad value is a SettingsError naming the variable (the
+launcher gives up with 86 before anything is started).
+
+  SLURMFT_SPARE_NODES=K     K >= 0 nodes wait as hot spares; K >= 1 turns the mode on
+  SLURMFT_IN_ALLOCATION=1   turns it on with K = 0 (shrink only)
+  SLURMFT_MIN_NODES=M       smallest world in nodes (default: the active node count: no shrink)
+  SLURMFT_NODE_SILENT_S     a node whose task has not beaten for this long is fenced (10)
+  SLURMFT_ALLOC_RESTARTS    restarts in place without checkpoint progress before exit 86 (3)
+
+The batch host is always active (it hosts the rendezvous store, and its death ends the job);
+the spares are the allocation's last K other nodes, in Slurm's order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from slurmft.launch.identity import JobIdentity
+from slurmft.launch.settings import SettingsError, _number
+
+MIN_NODE_SILENT_S = 2.0   # the node task beats every second: less would fence a busy node
+DEFAULT_NODE_SILENT_S = 10.0
+DEFAULT_ALLOC_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class AllocSettings:
+    active: tuple[str, ...]     # the nodes that train first, batch host first
+    spares: tuple[str, ...]     # hot spares, in the order they are used
+    min_nodes: int
+    node_silent_s: float
+    alloc_restarts: int
+
+
+def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings | None:
+    """The mode's settings, or None when it is off (neither variable turns it on)."""
+    flag = (env.get("SLURMFT_IN_ALLOCATION") or "").strip()
+    if flag not in ("", "0", "1"):
+        raise SettingsError(f"SLURMFT_IN_ALLOCATION={flag!r} must be 0 or 1")
+    nodes = identity.nodes
+    spares_n = int(_number(env, "SLURMFT_SPARE_NODES", 0, minimum=0, maximum=max(0, len(nodes) - 1),
+                           integer=True)) if len(nodes) > 1 else \
+        int(_number(env, "SLURMFT_SPARE_NODES", 0, minimum=0, maximum=0, integer=True))
+    if spares_n == 0 and flag != "1":
+        return None
+    batch = identity.batch_node if identity.batch_node in nodes else nodes[0]
+    others = [n for n in nodes if n != batch]
+    spares = tuple(others[len(others) - spares_n:]) if spares_n else ()
+    active = (batch, *[n for n in others if n not in spares])
+    return AllocSettings(
+        active=active,
+        spares=spares,
+        min_nodes=int(_number(env, "SLURMFT_MIN_NODES", len(active), minimum=1, maximum=len(active),
+                              integer=True)),
+        node_silent_s=_number(env, "SLURMFT_NODE_SILENT_S", DEFAULT_NODE_SILENT_S,
+                              minimum=MIN_NODE_SILENT_S, maximum=3600),
+        alloc_restarts=int(_number(env, "SLURMFT_ALLOC_RESTARTS", DEFAULT_ALLOC_RESTARTS, minimum=0,
+                                   maximum=1000, integer=True)),
+    )

@@ -1,0 +1,279 @@
+"""In-allocation mode: the launcher supervises one training step per node and recovers from a
+node's death inside the allocation, without Slurm.
+
+  start the active nodes' steps (``nodesteps``) -> once every active node's ranks have beaten,
+  start the spares' (they wait on torchrun's redundancy list) -> every ``POLL_S``: forward
+  signals, read the nodes' beats (``liveness``), reap ended steps ->
+  a node silent for ``SLURMFT_NODE_SILENT_S``, or whose step ended without training having ended,
+  is fenced: ``allocation.json`` gets the new generation first (the ranks exit on it), then the
+  journal's ``fault_detected``/``recovery_action`` (``"where": "allocation"``), then its step is
+  killed (its srun here, its tasks through ``scancel --signal=KILL JOB.STEP``). An active node
+  is replaced by the first spare (same world: bit-identical) or, without one, dropped (the
+  world shrinks) while at least ``SLURMFT_MIN_NODES`` remain; below that, and when the batch
+  host's own step fails (it holds the rendezvous store), the job goes the requeue path (85).
+
+What ends the loop is the training's own end: every active step ended after the ranks recorded
+their segment's outcome (or exited 0); the spares are then stopped and ``main`` decides the exit
+code from the recorded outcome exactly as for the default launch shape.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from slurmft import allocation as record
+from slurmft import exitcodes, journal, safeio, steppoint
+from slurmft.launch import allocation as alloc_mod
+from slurmft.launch import nodesteps, procs
+from slurmft.launch.alloc_settings import AllocSettings
+from slurmft.launch.identity import JobIdentity
+from slurmft.launch.journaling import Voice
+from slurmft.launch.liveness import Liveness
+from slurmft.launch.rendezvous import Rendezvous
+from slurmft.launch.settings import LaunchSettings
+from slurmft.launch.signals import SignalLog
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import SlurmError
+
+POLL_S = 0.5
+STARTUP_S = 120.0        # srun + python + the first beat of a node's task on a loaded node
+SPARE_GATE_S = 900.0     # spares start once the active ranks beat, or after this
+STOP_KILL_AFTER_S = 10.0
+ENDED = (exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE)
+WHERE = "allocation"
+
+
+class GoRequeue(Exception):
+    """The job cannot go on in its allocation: requeue it (excluding ``exclude``)."""
+
+    def __init__(self, reason: str, exclude: Mapping[str, str]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exclude = dict(exclude)
+
+
+@dataclass
+class Fault:
+    node: str
+    cause: str                # node_death | node_silent | rank_crash
+    evidence: list[str]
+
+
+def _file_bytes(path) -> bytes | None:
+    try:
+        return safeio.read_regular(path, 64 * 1024)
+    except OSError:
+        return None
+
+
+class Supervisor:
+    def __init__(self, ident: JobIdentity, cfg: LaunchSettings, alloc: AllocSettings,
+                 rdzv: Rendezvous, command: Sequence[str], env: Mapping[str, str],
+                 signals: SignalLog, voice: Voice, client, on_signal: Callable[[str], None],
+                 recorded: Callable[[], int | None]) -> None:
+        self.ident, self.cfg, self.settings, self.rdzv = ident, cfg, alloc, rdzv
+        self.command, self.env, self.signals, self.voice = command, env, signals, voice
+        self.client, self.on_signal, self.recorded = client, on_signal, recorded
+        self.run_dir = RunDir(cfg.run_dir)
+        self.alloc = alloc_mod.initial(ident.slurm_id, alloc.active, alloc.spares, alloc.min_nodes)
+        self.min_nodes = alloc.min_nodes
+        self.liveness = Liveness(self.run_dir, startup_s=STARTUP_S)
+        self.steps: dict[str, nodesteps.NodeStep] = {}
+        self.done: dict[str, int] = {}          # active node -> its step's exit status at the end
+        self.ending = False
+        self._next_send: float | None = None
+        self._spare_gate: dict[str, bytes | None] = {}
+        self._started = time.monotonic()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self, pending: Sequence[str] = ()) -> int:
+        """Supervise to the training's end; return the steps' exit status (0, or the batch
+        host's / first failed active node's). Raises GoRequeue."""
+        self._publish()
+        for node in self.alloc.active:
+            self._spare_gate[node] = _file_bytes(self.run_dir.heartbeat(node))
+            self._start(node)
+        spares_started = not self.alloc.spares
+        for name in pending:
+            self._signal(name)
+        while True:
+            for name in self.signals.take():
+                self._signal(name)
+            self._resend()
+            self.liveness.poll()
+            if not spares_started and self._active_ranks_beat():
+                spares_started = True
+                for node in self.alloc.spares:
+                    self._start(node)
+            self._reap()
+            if not self.ending:
+                for fault in self._silent():
+                    self.fence(fault)
+            if all(node in self.done for node in self.alloc.active):
+                break
+            time.sleep(POLL_S)
+        self._stop_rest()
+        rcs = [self.done[n] for n in self.alloc.active]
+        return next((rc for rc in rcs if rc != 0), 0)
+
+    def _start(self, node: str) -> None:
+        argv = nodesteps.node_argv(node, self.rdzv, self.settings, self.cfg, self.command)
+        self.steps[node] = nodesteps.start(node, argv, self.env, self.run_dir)
+        self.liveness.expect(node)
+        role = "spare" if node in self.alloc.spares else "active"
+        self.voice.log(f"started the training step on {node} ({role})")
+
+    def _active_ranks_beat(self) -> bool:
+        """Every active node's ranks have beaten since we started (their round is complete):
+        a spare started now waits on the redundancy list instead of taking an active place."""
+        if time.monotonic() - self._started > SPARE_GATE_S:
+            self.voice.log(f"WARNING: the active nodes' ranks have not all beaten within "
+                           f"{SPARE_GATE_S:g} s: starting the spares anyway")
+            return True
+        return all(_file_bytes(self.run_dir.heartbeat(n)) not in (None, self._spare_gate.get(n))
+                   for n in self.alloc.active)
+
+    def _reap(self) -> None:
+        for node, step in list(self.steps.items()):
+            rc = step.poll()
+            if rc is None:
+                continue
+            del self.steps[node]
+            if node in self.alloc.fenced_nodes:
+                continue
+            if not self.ending and (rc == 0 or self.recorded() in ENDED):
+                self.ending = True
+                self.voice.log(f"training is ending (the step on {node} exited {rc})")
+            if self.ending:
+                if node in self.alloc.active:
+                    self.done[node] = rc
+                continue
+            ended = self.liveness.ended(node)
+            if node == self.rdzv.host:
+                self._journal_fault(Fault(node, "rank_crash", [
+                    f"the batch host's training step ended (srun exit {rc}): the rendezvous "
+                    "store it held is gone"]))
+                raise GoRequeue(f"the training step on the batch host {node} ended (srun exit "
+                                f"{rc}) while training went on", {})
+            if ended is not None:
+                self.fence(Fault(node, "rank_crash", [f"its task ended by itself (torchrun exit "
+                                                      f"{ended}, srun exit {rc})"]), reaped=True)
+            else:
+                self.fence(Fault(node, "node_death", [
+                    f"its training step ended (srun exit {rc}) without its task ending: the task "
+                    f"was killed (last beat {self.liveness.silent_s(node):.1f} s ago)"]), reaped=True)
+
+    def _silent(self) -> list[Fault]:
+        bound = self.settings.node_silent_s
+        faults = []
+        for node in self.steps:
+            if node in self.alloc.fenced_nodes or not self.liveness.silent(node, bound):
+                continue
+            if node == self.rdzv.host:  # our own node, and we run: its task is stuck
+                self.voice.log(f"WARNING: the batch host's task has not beaten for "
+                               f"{self.liveness.silent_s(node):.0f} s")
+                continue
+            how = "since its last beat" if self.liveness.has_beaten(node) else \
+                "since its step was started, without a first beat"
+            faults.append(Fault(node, "node_silent", [
+                f"no beat from its task for {self.liveness.silent_s(node):.1f} s {how} "
+                f"(SLURMFT_NODE_SILENT_S={bound:g})"]))
+        return faults
+
+    # -- fencing -------------------------------------------------------------------------------
+
+    def fence(self, fault: Fault, *, reaped: bool = False) -> None:
+        node, alloc = fault.node, self.alloc
+        was_active = node in alloc.active
+        spare = alloc.spares[0] if was_active and alloc.spares else None
+        self._journal_fault(fault)
+        if was_active and spare is None and len(alloc.active) - 1 < self.min_nodes:
+            self._kill(node)
+            raise GoRequeue(f"{node} lost ({fault.cause}) and no spare is left: "
+                            f"{len(alloc.active) - 1} node(s) is below SLURMFT_MIN_NODES="
+                            f"{self.min_nodes}", {node: "; ".join(fault.evidence)})
+        self.alloc = alloc_mod.fence(alloc, node, fault.cause, time.time(), fault.evidence, spare)
+        steppoint.reached("launch.fence", node)
+        self._publish()  # first: the ranks exit on the new generation
+        action = "fence" if not was_active else "replace_node" if spare else "shrink"
+        self.voice.event(journal.RECOVERY_ACTION, where=WHERE, action=action, nodes=[node],
+                         spare=spare, world_nodes=len(self.alloc.active),
+                         generation=self.alloc.generation, cause=fault.cause, ok=True)
+        what = {"fence": "a spare: fenced", "replace_node": f"replaced by the spare {spare}",
+                "shrink": f"dropped: training goes on on {len(self.alloc.active)} node(s)"}[action]
+        self.voice.log(f"{node} {fault.cause}: {'; '.join(fault.evidence)} -> {what} "
+                       f"(generation {self.alloc.generation})")
+        if not reaped:
+            self._kill(node)
+        self.liveness.forget(node)
+        if spare is not None and spare not in self.steps:
+            self._start(spare)
+
+    def _journal_fault(self, fault: Fault) -> None:
+        # A dead or silent node's fault is its last beat; a crash is seen as it happens.
+        lag = self.liveness.silent_s(fault.node) if fault.cause != "rank_crash" else 0.0
+        fault_time = time.time() - lag
+        self.voice.event(journal.FAULT_DETECTED, where=WHERE, cause=fault.cause, nodes=[fault.node],
+                         evidence=fault.evidence, fault_time=fault_time, detected_by="launcher")
+
+    def _kill(self, node: str) -> None:
+        """End the node's step: our srun at once (it may wait on a dead node for ever), and its
+        tasks through Slurm (a frozen node's tasks must never come back)."""
+        step = self.steps.pop(node, None)
+        step_id = self.liveness.step_id(node)
+        if step is not None and step.proc.poll() is None:
+            try:
+                os.killpg(step.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                step.proc.wait(timeout=STOP_KILL_AFTER_S)
+            except subprocess.TimeoutExpired:  # unkillable: not waited on
+                pass
+        if self.client is not None and step_id is not None:
+            # In a thread: the controller answers only once it gave up on a dead node (10 s+).
+            threading.Thread(target=self._kill_step, args=(node, step_id), daemon=True,
+                             name=f"slurmft-kill-{node}").start()
+
+    def _kill_step(self, node: str, step_id: str) -> None:
+        try:
+            self.client.signal_step(self.ident.slurm_id, step_id, "KILL")
+        except SlurmError as exc:
+            self.voice.log(f"WARNING: could not kill step {step_id} on {node} through Slurm: {exc}")
+
+    # -- signals and the end -------------------------------------------------------------------
+
+    def _signal(self, name: str) -> None:
+        self.on_signal(name)
+        if self._next_send is None:
+            self._next_send = time.monotonic()
+
+    def _resend(self) -> None:
+        if self._next_send is None or time.monotonic() < self._next_send:
+            return
+        for node, step in self.steps.items():
+            if node in self.alloc.active and step.proc.poll() is None:
+                step.proc.send_signal(signal.SIGUSR2)
+        self._next_send = time.monotonic() + self.cfg.resignal_s
+
+    def _stop_rest(self) -> None:
+        for node, step in list(self.steps.items()):
+            procs.stop(step.proc, kill_after_s=STOP_KILL_AFTER_S)
+            self.voice.log(f"stopped the step on {node} (training ended)")
+        self.steps.clear()
+
+    def stop_all(self) -> None:
+        self._stop_rest()
+
+    def _publish(self) -> None:
+        try:
+            record.write(self.run_dir, self.alloc)
+        except (OSError, record.AllocationError) as exc:
+            self.voice.log(f"WARNING: could not write {self.run_dir.allocation}: {exc}")

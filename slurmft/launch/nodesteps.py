@@ -1,0 +1,91 @@
+"""In-allocation mode's launch shape: one ``srun`` step per node (active and spare alike), each
+running that node's task (``slurmft.launch.task``) around an elastic torchrun.
+
+  srun --nodes=1 --ntasks=1 --nodelist=NODE --kill-on-bad-exit=0 ...
+       python -m slurmft.launch.task python -m torch.distributed.run --nnodes=MIN:ACTIVE
+       --rdzv-conf=is_host=0|1,keep_alive_interval=1,keep_alive_max_attempt=A,last_call_timeout=L
+       --max-restarts=R ...
+
+A node's death ends only its own step. torchrun's c10d store lives with the batch host's agent
+(``is_host=1`` there only); the agents of the other nodes reach it over TCP. A spare's agent
+joins after the active nodes' round is complete, so it waits on the rendezvous' redundancy list
+and joins the next round the moment a participant is gone: ``--nnodes=MIN:ACTIVE`` completes as
+soon as ACTIVE nodes are in (no last call), and with fewer after ``last_call_timeout``.
+
+The agents' keep-alive expiry (interval x attempts) is set just above the launcher's own
+``SLURMFT_NODE_SILENT_S``: torchrun drops a dead participant only after the launcher has fenced it
+and moved the generation, so the round that follows starts ranks under the new generation (with
+a shorter expiry, a spare's join restarts the ranks first and the fence kills them again).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from slurmft.launch import procs
+from slurmft.launch.alloc_settings import AllocSettings
+from slurmft.launch.rendezvous import Rendezvous
+from slurmft.launch.settings import LaunchSettings
+from slurmft.launch.task import ALIVE_ENV
+from slurmft.rundir import RunDir
+
+KEEP_ALIVE_INTERVAL_S = 1
+KEEP_ALIVE_MARGIN_S = 3         # beats missed by the launcher's poll and the task's period
+LAST_CALL_S = 3                 # a shrunk world's round completes this long after MIN joined
+MAX_RESTARTS = 1000             # torchrun's own bound: the launcher's progress rule decides
+
+
+def keep_alive_attempts(node_silent_s: float) -> int:
+    return int(math.ceil(node_silent_s / KEEP_ALIVE_INTERVAL_S)) + KEEP_ALIVE_MARGIN_S
+
+
+def rdzv_conf(is_host: bool, alloc: AllocSettings) -> str:
+    return (f"--rdzv-conf=is_host={int(is_host)},keep_alive_interval={KEEP_ALIVE_INTERVAL_S},"
+            f"keep_alive_max_attempt={keep_alive_attempts(alloc.node_silent_s)},"
+            f"last_call_timeout={LAST_CALL_S}")
+
+
+def node_argv(node: str, rdzv: Rendezvous, alloc: AllocSettings, settings: LaunchSettings,
+              command: Sequence[str], python: str = sys.executable) -> list[str]:
+    """One node's step: its task around an elastic torchrun (``rdzv.host`` hosts the store)."""
+    return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=0",
+            "--job-name=slurmft-train", python, "-m", "slurmft.launch.task",
+            python, "-m", "torch.distributed.run",
+            f"--nnodes={alloc.min_nodes}:{len(alloc.active)}",
+            f"--nproc-per-node={settings.nproc_per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={rdzv.rdzv_id}",
+            rdzv_conf(node == rdzv.host, alloc), f"--max-restarts={MAX_RESTARTS}",
+            "--monitor-interval=0.5", *command]
+
+
+@dataclass
+class NodeStep:
+    node: str
+    proc: subprocess.Popen
+    started: float          # monotonic
+    rc: int | None = None   # srun's exit status once reaped (128+N: signal N)
+
+    def poll(self) -> int | None:
+        if self.rc is None:
+            rc = self.proc.poll()
+            if rc is not None:
+                self.rc = rc if rc >= 0 else 128 - rc
+        return self.rc
+
+
+# torchrun shares its rendezvous store with the ranks' bootstrap by default, and an agent keeps
+# the first round's master address for ever: after a round whose rank 0 is another node (the
+# old one dead) its ranks dial a dead store until timeout (seen on the devcluster, torch 2.13).
+# Unshared, every round's rank 0 publishes a fresh address and port.
+STEP_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def start(node: str, argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> NodeStep:
+    step_env = {**env, **STEP_ENV, ALIVE_ENV: str(run_dir.alive(node))}
+    run_dir.alive(node).parent.mkdir(parents=True, exist_ok=True)
+    return NodeStep(node, procs.start(argv, step_env), time.monotonic())

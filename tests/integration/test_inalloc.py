@@ -1,0 +1,105 @@
+"""In-allocation recovery on the real devcluster (issue 27): a 4-node job (3 active + 1 hot
+spare, ``sbatch --no-kill``) whose non-batch node is killed goes on inside its allocation, on
+the spare, without leaving RUNNING, every step's loss bit-identical to an uninterrupted run's;
+without a spare the world shrinks to 2 nodes at the same global sample."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from slurmft import journal
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import JobState
+
+from train_job_support import TINY_ARGS, TrainJob, reference_losses, submit
+
+pytestmark = pytest.mark.integration
+
+ARGS = [*TINY_ARGS, "--steps", "40", "--ckpt-every", "5", "--step-sleep", "0.2"]
+# A 4 s silence bound keeps the test short; the default (10 s) is the unit tests'.
+INALLOC_ENV = {"SLURMFT_NODE_SILENT_S": "4", "SLURMFT_PG_TIMEOUT_S": "60"}
+
+
+def _allocation(run) -> dict:
+    return json.loads(RunDir(run).allocation.read_text())
+
+
+def _wait_running_until_end(job: TrainJob, timeout: float) -> list[JobState]:
+    """Poll the job to its end; every state it was seen in, in order (deduplicated)."""
+    seen: list[JobState] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        state = job.state()
+        if not seen or seen[-1] is not state.state:
+            seen.append(state.state)
+        if state.state.finished:
+            return seen
+        assert time.monotonic() < deadline, f"job {job.job_id} did not end in {timeout:.0f} s " \
+            f"(seen {seen})\n{job.context()}"
+        time.sleep(0.5)
+
+
+def _kill_when_ready(cluster, job: TrainJob, run, *, spares: int) -> tuple[str, int]:
+    """Once step 12 ran after the checkpoint of step 10 (and the spares' tasks beat), kill the
+    active non-batch node the allocation lists second; (its name, the newest commit then)."""
+    job.wait_for(lambda j: any(e.get("step") == 10 for e in job.events(["checkpoint_committed"])),
+                 150, "checkpoint of step 10")
+    job.wait_step(12, timeout=60)
+    alloc = _allocation(run)
+    for spare in alloc["spares"][:spares]:
+        job.wait_for(lambda j, s=spare: RunDir(run).alive(s).exists(), 60, f"spare {spare}'s beat")
+    victim = alloc["active"][1]
+    committed = max(RunDir(run).committed_steps())
+    cluster.kill_node(victim)
+    return victim, committed
+
+
+def _segments(job: TrainJob) -> list:
+    return job.events([journal.SEGMENT_START])
+
+
+@pytest.mark.timeout(420)
+def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, ARGS, nodes=4, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1"})
+    victim, committed = _kill_when_ready(slurm_cluster, job, run, spares=1)
+    batch = _allocation(run)["active"][0]
+    assert victim != batch
+
+    states = _wait_running_until_end(job, timeout=300)
+    assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
+
+    alloc = _allocation(run)
+    assert alloc["generation"] == 1 and victim not in alloc["active"]
+    assert len(alloc["active"]) == 3 and alloc["spares"] == []
+    assert [f["node"] for f in alloc["fenced"]] == [victim]
+    faults = [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
+    assert [(e.get("cause"), e.get("nodes")) for e in faults] in (
+        [("node_silent", [victim])], [("node_death", [victim])])
+    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    assert [(a.get("action"), a.get("nodes"), a.get("world_nodes")) for a in actions] == \
+        [("replace_node", [victim], 3)]
+    spare = actions[0].get("spare")
+    assert spare in alloc["active"]
+
+    # Back at the restored step on 3 nodes, the dead node unused from the fence on.
+    starts = _segments(job)
+    after = [e for e in starts if e.time > faults[0].time]
+    assert after and all(e.get("world_size") == 3 for e in starts)
+    assert after[-1].get("restored_step") >= committed
+    fence_time = actions[0].time
+    assert not [e for e in job.events() if e.time > fence_time and e.get("node") == victim]
+    assert not RunDir(run).alive(victim).exists() or \
+        RunDir(run).alive(victim).stat().st_mtime <= fence_time
+
+    # Every step's loss, the first time and when redone after the restore, equals an
+    # uninterrupted 3-rank run's bit for bit.
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
+    seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
+    assert {s for s, _, _ in seen} == set(ref)
+    for step, loss, samples in seen:
+        assert (loss, samples) == ref[step], f"step {step}"

@@ -1,0 +1,132 @@
+"""The in-allocation supervisor's fence, on real local processes standing in for the nodes'
+sruns (the devcluster test kills a real node: tests/integration/test_inalloc.py): the order
+(allocation.json first, then the journal, then the kill), replace / shrink / below the minimum,
+and a spare's death that moves no generation."""
+
+import json
+import sys
+import time
+
+import pytest
+
+from launch_envs import recorded
+from slurmft import journal
+from slurmft.journal import read_events
+from slurmft.launch import alloc_settings, identity, inalloc, nodesteps, procs, settings
+from slurmft.launch.journaling import Voice
+from slurmft.launch.rendezvous import Rendezvous
+from slurmft.launch.signals import SignalLog
+from slurmft.rundir import RunDir
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Client:
+    def __init__(self) -> None:
+        self.killed: list[tuple[str, str, str]] = []
+
+    def signal_step(self, job_id: str, step_id: str, signal: str = "KILL") -> None:
+        self.killed.append((job_id, step_id, signal))
+
+
+def _supervisor(tmp_path, **env):
+    full = {**recorded("nonarray"), "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4",
+            "SLURM_NNODES": "4", "SLURMFT_RUN_DIR": str(tmp_path), **env}
+    ident = identity.from_environ(full)
+    cfg = settings.from_environ(full, ident)
+    alloc = alloc_settings.from_environ(full, ident)
+    client = Client()
+    sup = inalloc.Supervisor(ident, cfg, alloc, Rendezvous("n1", 40001, "r"), ["train.py"], full,
+                             SignalLog(), Voice(ident, tmp_path), client, lambda name: None,
+                             lambda: None)
+    run = RunDir(tmp_path)
+    for step_id, node in enumerate(ident.nodes, start=10):
+        proc = procs.start([sys.executable, "-c", "import time; time.sleep(60)"])
+        sup.steps[node] = nodesteps.NodeStep(node, proc, time.monotonic())
+        run.alive(node).parent.mkdir(exist_ok=True)
+        sup.liveness.expect(node)
+        run.alive(node).write_text(json.dumps({"seq": 1, "pid": 1, "step_id": str(step_id)}))
+    sup.liveness.poll()
+    return sup, client, run
+
+
+def _events(run, kind):
+    return [e for e in read_events(run.events, [kind]) if e.get("where") == "allocation"]
+
+
+def _stop(sup):
+    for step in sup.steps.values():
+        procs.stop(step.proc, kill_after_s=1)
+
+
+def _wait_killed(client, n):
+    deadline = time.monotonic() + 10
+    while len(client.killed) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_silent_active_node_is_replaced_by_the_spare(tmp_path):
+    sup, client, run = _supervisor(tmp_path, SLURMFT_SPARE_NODES="1")
+    victim = sup.steps["n2"].proc
+    try:
+        sup.fence(inalloc.Fault("n2", "node_silent", ["no beat for 10.2 s"]))
+        alloc = json.loads(run.allocation.read_text())
+        assert (alloc["generation"], alloc["active"], alloc["spares"]) == (1, ["n1", "n4", "n3"], [])
+        assert [(f["node"], f["cause"], f["evidence"]) for f in alloc["fenced"]] == \
+            [("n2", "node_silent", ["no beat for 10.2 s"])]
+        [fault] = _events(run, journal.FAULT_DETECTED)
+        assert (fault.get("cause"), fault.get("nodes"), fault.get("detected_by")) == \
+            ("node_silent", ["n2"], "launcher")
+        assert fault.get("fault_time") <= fault.time and fault.get("evidence") == ["no beat for 10.2 s"]
+        [action] = _events(run, journal.RECOVERY_ACTION)
+        assert (action.get("action"), action.get("nodes"), action.get("spare"),
+                action.get("world_nodes"), action.get("generation")) == ("replace_node", ["n2"], "n4", 3, 1)
+        assert victim.wait(5) is not None and "n2" not in sup.steps  # our srun is gone at once
+        _wait_killed(client, 1)
+        assert client.killed == [("1", "11", "KILL")]  # and its tasks through Slurm
+    finally:
+        _stop(sup)
+
+
+def test_without_a_spare_the_world_shrinks_down_to_the_minimum_then_requeues(tmp_path):
+    sup, client, run = _supervisor(tmp_path, SLURMFT_IN_ALLOCATION="1", SLURMFT_MIN_NODES="3")
+    try:
+        sup.fence(inalloc.Fault("n3", "node_death", ["its step ended"]))
+        alloc = json.loads(run.allocation.read_text())
+        assert (alloc["generation"], alloc["active"]) == (1, ["n1", "n2", "n4"])
+        [action] = _events(run, journal.RECOVERY_ACTION)
+        assert (action.get("action"), action.get("spare"), action.get("world_nodes")) == ("shrink", None, 3)
+        with pytest.raises(inalloc.GoRequeue) as below:
+            sup.fence(inalloc.Fault("n2", "node_silent", ["no beat"]))
+        assert below.value.exclude == {"n2": "no beat"}
+        assert "below SLURMFT_MIN_NODES=3" in below.value.reason
+        # Nothing more is published: the requeue path takes over.
+        assert json.loads(run.allocation.read_text())["generation"] == 1
+        assert len(_events(run, journal.FAULT_DETECTED)) == 2
+        assert len(_events(run, journal.RECOVERY_ACTION)) == 1
+    finally:
+        _stop(sup)
+
+
+def test_a_dead_spare_is_fenced_without_moving_the_generation(tmp_path):
+    sup, client, run = _supervisor(tmp_path, SLURMFT_SPARE_NODES="1")
+    try:
+        sup.fence(inalloc.Fault("n4", "node_silent", ["no beat"]))
+        alloc = json.loads(run.allocation.read_text())
+        assert (alloc["generation"], alloc["active"], alloc["spares"]) == (0, ["n1", "n2", "n3"], [])
+        [action] = _events(run, journal.RECOVERY_ACTION)
+        assert (action.get("action"), action.get("world_nodes")) == ("fence", 3)
+    finally:
+        _stop(sup)
+
+
+def test_silence_past_the_bound_is_a_fault_but_not_on_the_batch_host(tmp_path):
+    sup, client, run = _supervisor(tmp_path, SLURMFT_SPARE_NODES="1", SLURMFT_NODE_SILENT_S="2")
+    try:
+        sup.liveness.clock = lambda: time.monotonic() + 3  # every node silent for 3 s
+        faults = sup._silent()
+        assert [(f.node, f.cause) for f in faults] == [("n2", "node_silent"), ("n3", "node_silent"),
+                                                       ("n4", "node_silent")]
+        assert "SLURMFT_NODE_SILENT_S=2" in faults[0].evidence[0]
+    finally:
+        _stop(sup)
