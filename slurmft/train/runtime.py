@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, NoReturn
 from slurmft import exitcodes, journal
 from slurmft.journal import Journal, JournalConfig
 from slurmft.rundir import RunDir, atomic_write_bytes
+from slurmft.train import torch_check
 
 
 class JobEnvError(ValueError):
@@ -187,7 +188,8 @@ def preflight(run_dir: RunDir, *, min_free_gb: float) -> list[str]:
     """Problems that make this node unfit to join the job (empty list = fit).
 
     Run once per node by the sbatch template before rendezvous: the run directory is writable
-    from here, it has ``min_free_gb`` free, and torch imports.
+    from here, it has ``min_free_gb`` free, and torch imports (remembered on the node between
+    starts: ``slurmft.train.torch_check``).
     """
     problems = []
     try:
@@ -202,10 +204,9 @@ def preflight(run_dir: RunDir, *, min_free_gb: float) -> list[str]:
         free_gb = stat.f_bavail * stat.f_frsize / 2**30
         if free_gb < min_free_gb:
             problems.append(f"disk: {run_dir.root} has {free_gb:.1f} GiB free, below {min_free_gb:g} GiB")
-    try:
-        import torch  # noqa: F401  (the check IS the import)
-    except Exception as exc:  # a broken install raises anything, not only ImportError
-        problems.append(f"python: cannot import torch: {type(exc).__name__}: {exc}")
+    problem = torch_check.check()
+    if problem is not None:
+        problems.append(f"python: {problem}")
     return problems
 
 
