@@ -31,6 +31,9 @@ from slurmft.rundir import RunDir  # noqa: E402
 from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
 from slurmft.slurm.client import JobState  # noqa: E402
 from slurmft.slurm.devcluster import DevCluster  # noqa: E402
+from slurmft.slurm.devcluster.cluster import slurmd_key  # noqa: E402
+from slurmft.slurm.devcluster.daemons import NODE_MARK_ENV  # noqa: E402
+from slurmft.slurm.devcluster.nodeprocs import node_processes  # noqa: E402
 
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
 EXAMPLE = REPO / "examples" / "train_gpt.py"
@@ -42,7 +45,11 @@ HANG_TIMEOUT_S = 10.0
 MODES = {"watch": "slurmft watch (requeue)", "slurm": "Slurm alone", "operator": "slurmft watch --operator",
          "inalloc": "in-allocation, 1 spare", "shrink": "in-allocation, shrink"}
 IN_ALLOCATION = ("inalloc", "shrink")
-FAULTS = ("node_death", "hang", "crash")
+# node_freeze: every process of a node SIGSTOPped, slurmd included. On this one-host devcluster
+# a killed node's sockets are closed by the kernel (its peers see a reset at once); a frozen node
+# keeps them open and answers nothing, as a powered-off or hung node on a real network does.
+FAULTS = ("node_death", "node_freeze", "hang", "crash")
+NODE_FAULTS = ("node_death", "node_freeze")
 ENDED_S = 15.0
 
 
@@ -98,6 +105,11 @@ class Trial:
                                    for e in self.events(["checkpoint_committed"])), 300)
         if not ok:
             raise RuntimeError(f"job {self.job_id} never checkpointed step 10; see {self.log}")
+        if self.mode == "inalloc":  # a hot spare is one whose agent runs: wait for its beat
+            spares = [n for n in self.allocation().get("spares") or [] if isinstance(n, str)]
+            run = RunDir(self.run)
+            if not self.wait(lambda: all(run.alive(n).exists() for n in spares), 120):
+                raise RuntimeError(f"job {self.job_id}: the spares {spares} never beat; see {self.log}")
         if self.watched:
             self.watcher = subprocess.Popen(
                 [sys.executable, "-m", "slurmft.cli", "watch", self.job_id, "--poll", str(POLL_S),
@@ -133,6 +145,9 @@ class Trial:
         if self.fault == "node_death":
             self.victim = self.pick_victim()
             self.cluster.kill_node(self.victim)
+        elif self.fault == "node_freeze":
+            self.victim = self.pick_victim()
+            freeze_node(self.cluster, self.victim)
         elif self.fault == "hang":
             self.stopped = signal_rank(self.cluster, self.job_id, 1, signal.SIGSTOP)
         else:  # a rank crashes on a healthy node (not the batch host's rank 0)
@@ -166,7 +181,7 @@ class Trial:
             self.states.add(state.value)
             if not state.finished:
                 self.ended_since = None
-            elif self.mode == "slurm" and self.fault != "node_death":
+            elif self.mode == "slurm" and self.fault not in NODE_FAULTS:
                 self.ended_since = self.ended_since or time.monotonic()
                 if time.monotonic() - self.ended_since >= ENDED_S:
                     return {"ended": state.value}
@@ -179,11 +194,12 @@ class Trial:
         fault_at = self.inject()
         result: dict = {"fault": self.fault, "mode": self.mode, "watched": self.watched,
                         "victim": self.victim}
-        if self.fault == "node_death" and self.mode not in IN_ALLOCATION:
-            down = self.wait(lambda: self.client.nodes([self.victim])[self.victim].down and time.time(),
-                             cap)
-            running = self.wait(lambda: (j := self.client.job(self.job_id)).state is JobState.RUNNING
-                                and j.restart_count >= 1 and time.time(), cap)
+        if self.fault in NODE_FAULTS and self.mode not in IN_ALLOCATION:
+            down = self.wait(lambda: self.observe(
+                lambda: self.client.nodes([self.victim])[self.victim].down and time.time()), cap)
+            running = self.wait(lambda: self.observe(
+                lambda: (j := self.client.job(self.job_id)).state is JobState.RUNNING
+                and j.restart_count >= 1 and time.time()), cap)
             result["down_to_running_s"] = running - down if down and running else None
         back = self.wait(lambda: self.observe(lambda: self.back(fault_at)), cap)
         if back and "ended" in back:
@@ -229,7 +245,21 @@ class Trial:
         except Exception:  # noqa: BLE001 - cleaning up; reset() settles the cluster
             pass
         if self.victim is not None:
+            if self.fault == "node_freeze":
+                self.cluster.kill_node(self.victim)  # SIGKILL ends stopped processes too
             self.cluster.start_node(self.victim)
+
+
+def freeze_node(cluster: DevCluster, name: str) -> None:
+    """SIGSTOP every process of the node (two passes: a process forked before the first stop
+    is caught by the second, and a stopped process cannot fork)."""
+    for _ in range(2):
+        for proc in node_processes(cluster.cluster_name, name, cluster.processes().get(slurmd_key(name)),
+                                   NODE_MARK_ENV):
+            try:
+                os.kill(proc.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
 
 
 def signal_rank(cluster: DevCluster, job_id: str, rank: int | None, sig: int) -> list[int]:

@@ -10,7 +10,9 @@ For each ``--slurmd-timeout`` it brings up its own 4-node devcluster (root; Debi
 slurmdbd, munge, MariaDB), submits ``examples/train_gpt.py`` through ``sbatch_templates/train.sbatch``
 on 3 training nodes for each fault and mode (``_recovery_trial.py``: the in-allocation modes with
 ``sbatch --no-kill``, one spare or shrinking to 2), injects the fault once step 10 is checkpointed
-(node death: a non-batch training node's slurmd and processes SIGKILLed; hang: rank 1 SIGSTOPped;
+(node death: a non-batch training node's slurmd and processes SIGKILLed; node freeze: the same
+processes SIGSTOPped, so that their sockets stay open as a dead node's do on a real network,
+while the kernel closes a killed one's on this one-host devcluster; hang: rank 1 SIGSTOPped;
 crash: rank 1 SIGKILLed), and measures the time from the fault to training again (the first loss of
 the first segment started after the fault), where it came back (step and restored step, world
 size), the job states seen on the way and, in the allocation, the ranks' ``restart_phases``. Slurm
@@ -40,17 +42,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _recovery_report import issue_keys, print_tables, timeout_summary  # noqa: E402
-from _recovery_trial import (FAULTS, HANG_TIMEOUT_S, MODES, NODES, POLL_S, Trial,  # noqa: E402
-                             log)
+from _recovery_report import issue_keys, merge, print_tables, timeout_summary  # noqa: E402
+from _recovery_trial import (FAULTS, HANG_TIMEOUT_S, MODES, NODE_FAULTS, NODES, POLL_S,  # noqa: E402
+                             Trial, log)
 
 from slurmft.rundir import RunDir  # noqa: E402
 from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
 from slurmft.slurm.devcluster import DevCluster, DevClusterError  # noqa: E402
 
 CLUSTER_NODES = NODES + 1  # room for the spare
-MODE_FAULTS = {"watch": FAULTS, "slurm": FAULTS, "operator": ("node_death",),
-               "inalloc": ("node_death", "crash"), "shrink": ("node_death",)}
+MODE_FAULTS = {"watch": FAULTS, "slurm": FAULTS, "operator": NODE_FAULTS,
+               "inalloc": ("node_death", "node_freeze", "crash"), "shrink": NODE_FAULTS}
 
 
 def cycle_with_many_jobs(cluster: DevCluster, root: Path, jobs: int) -> dict:
@@ -138,7 +140,9 @@ def main() -> int:
     parser.add_argument("--slurmd-timeout", type=int, nargs="+", default=[10, 120],
                         help="the devclusters' SlurmdTimeout in seconds, one run each (default: 10 "
                              "120; real clusters: 300)")
-    parser.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
+    parser.add_argument("--faults", nargs="+", default=["node_death", "hang", "crash"], choices=FAULTS,
+                        help="default: node_death hang crash (node_freeze: a node's processes "
+                             "SIGSTOPped, its sockets left open, as on a real network)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                         help="which recoveries to run (default: all): " +
                              ", ".join(f"{k} = {v}" for k, v in MODES.items()))
@@ -150,9 +154,18 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--tables", type=Path, metavar="FILE",
                         help="print the tables of a saved --json output and exit")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="FILE",
+                        help="join saved --json outputs (e.g. modes run at different times) into "
+                             "one, printed as tables or, with --json, as JSON; and exit")
     args = parser.parse_args()
     if args.tables is not None:
         print_tables(json.loads(args.tables.read_text()))
+        return 0
+    if args.merge:
+        merged = merge([json.loads(path.read_text()) for path in args.merge])
+        print(json.dumps(merged) if args.json else "", end="\n" if args.json else "")
+        if not args.json:
+            print_tables(merged)
         return 0
     if args.cap is not None and args.cap <= 0:
         parser.error("--cap must be positive")

@@ -1,6 +1,7 @@
 """Chaos soak: effective training time under failure (ETTR) of one long run on its own devcluster.
 
-    python benchmarks/soak.py [--minutes 30] [--fault-every 180] [--seed 1] [--dir DIR] [--json]
+    python benchmarks/soak.py [--minutes 30] [--fault-every 180] [--seed 1] [--spares K] [--dir DIR]
+        [--json]
 
 Brings up a 4-node devcluster (root; Debian's Slurm, slurmdbd, munge, MariaDB) and:
 
@@ -8,7 +9,9 @@ Brings up a 4-node devcluster (root; Debian's Slurm, slurmdbd, munge, MariaDB) a
    the step time and what a checkpoint costs the loop; `slurmft interval` turns that cost and the
    fault rate into the checkpoint interval (Young/Daly), and the step count is set so that the run
    trains for about --minutes;
-2. submits the run through sbatch_templates/train.sbatch on 3 nodes (--nodes=3-4) with
+2. submits the run through sbatch_templates/train.sbatch on 3 nodes (--nodes=3-4; with
+   --spares K: in-allocation mode, `--nodes=3+K --no-kill` and SLURMFT_SPARE_NODES=K, on a
+   devcluster of 3+K+1 nodes, so that a requeue that excludes a dead node still fits) with
    `slurmft watch` beside it, and injects faults drawn at random from the six classes of
    slurmft.chaos.faults (node death, hang, failing health check, corrupted newest checkpoint,
    crash, time-limit signal), exponentially spaced with mean --fault-every seconds; a fault due
@@ -43,7 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from slurmft import journal  # noqa: E402
 from slurmft.chaos import faults  # noqa: E402
-from slurmft.chaos.drive import ChaosError, ChaosRun, Outcome  # noqa: E402
+from slurmft.chaos.drive import ChaosError, ChaosRun, Outcome, outcome_problems  # noqa: E402
 from slurmft.chaos.faults import FaultError, Target  # noqa: E402
 from slurmft.chaos.reference import ReferenceRunError, uninterrupted_run  # noqa: E402
 from slurmft.journal import read_events  # noqa: E402
@@ -66,6 +69,14 @@ JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
            "SLURMFT_JOURNAL_FLUSH_EVERY_EVENTS": "1"}
 RECOVERY_TIMEOUT_S = 300
 PROGRESS_TIMEOUT_S = 300
+
+
+def job_shape(spares: int) -> tuple[int, str, list[str], dict[str, str]]:
+    """Devcluster nodes, the job's --nodes, extra sbatch options and launcher settings."""
+    if not spares:
+        return NODES, JOB_NODES, [], {}
+    return (RANKS + spares + 1, str(RANKS + spares), ["--no-kill"],
+            {"SLURMFT_SPARE_NODES": str(spares)})
 
 
 def log(message: str) -> None:
@@ -114,8 +125,10 @@ def final_weights_equal(work: Path, run: Path, reference: Path, step: int) -> bo
 
 
 class Soak:
-    def __init__(self, work: Path, minutes: float, fault_every: float, seed: int) -> None:
+    def __init__(self, work: Path, minutes: float, fault_every: float, seed: int,
+                 spares: int = 0) -> None:
         self.work, self.minutes, self.fault_every = work, minutes, fault_every
+        self.spares = spares
         self.rng = random.Random(seed)
         self.run_dir = RunDir(work / "run")
         self.cluster: DevCluster | None = None
@@ -132,12 +145,15 @@ class Soak:
         args = [*BASE_ARGS, "--steps", str(steps), "--ckpt-every", str(calib["ckpt_every"])]
         log(f"calibrated: {calib['step_s']:.3f} s/step, checkpoint cost {calib['ckpt_cost_s']:.3f} s "
             f"-> every {calib['ckpt_every']} steps; {steps} steps")
-        self.cluster = DevCluster.up(self.work / "cluster", nodes=NODES)
+        nodes, job_nodes, options, settings = job_shape(self.spares)
+        self.cluster = DevCluster.up(self.work / "cluster", nodes=nodes)
         client = CliSlurmClient(env=self.cluster.env)
         self.run_dir.root.mkdir()
-        env = {**os.environ, **self.cluster.env, **JOB_ENV, "SLURMFT_RUN_DIR": str(self.run_dir.root)}
+        env = {**os.environ, **self.cluster.env, **JOB_ENV, **settings,
+               "SLURMFT_RUN_DIR": str(self.run_dir.root)}
         job_id = client.submit(TEMPLATE, [str(SCRIPT), *args, "--step-sleep", str(STEP_SLEEP_S)], env=env,
-                               sbatch_options=[f"--nodes={JOB_NODES}", f"--output={self.work}/job.log",
+                               sbatch_options=[f"--nodes={job_nodes}", *options,
+                                               f"--output={self.work}/job.log",
                                                f"--chdir={self.work}"])
         deadline = time.monotonic() + 120
         while client.job(job_id).run_dir is None:
@@ -173,7 +189,7 @@ class Soak:
             outcome = chaos.inject(fault, RECOVERY_TIMEOUT_S)
             detect = "-" if outcome.detect_s is None else f"{outcome.detect_s:.1f} s"
             log(f"  detected as {outcome.detected_as} after {detect}, training again "
-                f"after {outcome.back_s:.1f} s from step {outcome.resumed_step}, "
+                f"({outcome.where}) after {outcome.back_s:.1f} s from step {outcome.resumed_step}, "
                 f"{outcome.lost_steps} steps lost")
             for problem in chaos.repair():
                 log(f"  repair failed: {problem}")
@@ -215,6 +231,8 @@ class Soak:
             return (o.back_s or 0.0) + (o.lost_steps or 0) * calib["step_s"]
         return {
             "minutes": self.minutes, "fault_every_s": self.fault_every, "steps": steps,
+            "spares": self.spares,
+            "recovered_in_allocation": sum(o.where == "allocation" for o in outcomes),
             "step_s": calib["step_s"], "ckpt_cost_s": calib["ckpt_cost_s"],
             "ckpt_every_steps": calib["ckpt_every"], "wall_s": wall_s,
             "ettr": rep.ettr, "productive_s": rep.productive_s, "run_wall_s": rep.wall_s,
@@ -227,7 +245,8 @@ class Soak:
                                   "max": max(o.back_s for o in v),
                                   "lost_steps_max": max(o.lost_steps or 0 for o in v),
                                   "cost_s_total": sum(cost(o) for o in v),
-                                  "detected_as": sorted({str(o.detected_as) for o in v})}
+                                  "detected_as": sorted({str(o.detected_as) for o in v}),
+                                  "where": sorted({o.where for o in v})}
                               for k, v in by_class.items()},
             "lost_steps_max": max((o.lost_steps or 0 for o in outcomes), default=0),
             "lost_steps_total": sum(o.lost_steps or 0 for o in outcomes),
@@ -240,7 +259,9 @@ class Soak:
             "faults_detail": [{"fault": o.fault, "detected_as": o.detected_as, "detect_s": o.detect_s,
                                "running_s": o.running_s, "back_s": o.back_s,
                                "resumed_step": o.resumed_step, "lost_steps": o.lost_steps,
-                               "world_size": o.world_size} for o in outcomes],
+                               "world_size": o.world_size, "where": o.where,
+                               "victim": o.victim, "nodes": o.nodes,
+                               "problems": outcome_problems(o)} for o in outcomes],
         }
 
     def close(self) -> None:
@@ -261,11 +282,13 @@ class Soak:
 def render(r: dict) -> str:
     def num(v, fmt="{:.1f}"):
         return "-" if v is None else fmt.format(v)
+    spares = r.get("spares", 0)
     lines = [f"# Chaos soak: {r['minutes']:g} min, one fault every {r['fault_every_s']:g} s on "
-             "average", "",
+             f"average, {spares} hot spare(s)" + (" (in-allocation mode)" if spares else ""), "",
              "| metric | value |", "|---|---|",
-             f"| ETTR | {num(r['ettr'], '{:.3f}')} (target >= 0.90) |",
-             f"| faults | {r['faults']} (one every {num(r['fault_interval_s_mean'], '{:.0f}')} s) |",
+             f"| ETTR | {num(r['ettr'], '{:.3f}')} (target >= {0.95 if spares else 0.90}) |",
+             f"| faults | {r['faults']} (one every {num(r['fault_interval_s_mean'], '{:.0f}')} s), "
+             f"{r.get('recovered_in_allocation', 0)} recovered in the allocation |",
              f"| time to recover, median / max | {num(r['mttr_s_median'])} s / {num(r['mttr_s_max'])} s |",
              f"| steps lost, max / total | {r['lost_steps_max']} / {r['lost_steps_total']} |",
              f"| checkpoint overhead | {num(100 * r['ckpt_overhead'] if r['ckpt_overhead'] is not None else None, '{:.2f}')} % "
@@ -273,11 +296,12 @@ def render(r: dict) -> str:
              f"{r['ckpt_cost_s']:.3f} s) |",
              f"| final state equals an uninterrupted run | {'yes' if r['final_state_equal'] else 'NO'} |",
              "", "| fault class | count | recover median (s) | max (s) | steps lost max | "
-             "training time lost (s) | detected as |",
-             "|---|---|---|---|---|---|---|"]
+             "training time lost (s) | detected as | recovered |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, c in sorted(r["mttr_by_class"].items(), key=lambda kv: -kv[1]["cost_s_total"]):
         lines.append(f"| {name} | {r['faults_by_class'][name]} | {c['median']:.1f} | {c['max']:.1f} | "
-                     f"{c['lost_steps_max']} | {c['cost_s_total']:.0f} | {', '.join(c['detected_as'])} |")
+                     f"{c['lost_steps_max']} | {c['cost_s_total']:.0f} | {', '.join(c['detected_as'])} | "
+                     f"{', '.join(c.get('where', ['requeue']))} |")
     return "\n".join(lines)
 
 
@@ -286,6 +310,8 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--fault-every", type=float, default=180.0, help="mean seconds between faults")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--spares", type=int, default=0,
+                   help="hot spare nodes (in-allocation mode, issue 27); 0: the requeue path only")
     p.add_argument("--dir", type=Path, help="work dir (default: a new temp dir)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -295,13 +321,16 @@ def main() -> int:
     if args.minutes <= 0 or args.fault_every <= 0:
         print("soak: --minutes and --fault-every must be > 0", file=sys.stderr)
         return 1
+    if not 0 <= args.spares <= 2:
+        print(f"soak: --spares {args.spares}: must be 0, 1 or 2", file=sys.stderr)
+        return 1
     work = (args.dir or Path(tempfile.mkdtemp(prefix="slurmft-soak."))).absolute()
     try:
         work.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         print(f"soak: --dir {work}: {exc.strerror}", file=sys.stderr)
         return 1
-    soak = Soak(work, args.minutes, args.fault_every, args.seed)
+    soak = Soak(work, args.minutes, args.fault_every, args.seed, args.spares)
 
     def terminated(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)

@@ -12,7 +12,7 @@ from typing import Callable, TypeVar
 
 from slurmft import journal
 from slurmft.chaos import faults
-from slurmft.chaos.faults import Fault, FaultError, Target
+from slurmft.chaos.faults import ALLOCATION, Fault, FaultError, Target, active_nodes
 from slurmft.journal import Event
 from slurmft.slurm.devcluster import DevClusterError
 from slurmft.status.report import JournalUnreadable, read_journal
@@ -22,6 +22,8 @@ POLL_S = 0.5
 # restarts a hung or crashed one: recovered later than this, something is wrong.
 RUNNING_AGAIN_S = 90
 T = TypeVar("T")
+# The launcher's recovery actions (in the allocation) that take their node out of the job for good.
+FENCING = ("fence", "replace_node", "shrink")
 
 
 class ChaosError(RuntimeError):
@@ -48,6 +50,7 @@ class Outcome:
     victim: str | None = None   # the node a node fault hit
     excluded: list[str] = field(default_factory=list)  # nodes the watcher excluded for it
     corrupted: int | None = None  # the checkpoint a corruption hit
+    where: str = "requeue"      # how it recovered: "allocation" (in the allocation) or "requeue"
 
     @property
     def lost_steps(self) -> int | None:
@@ -82,8 +85,10 @@ def outcome_problems(o: Outcome) -> list[str]:
     return found
 
 
-def _segment(event: Event) -> int:
-    return int(event.get("restart_count", 0) or 0)
+def _segment(event: Event) -> tuple[int, int]:
+    """A segment's key: (restart count, attempt). In-allocation restarts keep the restart count
+    and bump torchrun's attempt; a requeue bumps the restart count (attempts start again at 0)."""
+    return (event.count("restart_count") or 0, event.count("attempt") or 0)
 
 
 class ChaosRun:
@@ -138,7 +143,7 @@ class ChaosRun:
         """Inject ``fault`` and wait until training is back (a loss of a later segment)."""
         before = self.events()
         seg = self.current_segment(before)
-        segment = _segment(seg) if seg is not None else 0
+        segment = _segment(seg) if seg is not None else (0, 0)
         losses = [e.get("step") for e in before if e.kind == journal.LOSS and _segment(e) == segment]
         committed = self.target.run_dir.committed_steps()
         self.target.victim = self.target.corrupted = None
@@ -162,18 +167,27 @@ class ChaosRun:
         detected = [e for e in events[len(before):]
                     if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)]
         running = [e for e in events[len(before):] if e.kind == journal.JOB_RUNNING]
+        in_allocation = _segment(start)[0] == segment[0]  # the job never left its allocation
         excluded = [n for e in events[len(before):]
                     if e.kind in (journal.RECOVERY_ACTION, journal.RESTART_ACTION)
-                    and e.get("action") == "exclude" and e.get("ok") for n in e.get("nodes") or []]
+                    and ((e.get("action") == "exclude" and e.get("ok"))
+                         or (e.get("action") in FENCING and e.get("where") == ALLOCATION))
+                    for n in e.names("nodes")]
+        # In the allocation, "running again" is the next segment's start (no JOB_RUNNING: the
+        # job never stopped), on the nodes allocation.json names active.
+        running_s = (running[0].time - injected if running
+                     else start.time - injected if in_allocation else None)
+        nodes = (list(running[0].get("nodes") or []) if running
+                 else active_nodes(self.target.run_dir) if in_allocation else [])
         cause = detected[0].get("cause") if detected else None
         return Outcome(
             fault=fault.name, detail=detail, injected=injected, detected_as=cause,
             detect_s=detected[0].time - injected if detected else None,
-            running_s=running[0].time - injected if running else None,
+            running_s=running_s,
             back_s=first_loss.time - injected,
             last_step=max(losses) if losses else None,
             resumed_step=start.get("restored_step"), world_size=start.get("world_size"),
-            nodes=list(running[0].get("nodes") or []) if running else [],
+            nodes=nodes, where=ALLOCATION if in_allocation else "requeue",
             expected=cause in fault.causes,
             evidence=str(detected[0].get("evidence") or "") if detected else "",
             committed_before=committed, victim=self.target.victim, excluded=excluded,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from slurmft import allocation
 from slurmft.rundir import RunDir
 from slurmft.slurm.client import SlurmClient
 from slurmft.slurm.devcluster import DevCluster
@@ -108,8 +109,24 @@ def hang(target: Target) -> str:
     return "SIGSTOP to rank 1: the other ranks wait in a collective, nothing exits"
 
 
+def active_nodes(run_dir: RunDir) -> list[str]:
+    """The nodes an in-allocation run trains on, from its ``allocation.json`` (the launcher's,
+    read by ``slurmft.allocation``'s checked reader). Empty for any other run, and for a record
+    that cannot be read or does not check (the caller then falls back to the job's nodes)."""
+    try:
+        record = allocation.read(run_dir)
+    except allocation.AllocationError:
+        return []
+    return [] if record is None else list(record.active)
+
+
 def node_death(target: Target) -> str:
-    victim = target.victim = target.nodes()[-1]
+    nodes = target.nodes()
+    # In the allocation, a training node other than the batch host (whose death ends the job:
+    # that is the requeue path's); a spare's death would test nothing. Else the job's last node.
+    batch = target.client.job(target.job_id).batch_host or nodes[0]
+    training = [n for n in active_nodes(target.run_dir) if n in nodes and n != batch]
+    victim = target.victim = training[-1] if training else nodes[-1]
     target.cluster.kill_node(victim)
     target.repairs.append(lambda: target.cluster.start_node(victim, wait_timeout=60))
     return f"node {victim} died: its slurmd and every process on it SIGKILLed"
@@ -200,11 +217,15 @@ def unhealthy_node(target: Target) -> str:
     return f"the sweeper's site check failed on {victim}: it drained the node (reason slurmft:...)"
 
 
-NODE_DEATH = Fault("node death", frozenset({"node_fail", "node_down"}), node_death)
+# The causes the watcher journals for a requeue, and the launcher (``where: allocation``) for a
+# recovery inside the allocation (issue 27's contract).
+ALLOCATION = "allocation"
+NODE_DEATH = Fault("node death", frozenset({"node_fail", "node_down", "node_death", "node_silent"}),
+                   node_death)
 HANG = Fault("hang", frozenset({"hang"}), hang)
 UNHEALTHY_NODE = Fault("failing health check", frozenset({"node_unhealthy"}), unhealthy_node)
-CORRUPT_NEWEST = Fault("corrupted checkpoint", frozenset({"crash"}), corrupt_newest)
-CRASH = Fault("crash", frozenset({"crash"}), crash)
+CORRUPT_NEWEST = Fault("corrupted checkpoint", frozenset({"crash", "rank_crash"}), corrupt_newest)
+CRASH = Fault("crash", frozenset({"crash", "rank_crash"}), crash)
 TIME_LIMIT = Fault("time limit", frozenset({"preempted"}), time_limit)
 
 ALL = (NODE_DEATH, HANG, UNHEALTHY_NODE, CORRUPT_NEWEST, CRASH, TIME_LIMIT)

@@ -49,3 +49,22 @@ def test_issue_keys_map_each_slurmd_timeout_to_its_figure():
     keys = issue_keys(runs)
     assert keys["inalloc_crash_s"] == {"10": trials[0]["recover_s"], "120": 2 * trials[0]["recover_s"]}
     assert "requeue_node_death_s" not in keys  # not measured: absent, never a made-up figure
+
+
+def test_merging_outputs_joins_runs_of_one_timeout_and_keeps_the_later_trial():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _recovery_report import merge
+    finally:
+        sys.path.remove(str(BENCH))
+    saved = json.loads((RESULTS / "recovery_bench_crash_loaded_2026-11-26.json").read_text())
+    later = json.loads(json.dumps(saved))
+    watch = next(t for t in later["runs"][0]["trials"] if t["mode"] == "watch")
+    watch["recover_s"] = 1.5
+    inalloc = {**watch, "mode": "inalloc", "recover_s": 9.0}
+    later["runs"][0]["trials"] = [watch, inalloc]
+    merged = merge([saved, later])
+    [run] = merged["runs"]
+    assert [(t["mode"], t["recover_s"]) for t in run["trials"]] == [
+        ("watch", 1.5), ("slurm", None), ("inalloc", 9.0)]
+    assert merged["inalloc_crash_s"] == {"10": 9.0} and merged["merged_from"] == 2
