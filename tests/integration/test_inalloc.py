@@ -103,3 +103,41 @@ def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_p
     assert {s for s, _, _ in seen} == set(ref)
     for step, loss, samples in seen:
         assert (loss, samples) == ref[step], f"step {step}"
+
+
+@pytest.mark.timeout(420)
+def test_without_a_spare_the_world_shrinks_and_goes_on_at_the_same_global_sample(slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, ARGS, nodes=3, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_IN_ALLOCATION": "1", "SLURMFT_MIN_NODES": "2"})
+    victim, committed = _kill_when_ready(slurm_cluster, job, run, spares=0)
+    killed_at = time.time()
+
+    states = _wait_running_until_end(job, timeout=300)
+    assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
+
+    alloc = _allocation(run)
+    assert alloc["generation"] == 1 and alloc["spares"] == [] and len(alloc["active"]) == 2
+    assert victim not in alloc["active"] and [f["node"] for f in alloc["fenced"]] == [victim]
+    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    assert [(a.get("action"), a.get("nodes"), a.get("spare"), a.get("world_nodes")) for a in actions] == \
+        [("shrink", [victim], None, 2)]
+
+    starts = _segments(job)
+    before = [e for e in starts if e.time < killed_at]
+    after = [e for e in starts if e.time > actions[0].time]
+    assert before[-1].get("world_size") == 3  # the world the node died in
+    assert after and all(e.get("world_size") == 2 for e in after)
+    assert after[0].get("restored_step") >= committed and after[0].get("global_batch") == 12
+    assert not [e for e in job.events() if e.time > actions[0].time and e.get("node") == victim]
+
+    # The 2-node world replays the steps after the checkpoint on the same samples: every step's
+    # samples are an uninterrupted run's (the global batch is kept), the losses equal up to the
+    # reduction order of a smaller world.
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=2)
+    seen = [(e.get("step"), e.get("loss"), e.get("samples"), e.get("world_size")) for e in job.events(["loss"])]
+    assert {s for s, _, _, _ in seen} == set(ref)
+    for step, loss, samples, world in seen:
+        assert samples == ref[step][1], f"step {step}"
+        if world == 2:
+            assert loss == pytest.approx(ref[step][0], rel=1e-4), f"step {step}"
