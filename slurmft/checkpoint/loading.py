@@ -78,6 +78,7 @@ class CheckpointLoading:
 
     run: RunDir
     load_skipped: list[tuple[int, str]]
+    loaded_tier: str | None  # where the last load_latest read from: "local", "shared" or None
     _groups: CheckpointGroups
     _tier: LocalTier | None
     _faults: FaultPlan
@@ -101,6 +102,7 @@ class CheckpointLoading:
     def _load_latest(self, state: TrainState) -> int | None:
         self.wait()
         self.load_skipped = []
+        self.loaded_tier = None
         groups = self._groups
         if self.run.checkpoints.is_symlink():  # retention would refuse it too: never followed
             raise CheckpointError(f"{self.run.checkpoints}: a symbolic link; checkpoints must be a real "
@@ -130,6 +132,7 @@ class CheckpointLoading:
                         log.warning("checkpoint step %d skipped: %s", step, problem)
                 continue
             self._last_committed = step
+            self.loaded_tier = "shared"
             if self._tensors is not None:
                 self._tensors.forget()  # what the last save wrote no longer describes the state
             if groups.is_coordinator:
@@ -166,6 +169,7 @@ class CheckpointLoading:
                     where = next(r for r in files.roots if (r / ".metadata").is_file())
                     problems = self._load(where, step, state, files.manifest,
                                           tuple(r for r in files.roots if r != where))
+                    read_from = "local" if where == tier.checkpoint(step) else "shared"
             finally:
                 files.cleanup()
             if problems:
@@ -174,6 +178,7 @@ class CheckpointLoading:
                     for problem in problems:
                         log.warning("checkpoint step %d skipped: %s", step, problem)
                 continue
+            self.loaded_tier = read_from
             # A step loaded from the local tier only is not "committed" for this process: a save of
             # the same step (an emergency save right after the restart) writes and copies it again.
             self._last_committed = step if step in shared_steps else None

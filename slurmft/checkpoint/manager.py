@@ -123,6 +123,7 @@ class CheckpointManager(TieredSaves, CheckpointLoading):
         self.skipped = 0
         # (step, reason) of every checkpoint the last load_latest() passed over (same on every rank)
         self.load_skipped: list[tuple[int, str]] = []
+        self.loaded_tier: str | None = None
         self._saves_started = 0
         self._tmp_nonce = self._groups.broadcast(secrets.token_hex(8) if self._groups.is_coordinator else None)
         if self._groups.is_coordinator:

@@ -26,7 +26,8 @@ generation that went back, or a file that went away.
 
 The watch is off, with no thread and no cost, unless ``allocation.json`` names this job when
 :meth:`AllocationWatch.start_for` looks (the launcher writes it before starting any rank).
-Torch-free: the world's node names are handed in by ``Run`` (one ``all_gather_object``).
+:func:`watch_allocation` is what ``Run`` calls (it adds the world's node names, gathered with one
+``all_gather_object``); the module imports torch only there.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Callable, Collection, Iterable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, TextIO
 
 from slurmft import allocation, exitcodes
 from slurmft.rundir import RunDir
 from slurmft.train.hard_exit import exit_after_report
+
+if TYPE_CHECKING:
+    from slurmft.train.runtime import JobEnv
 
 DEFAULT_POLL_S = 0.5
 
@@ -67,6 +71,7 @@ class AllocationWatch:
         self.stream = stream
         self._exit = _exit
         self.start_generation: int | None = None
+        self.attempt: int | None = None  # the world's agreed attempt (watch_allocation)
         self.world: frozenset[str] = frozenset()
         self.fired: str | None = None  # the reason, once fired
         self._seen: tuple[int, ...] | None = None
@@ -176,3 +181,29 @@ class AllocationWatch:
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
             self.check()
+
+
+def watch_allocation(run_dir: RunDir, env: "JobEnv", process_group: Any, world_size: int, *,
+                     on_reform: Callable[[str], None]) -> AllocationWatch | None:
+    """``Run``'s watch: started when ``allocation.json`` names this job (None otherwise), then
+    told every rank's node (one all-gather over ``process_group`` when ``world_size`` > 1), so a
+    node fenced before this rank first looked at the file still ends it.
+
+    The same all-gather agrees on the segment's ``attempt`` (the watch's ``attempt``): torchrun
+    counts restarts per agent, and a spare's agent joins at 0 while the survivors' count on, so
+    every rank takes the highest (the batch host's agent is in every world: it never goes back).
+    """
+    watch = AllocationWatch.start_for(run_dir, (env.slurm_id, env.job_id), on_reform=on_reform)
+    if watch is None:
+        return None
+    mine = (env.node, env.attempt)
+    gathered: list[Any] = [mine]
+    if world_size > 1:
+        import torch.distributed as dist
+
+        gathered = [None] * world_size
+        dist.all_gather_object(gathered, mine, group=process_group)
+    pairs = [g for g in gathered if isinstance(g, tuple) and len(g) == 2]
+    watch.attempt = max([env.attempt, *(a for _, a in pairs if isinstance(a, int))])
+    watch.set_world([n for n, _ in pairs if isinstance(n, str)])
+    return watch

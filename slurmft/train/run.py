@@ -53,7 +53,7 @@ import torch.distributed as dist
 from slurmft import exitcodes, journal
 from slurmft.config import ConfigError, load_section
 from slurmft.rundir import RUN_DIR_ENV, RunDir
-from slurmft.train.alloc_watch import AllocationWatch
+from slurmft.train.alloc_watch import AllocationWatch, watch_allocation
 from slurmft.train.boundary import BoundaryCheck, step_generator, user_site
 from slurmft.checkpoint.manager import CheckpointError, CheckpointManager
 from slurmft.checkpoint.config import CheckpointConfig
@@ -67,8 +67,11 @@ from slurmft.train.run_config import RunConfig
 from slurmft.train.runtime import JobEnv, JobEnvError, RunDirError, Segment, check_run_dir_writable
 from slurmft.checkpoint.state import TrainState
 from slurmft.train.watchdog import StepWatchdog
+from slurmft.train.phases import RestartPhases
 from slurmft.train.run_boundary import StepBoundary
 from slurmft.train.run_endings import RunEndings, fail
+
+_IMPORTED_AT = time.time()  # torch and slurmft's checkpoint engine imported: restart_phases' torch_imported
 
 _ADVICE = ("Draw each step's random batch inside the step (from run.rng(step), or the global RNG), "
            "never before the loop or after run.report() for the next step.")
@@ -142,6 +145,7 @@ class Run(StepBoundary, RunEndings):
         """Set everything up and resume from the newest valid checkpoint (collective)."""
         if self._started:
             raise RuntimeError("Run.start() called twice")
+        self._phases = RestartPhases(_IMPORTED_AT)
         start_site = user_site(2)[:2]  # the user's `with Run(...)` line, named by resume warnings
         try:
             self.env = self._env_arg or JobEnv.from_environ()
@@ -160,10 +164,15 @@ class Run(StepBoundary, RunEndings):
         self.rank = dist.get_rank(self.process_group) if self._distributed else 0
         self.device = torch.device(self._device_arg) if self._device_arg else self._collective_device()
         self._started = True
-        self._watch_allocation()  # before the restore: its collectives may meet a dead peer
+        # Before the restore: its collectives may meet a dead peer.
+        self._alloc_watch = watch_allocation(
+            self.run_dir, self.env, self.process_group, self.world_size,
+            on_reform=lambda reason: self.segment.finish(exitcodes.REFORM, reason, step=self.step))
+        if self._alloc_watch is not None:  # every rank journals the world's agreed attempt
+            self.segment.journal.attempt = self._alloc_watch.attempt
         # Before the restore: the load announces itself in it, and its first beat says the run beats.
         self.heartbeat = Heartbeat(self.run_dir, self.env.node, job_id=self.env.job_id,
-                                   restart_count=self.env.restart_count, attempt=self.env.attempt,
+                                   restart_count=self.env.restart_count, attempt=self.segment.journal.attempt or 0,
                                    interval_s=self.config.heartbeat_interval_s,
                                    enabled=self.env.is_node_leader)
         self._checkpoints = CheckpointManager(
@@ -176,6 +185,7 @@ class Run(StepBoundary, RunEndings):
         except CheckpointError as exc:  # another model, or a newer format: requeueing cannot help
             self._end(exitcodes.NO_REQUEUE, f"cannot resume: {exc}")
         load_s = time.perf_counter() - started
+        self._phases.loaded(self._checkpoints.loaded_tier if restored is not None else None)
         self.restored_step = restored
         self.step = restored or 0
         self._audit = ResumeAudit(model=self.state.model, sampler=self.state.sampler, segment=self.segment,
@@ -359,21 +369,6 @@ class Run(StepBoundary, RunEndings):
         return self.result.ok
 
     # ------------------------------------------------------------------ internals
-
-    def _watch_allocation(self) -> None:
-        """In-allocation mode (``allocation.json`` names this job): start the watch, then tell it
-        the nodes of this world (one all-gather), so a node fenced before this rank first looked
-        at the file still ends it."""
-        self._alloc_watch = AllocationWatch.start_for(
-            self.run_dir, (self.env.slurm_id, self.env.job_id),
-            on_reform=lambda reason: self.segment.finish(exitcodes.REFORM, reason, step=self.step))
-        if self._alloc_watch is None:
-            return
-        nodes: list[Any] = [self.env.node]
-        if self._distributed and self.world_size > 1:
-            nodes = [None] * self.world_size
-            dist.all_gather_object(nodes, self.env.node, group=self.process_group)
-        self._alloc_watch.set_world([n for n in nodes if isinstance(n, str)])
 
     def _checkpoint_bytes(self, step: int | None) -> int:
         if step is None:

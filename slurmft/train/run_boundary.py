@@ -15,6 +15,7 @@ from slurmft.train.alloc_watch import AllocationWatch
 from slurmft.train.boundary import BoundaryCheck
 from slurmft.checkpoint.manager import CheckpointManager
 from slurmft.train.guards import GuardResult, Verdict
+from slurmft.train.phases import RestartPhases
 from slurmft.train.busy import ForwardTimer
 from slurmft.train.heartbeat import Heartbeat
 from slurmft.train.preemption import PreemptionHandler
@@ -47,6 +48,8 @@ class StepBoundary:
     _audit: ResumeAudit | None
     _forward_timer: ForwardTimer | None
     _alloc_watch: AllocationWatch | None
+    _phases: RestartPhases
+    restored_step: int | None
     _end: Callable[..., NoReturn]
     _preempt: Callable[[int], None]
 
@@ -94,6 +97,9 @@ class StepBoundary:
         if self._forward_timer is not None:
             self._busy_steps += 1
         self.heartbeat.beat(step, busy_s=self._busy_per_step if self._forward_timer is not None else None)
+        phases = self._phases.event(restored_step=self.restored_step, world_size=self.world_size)
+        if phases is not None:  # the segment's first step: what its start cost, by phase
+            self.segment.record(journal.RESTART_PHASES, step=step, **phases)
         if stop:
             self._preempt(step)
         if self.checkpoints.due(step) and step < total:

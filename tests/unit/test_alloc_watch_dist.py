@@ -44,15 +44,17 @@ class Ranks:
     """3 ranks, rank r on node ``nodes[r]``; stderr of each kept for the assertions."""
 
     def __init__(self, tmp_path: Path, run_dir: Path, nodes: list[str], args: list[str], *,
-                 attempt: int = 0) -> None:
+                 attempt: int | list[int] = 0) -> None:
+        """``attempt``: torchrun's restart count, one for all or one per rank (per agent)."""
         port = nodecheck.free_port()
-        self.out = tmp_path / f"out{attempt}"
+        attempts = attempt if isinstance(attempt, list) else [attempt] * len(nodes)
+        self.out = tmp_path / f"out{max(attempts)}"
         self.errs, self.procs = [], []
         for rank, node in enumerate(nodes):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0",
                    "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                    "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": JOB, "SLURMFT_JOB_ID": JOB,
-                   "SLURMD_NODENAME": node, "TORCHELASTIC_RESTART_COUNT": str(attempt)}
+                   "SLURMD_NODENAME": node, "TORCHELASTIC_RESTART_COUNT": str(attempts[rank])}
             env.pop("SLURMFT_RUN_DIR", None)
             err = open(tmp_path / f"{port}-rank{rank}.err", "w+b")
             self.errs.append(err)
@@ -156,13 +158,14 @@ def test_the_reformed_world_resumes_and_trains_what_an_uninterrupted_run_trains(
     first = Ranks(tmp_path, run, ["n0", "n1"], [*args, "--step-sleep", "0.3"])
     try:
         first.wait_for_step(6)  # checkpoint 4 is committed
-        os.kill(first.procs[1].pid, signal.SIGSTOP)
-        write_allocation(run, 2, ["n0", "n2"], fenced=["n1"])  # the spare n2 takes n1's place
+        os.kill(first.procs[1].pid, signal.SIGSTOP)  # n1 stops answering
+        write_allocation(run, 2, ["n0", "n2"], fenced=["n1"])  # the spare n2 takes its place
         assert first.wait([0], timeout=60) == [exitcodes.REFORM], first.stderr()
     finally:
         first.kill()
-    # torchrun's next attempt: the same ranks, rank 1 now on the spare.
-    second = Ranks(tmp_path, run, ["n0", "n2"], args, attempt=1)
+    # torchrun's next attempt, the rendezvous puts rank 0 on the spare: its agent never restarted
+    # (count 0), the survivor's did (1); the world agrees on 1.
+    second = Ranks(tmp_path, run, ["n2", "n0"], args, attempt=[0, 1])
     try:
         assert second.wait([0, 1], timeout=240) == [0, 0], second.stderr()
     finally:
@@ -175,3 +178,6 @@ def test_the_reformed_world_resumes_and_trains_what_an_uninterrupted_run_trains(
     ends = read_events(RunDir(run).events, ["segment_end"])
     assert [(e.get("attempt"), e.get("exit_code")) for e in ends] == [(0, exitcodes.REFORM), (1, 0)]
     assert json.loads((run / "DONE").read_text())["step"] == 12
+    phases = read_events(RunDir(run).events, ["restart_phases"])
+    assert [(p.get("attempt"), p.get("step"), p.get("tier"), p.get("world_size")) for p in phases] == [
+        (0, 1, None, 2), (1, starts[-1].get("restored_step") + 1, "shared", 2)]

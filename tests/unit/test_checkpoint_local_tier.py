@@ -102,6 +102,7 @@ def test_saves_commit_locally_and_reach_the_run_dir_every_shared_interval(tmp_pa
     fresh = make_state()
     loader = CheckpointManager(run.root, tiered(tmp_path))
     assert loader.load_latest(fresh) == 4
+    assert loader.loaded_tier == "local"  # restart_phases' tier
     assert all(torch.equal(a, b) for a, b in zip(params(fresh), kept[4]))
     loader.close()
 
@@ -133,6 +134,7 @@ def test_a_lost_local_disk_leaves_the_run_dir(tmp_path, node):
     fresh = make_state()
     loader = CheckpointManager(run.root, tiered(tmp_path))
     assert loader.load_latest(fresh) == 2
+    assert loader.loaded_tier == "shared"
     loader.close()
 
 
