@@ -141,3 +141,33 @@ def test_without_a_spare_the_world_shrinks_and_goes_on_at_the_same_global_sample
         assert samples == ref[step][1], f"step {step}"
         if world == 2:
             assert loss == pytest.approx(ref[step][0], rel=1e-4), f"step {step}"
+
+
+@pytest.mark.timeout(600)
+def test_the_batch_hosts_death_ends_the_job_and_the_requeue_path_loses_nothing(slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, ARGS, nodes="3-4", sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1"}, watch=True)
+    job.wait_for(lambda j: any(e.get("step") == 10 for e in job.events(["checkpoint_committed"])),
+                 150, "checkpoint of step 10")
+    job.wait_step(12, timeout=60)
+    batch = _allocation(run)["active"][0]
+    assert batch == job.state().batch_host
+    committed = max(RunDir(run).committed_steps())
+    killed_at = time.time()
+    slurm_cluster.kill_node(batch)  # the launcher and the rendezvous store die with it
+
+    final = job.wait_for(lambda j: j.state.finished and j.restart_count >= 1, 420,
+                         "the requeued run's end")
+    assert final.state is JobState.COMPLETED, job.context()
+    assert batch not in final.nodes
+    starts = _segments(job)
+    requeued = [e for e in starts if e.count("restart_count") >= 1]
+    assert requeued and requeued[0].time > killed_at
+    assert requeued[0].get("restored_step") >= committed  # nothing lost past the checkpoint
+    # No in-allocation recovery was attempted: the launcher died with its node.
+    assert not [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=2)
+    seen = [(e.get("step"), e.get("samples")) for e in job.events(["loss"])]
+    assert {s for s, _ in seen} == set(ref)
+    assert all(samples == ref[step][1] for step, samples in seen)
