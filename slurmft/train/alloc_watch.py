@@ -13,6 +13,12 @@ a daemon thread that looks at the file every ``poll_s`` (0.5 s) and ends the pro
   between torchrun's rendezvous and this rank's first look: the start generation is then the new
   one, but the world still holds the node the launcher fenced.
 
+Where the dead peer's sockets were closed (its processes killed, or every node on one host), gloo
+raises at once instead of blocking, before the launcher has said anything: ``Run`` then calls
+:meth:`AllocationWatch.await_verdict` with the exception, which waits up to a grace period
+(``SLURMFT_NODE_SILENT_S`` + 5 s) for the new generation and ends the rank with 88 the same way;
+without one the exception goes on (a failure of this rank's own).
+
 Before the exit, ``on_reform`` (``Run``'s: rank 0 journals ``segment_end`` with 88 and every rank
 says one line on stderr) runs bounded by ``report_timeout_s``: the filesystem may be what hangs
 (:mod:`slurmft.train.hard_exit`). torchrun's agent then sees its workers exit and restarts them
@@ -33,8 +39,10 @@ The watch is off, with no thread and no cost, unless ``allocation.json`` names t
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, TextIO
 
 from slurmft import allocation, exitcodes
@@ -45,6 +53,18 @@ if TYPE_CHECKING:
     from slurmft.train.runtime import JobEnv
 
 DEFAULT_POLL_S = 0.5
+# What a collective with a dead peer raises: torch's DistError family, or a RuntimeError from the
+# backend (gloo's "Connection closed by peer", "Connection reset by peer", NCCL's errors).
+_WORLD_FAILURE = re.compile(r"gloo|nccl|connection (closed|reset|refused)|by peer|broken pipe", re.I)
+
+
+def is_world_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` looks like a collective that failed because a peer is gone."""
+    if not isinstance(exc, RuntimeError):
+        return False
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & {"DistError", "DistBackendError", "DistNetworkError"}) or \
+        bool(_WORLD_FAILURE.search(str(exc)[:2000]))
 
 
 class AllocationWatch:
@@ -132,6 +152,27 @@ class AllocationWatch:
                           report_timeout_s=self.report_timeout_s, who="slurmft allocation watch",
                           _exit=self._exit)
         return reason
+
+    def await_verdict(self, failure: BaseException, grace_s: float) -> str | None:
+        """A collective failed in this rank (``failure``): on a one-host network, or when only a
+        node's processes died, the peer's sockets are closed and gloo raises at once, before the
+        launcher has fenced anything. Wait up to ``grace_s`` for its verdict: a new generation
+        ends the rank with 88 here (the world is being re-formed: the failure was its symptom);
+        None when none came (the caller re-raises: a failure of this rank's own)."""
+        if not is_world_failure(failure):
+            return None
+        first = str(failure).strip().splitlines()[0][:300] if str(failure).strip() else ""
+        self._say(f"slurmft allocation watch: a collective failed ({type(failure).__name__}: {first}); "
+                  f"waiting up to {grace_s:g} s for the launcher to re-form the world")
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            reason = self.check()
+            if reason is not None:
+                return reason
+            time.sleep(min(self.poll_s, 0.1))
+        self._say(f"slurmft allocation watch: no new generation within {grace_s:g} s: "
+                  "the failure is this rank's own")
+        return None
 
     def _look(self) -> str | None:
         path = self.run_dir.allocation

@@ -177,3 +177,53 @@ def test_the_exit_does_not_wait_for_a_hook_that_hangs(tmp_path):
     w.check()
     assert exits.codes == [exitcodes.REFORM] and time.monotonic() - started < 30
     hung.set()
+
+
+class FakeGlooError(RuntimeError):
+    pass
+
+
+def test_a_collective_failure_waits_for_the_verdict_and_ends_with_88(tmp_path):
+    """gloo raised at once (the dead peer's sockets were closed): the launcher's new generation,
+    a moment later, still makes it a re-formed world, not a crash."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    w = watch(run, exits, poll_s=0.05)
+    assert w is not None
+    threading.Timer(0.5, lambda: write(run, 2, fenced=("n1",))).start()
+    failure = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4711")
+    reason = w.await_verdict(failure, grace_s=30)
+    assert reason is not None and reason.startswith("the allocation's generation moved from 1 to 2")
+    assert exits.codes == [exitcodes.REFORM]
+
+
+def test_a_failure_of_the_ranks_own_is_not_held(tmp_path):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    w = watch(run, exits)
+    assert w is not None
+    started = time.monotonic()
+    assert w.await_verdict(KeyError("batch"), grace_s=30) is None  # not a collective: at once
+    assert w.await_verdict(RuntimeError("shape mismatch"), grace_s=30) is None
+    assert time.monotonic() - started < 5
+    # A collective failure with no verdict within the grace: the rank's own after all.
+    assert w.await_verdict(RuntimeError("Connection reset by peer"), grace_s=0.3) is None
+    assert exits.codes == []
+
+
+@pytest.mark.parametrize("exc, world", [
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"), True),
+    (RuntimeError("NCCL communicator was aborted on rank 2"), True),
+    (FakeGlooError("Broken pipe"), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+    (ValueError("Connection closed by peer"), False),
+])
+def test_what_counts_as_a_collective_with_a_dead_peer(exc, world):
+    from slurmft.train.alloc_watch import is_world_failure
+    assert is_world_failure(exc) is world
+
+
+def test_torchs_own_distributed_errors_count():
+    import torch.distributed as dist
+    from slurmft.train.alloc_watch import is_world_failure
+    assert is_world_failure(dist.DistBackendError("anything")) and is_world_failure(dist.DistNetworkError("x"))

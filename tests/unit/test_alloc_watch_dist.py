@@ -44,10 +44,11 @@ class Ranks:
     """3 ranks, rank r on node ``nodes[r]``; stderr of each kept for the assertions."""
 
     def __init__(self, tmp_path: Path, run_dir: Path, nodes: list[str], args: list[str], *,
-                 attempt: int | list[int] = 0) -> None:
+                 attempt: int | list[int] = 0, env: dict[str, str] | None = None) -> None:
         """``attempt``: torchrun's restart count, one for all or one per rank (per agent)."""
         port = nodecheck.free_port()
         attempts = attempt if isinstance(attempt, list) else [attempt] * len(nodes)
+        extra = env or {}
         self.out = tmp_path / f"out{max(attempts)}"
         self.errs, self.procs = [], []
         for rank, node in enumerate(nodes):
@@ -56,6 +57,7 @@ class Ranks:
                    "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": JOB, "SLURMFT_JOB_ID": JOB,
                    "SLURMD_NODENAME": node, "TORCHELASTIC_RESTART_COUNT": str(attempts[rank])}
             env.pop("SLURMFT_RUN_DIR", None)
+            env.update(extra)
             err = open(tmp_path / f"{port}-rank{rank}.err", "w+b")
             self.errs.append(err)
             self.procs.append(subprocess.Popen(
@@ -134,6 +136,35 @@ def test_survivors_stuck_in_gloo_exit_88_within_seconds_of_the_new_generation(tm
         end = read_events(RunDir(run).events, ["segment_end"])[-1]
         assert (end.get("exit_code"), end.get("outcome"), end.get("attempt"), end.get("step")) == (
             exitcodes.REFORM, "REFORM (88)", 0, stuck_at)
+    finally:
+        ranks.kill()
+
+
+@pytest.mark.timeout(300)
+def test_survivors_whose_collective_failed_at_once_wait_for_the_verdict_and_exit_88(tmp_path):
+    """A killed peer's sockets are closed (its processes died with the node's, or the network
+    said so): gloo raises in the survivors at once, before the launcher has fenced anything.
+    They wait for its verdict and leave the same way as from a blocked collective."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_allocation(run, 1, ["n0", "n1", "n2"])
+    ranks = Ranks(tmp_path, run, ["n0", "n1", "n2"],
+                  ["--steps", "100000", "--ckpt-every", "1000", "--step-sleep", "0.2"],
+                  env={"SLURMFT_NODE_SILENT_S": "40"})
+    try:
+        ranks.wait_for_step(3)
+        os.kill(ranks.procs[2].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not all("waiting up to 45 s for the launcher" in ranks.stderr(r) for r in (0, 1)):
+            assert ranks.procs[0].poll() is None and ranks.procs[1].poll() is None, ranks.stderr()
+            assert time.monotonic() < deadline, f"the survivors' collective did not fail:\n{ranks.stderr()}"
+            time.sleep(0.2)
+        write_allocation(run, 2, ["n0", "n1"], fenced=["n2"])  # the launcher's verdict, later
+        assert ranks.wait([0, 1], timeout=60) == [exitcodes.REFORM] * 2, ranks.stderr()
+        for rank in (0, 1):
+            assert "Traceback" not in ranks.stderr(rank), ranks.stderr(rank)
+        end = read_events(RunDir(run).events, ["segment_end"])[-1]
+        assert (end.get("exit_code"), end.get("attempt")) == (exitcodes.REFORM, 0)
     finally:
         ranks.kill()
 
