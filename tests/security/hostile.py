@@ -316,6 +316,29 @@ def _tiers_huge_step(run: Path, out: Outside) -> None:
     RunDir(run).ckpt_tiers.write_text(f'{{"format":1,"updated":1800000000,"nodes":{{"n1":[3,{HUGE}]}}}}')
 
 
+def _inalloc_journal(run: Path) -> None:
+    """Job 7's first segment, as the ranks journal it (the run then failed)."""
+    Journal(RunDir(run), job_id="7", restart_count=0, attempt=0).append(
+        "segment_start", world_size=1, num_nodes=1, nodelist="n1", restored_step=None)
+
+
+def _allocation_link_to_secret(run: Path, out: Outside) -> None:
+    _inalloc_journal(run)
+    RunDir(run).allocation.symlink_to(out.secret)
+
+
+def _allocation_fifo(run: Path, out: Outside) -> None:
+    _inalloc_journal(run)
+    os.mkfifo(RunDir(run).allocation)
+
+
+def _allocation_hostile_record(run: Path, out: Outside) -> None:
+    """Job 7's record naming a path as a fenced node, and a node both active and a spare."""
+    _inalloc_journal(run)
+    RunDir(run).allocation.write_text('{"version":1,"job_id":"7","generation":1,"active":["n1"],'
+                                      '"spares":["n1"],"fenced":[{"node":"../../etc/shadow"}]}')
+
+
 # Cases that change no checkpoint: the torch-heavy checkpoint commands would answer as over the
 # pristine run (the first cases show that), so they are not run again (the module stays fast).
 NO_CHECKPOINT_CHANGE = frozenset({"inspect --tensors 3", "export 3", "load_latest", "verify --all"})
@@ -399,6 +422,14 @@ CASES: list[Case] = [
          skip=NO_CHECKPOINT_CHANGE),
     Case("tiers_huge_step", _tiers_huge_step, {"ls": (0, "malformed entry for node 'n1'")},
          skip=NO_CHECKPOINT_CHANGE),
+    # Issue 27: allocation.json, the in-allocation launcher's record, read by status and the
+    # watcher: never followed, never blocking, never trusted; the failed job is still recovered.
+    Case("allocation_link_to_secret", _allocation_link_to_secret,
+         {"status": (0, "symbolic link"), "watch": (0, "requeue")}, skip=NO_CHECKPOINT_CHANGE),
+    Case("allocation_fifo", _allocation_fifo,
+         {"status": (0, "FIFO"), "watch": (0, "requeue")}, skip=NO_CHECKPOINT_CHANGE),
+    Case("allocation_hostile_record", _allocation_hostile_record,
+         {"status": (0, "both active and a spare"), "watch": (0, "requeue")}, skip=NO_CHECKPOINT_CHANGE),
     Case("launch_env_hostile_numbers", lambda run, out: None,
          {"launch_env": (86, "SLURMFT_")}, env=LAUNCH_HOSTILE_ENV, skip=NO_CHECKPOINT_CHANGE),
 ]
