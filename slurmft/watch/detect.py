@@ -10,10 +10,13 @@ is ``findings.py``; node trouble ``detect_nodes.py``; hangs, stragglers and over
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from slurmft import exitcodes
 from slurmft.slurm.client import JobState
 from slurmft.slurm.policy import held_after_failed_launch
 from slurmft.watch.config import WatchConfig
+from slurmft.watch.detect_alloc import allocation_view
 from slurmft.watch.detect_hang import (
     detect_checkpoint_overdue, detect_hang, detect_straggler, hang_timeout, typical_step_s,
 )
@@ -171,6 +174,10 @@ def detect(obs: RunObservation, memory: Memory, config: WatchConfig) -> list[Fin
         detect_nodes(obs, memory, config), detect_silent_node(obs, memory, config),
         detect_hang(obs, memory, config))))
              if f is not None]
+    view = allocation_view(obs)
+    if view is not None and view.fenced:  # a fenced node's busy times are an old world's
+        memory = replace(memory, node_history={n: h for n, h in memory.node_history.items()
+                                               if n not in view.fenced})
     for warning in (detect_straggler(memory, config), detect_checkpoint_overdue(obs, config)):
         if warning is not None:
             found.append(warning)

@@ -361,3 +361,20 @@ def test_a_time_limit_requeue_after_a_fence_excludes_the_fenced_node(run):
     rank_event(run, journal.SEGMENT_END, T0 + 150, exit_code=85, outcome="requeue")
     w.step(job(state=JobState.PENDING, nodes=(), restart=1), table(), T0 + 160)
     assert ("exclude", "7", ("n2",)) in client.calls
+
+
+def test_a_fenced_node_is_no_straggler():
+    """Seen on the devcluster: after the spare took the dead node's place, the dead node's old
+    busy times made it a 'straggler' (a warning, and with exclude_stragglers an exclusion)."""
+    from slurmft.watch import detect
+    from slurmft.watch.detect import Memory, RunObservation
+    from slurmft.watch.runview import JournalSummary
+
+    summary = JournalSummary()
+    summary.add(journal.Event(journal.RECOVERY_ACTION, T0, {
+        "job_id": "7", "restart_count": 0, "where": journal.WHERE_ALLOCATION,
+        "action": journal.ALLOC_REPLACE, "nodes": ["n2"], "spare": "n4"}))
+    memory = Memory(node_history={"n1": (1.0, 1.0, 1.0), "n2": (3.0, 3.0, 3.0), "n3": (1.0, 1.0, 1.0)})
+    obs = RunObservation("7", job(), table(n2="DOWN"), summary, {}, None, T0 + 10)
+    assert detect.detect_straggler(memory, WatchConfig()) is not None  # the rule itself
+    assert not [f for f in detect.detect(obs, memory, WatchConfig()) if f.cause == "straggler"]
