@@ -5,6 +5,7 @@ without a spare the world shrinks to 2 nodes at the same global sample."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 
@@ -12,7 +13,10 @@ import pytest
 
 from slurmft import journal
 from slurmft.rundir import RunDir
+from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
+from slurmft.slurm.devcluster import DevCluster, DevClusterError
+from slurmft.slurm.devcluster.release import Binaries
 
 from train_job_support import TINY_ARGS, TrainJob, reference_losses, submit
 
@@ -171,3 +175,59 @@ def test_the_batch_hosts_death_ends_the_job_and_the_requeue_path_loses_nothing(s
     seen = [(e.get("step"), e.get("samples")) for e in job.events(["loss"])]
     assert {s for s, _ in seen} == set(ref)
     assert all(samples == ref[step][1] for step, samples in seen)
+
+
+@pytest.fixture
+def slow_slurmd_cluster(tmp_path_factory):
+    """A 4-node cluster of its own with ``SlurmdTimeout=120`` (Slurm's own detection of a dead
+    node takes minutes here, as on a real cluster's default of 300 s). Started under the lock
+    tests/conftest.py's clusters share (one MariaDB install at a time on a loaded box)."""
+    try:
+        Binaries.find()
+    except DevClusterError as exc:
+        pytest.skip(f"no devcluster on this machine: {exc}")
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if root.name.startswith("popen-gw") else root
+    with open(shared / "devcluster-up.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        cluster = DevCluster.up(tmp_path_factory.mktemp("slow-slurmd"), 4, slurmd_timeout_s=120,
+                                timeout=240)
+    try:
+        yield cluster
+    finally:
+        try:
+            cluster.down()
+        except DevClusterError as exc:
+            print(f"devcluster teardown: {exc}")
+
+
+@pytest.mark.timeout(600)
+def test_a_spare_takes_over_long_before_slurm_calls_the_dead_node_down(slow_slurmd_cluster, tmp_path):
+    cluster, run = slow_slurmd_cluster, tmp_path / "run"
+    job = submit(cluster, run, ARGS, nodes=4, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1"})
+    victim, committed = _kill_when_ready(cluster, job, run, spares=1)
+    nodes = CliSlurmClient(env=cluster.env)
+
+    # Training back on the new world (its first step past the restore) while Slurm still has
+    # the dead node up: the recovery waited for nothing of Slurm's.
+    deadline = time.monotonic() + 240
+    while True:
+        actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+        back = [e for e in job.events(["loss"]) if actions and e.time > actions[0].time
+                and e.get("step") > committed]
+        if back:
+            break
+        assert time.monotonic() < deadline, f"no step past {committed} after the fence\n{job.context()}"
+        time.sleep(0.3)
+    seen_by_slurm = nodes.nodes([victim])[victim]
+    assert not seen_by_slurm.down, f"{victim} DOWN already: the recovery cannot be shown independent"
+    assert job.state().state is JobState.RUNNING
+    assert [(a.get("action"), a.get("nodes")) for a in actions] == [("replace_node", [victim])]
+
+    states = _wait_running_until_end(job, timeout=300)
+    assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
+    seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
+    assert {s for s, _, _ in seen} == set(ref)
+    assert all((loss, samples) == ref[step] for step, loss, samples in seen)
