@@ -24,8 +24,9 @@ says one line on stderr) runs bounded by ``report_timeout_s``: the filesystem ma
 (:mod:`slurmft.train.hard_exit`). torchrun's agent then sees its workers exit and restarts them
 in the re-formed world, and they resume from the newest valid checkpoint.
 
-A look costs one ``stat``: the launcher replaces the file atomically (a new inode), so the file is
-read and checked only when its inode, size or times changed. ``Run`` also calls :meth:`check` at
+A look costs one ``lstat``: the launcher replaces the file atomically (a new inode), so the file is
+read and checked only when its inode, size or times changed, or every ``FULL_READ_S`` (5 s) at
+least: NFS may answer ``lstat`` from its caches, an open revalidates. ``Run`` also calls :meth:`check` at
 every step boundary. The file is untrusted input: one that cannot be read or checked is no reason
 to end a healthy rank (said once on stderr; the watch goes on), nor is a record of another job, a
 generation that went back, or a file that went away.
@@ -53,6 +54,10 @@ if TYPE_CHECKING:
     from slurmft.train.runtime import JobEnv
 
 DEFAULT_POLL_S = 0.5
+# A look reads the file at least this often even when its lstat did not change: NFS serves
+# lstat from its attribute and name caches (seconds, up to a minute) while an open revalidates
+# (close-to-open), so a rename over the file is seen within this on any filesystem.
+FULL_READ_S = 5.0
 # What a collective with a dead peer raises: torch's DistError family, or a RuntimeError from the
 # backend (gloo's "Connection closed by peer", "Connection reset by peer", NCCL's errors).
 _WORLD_FAILURE = re.compile(r"gloo|nccl|connection (closed|reset|refused)|by peer|broken pipe", re.I)
@@ -95,6 +100,7 @@ class AllocationWatch:
         self.world: frozenset[str] = frozenset()
         self.fired: str | None = None  # the reason, once fired
         self._seen: tuple[int, ...] | None = None
+        self._read_at = float("-inf")  # monotonic time of the last read
         self._warned = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -181,9 +187,10 @@ class AllocationWatch:
         except OSError:  # gone (or unreachable for now): no news is no reason to leave
             return None
         key = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if key == self._seen:
+        now = time.monotonic()
+        if key == self._seen and now - self._read_at < FULL_READ_S:
             return None
-        self._seen = key
+        self._seen, self._read_at = key, now
         try:
             record = allocation.read(self.run_dir)
         except allocation.AllocationError as exc:

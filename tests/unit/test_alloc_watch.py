@@ -165,6 +165,22 @@ def test_an_unchanged_file_is_not_read_again(tmp_path, monkeypatch):
     assert reads == [1]
 
 
+def test_a_stale_lstat_still_sees_the_new_generation_within_the_full_read_period(tmp_path, monkeypatch):
+    """NFS may answer lstat from its caches after the launcher's rename: the periodic read
+    (an open revalidates) finds the new generation anyway."""
+    from slurmft.train import alloc_watch
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    w = watch(run, exits)
+    assert w is not None
+    cached = os.lstat(run.allocation)
+    monkeypatch.setattr(alloc_watch.os, "lstat", lambda path: cached)
+    write(run, 2)
+    assert w.check() is None  # the cached attributes say nothing moved
+    w._read_at -= alloc_watch.FULL_READ_S  # that much later
+    assert w.check() is not None and exits.codes == [exitcodes.REFORM]
+
+
 def test_the_exit_does_not_wait_for_a_hook_that_hangs(tmp_path):
     run, exits = RunDir(tmp_path), Exits()
     write(run, 1)
@@ -194,7 +210,7 @@ def test_a_collective_failure_waits_for_the_verdict_and_ends_with_88(tmp_path):
     failure = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4711")
     reason = w.await_verdict(failure, grace_s=30)
     assert reason is not None and reason.startswith("the allocation's generation moved from 1 to 2")
-    assert exits.codes == [exitcodes.REFORM]
+    assert exits.done.wait(30) and exits.codes == [exitcodes.REFORM]  # the poll thread may be first
 
 
 def test_a_failure_of_the_ranks_own_is_not_held(tmp_path):
