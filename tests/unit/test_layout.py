@@ -21,6 +21,7 @@ TORCH_FREE = {
     "slurmft.checkpoint.config", "slurmft.checkpoint.save_thread",
     "slurmft.train.run_config", "slurmft.train.resume_check", "slurmft.train.redo_check",
     "slurmft.train.guards", "slurmft.train.heartbeat", "slurmft.train.watchdog", "slurmft.train.runtime",
+    "slurmft.train.hard_exit", "slurmft.train.alloc_watch", "slurmft.train.phases",
 }
 
 
