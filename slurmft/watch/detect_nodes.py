@@ -16,7 +16,7 @@ from slurmft.watch.detect_hang import _beat_deadline, hang_timeout
 from slurmft.watch.detect_alloc import AllocView, allocation_view, batch_host
 from slurmft.watch.findings import (
     DOWN_FENCED, NODE_DOWN, NODE_DRAINED, NOT_RESPONDING, RECOVER, SET_DOWN, WARN, Finding,
-    Memory, RunObservation, bad_nodes,
+    Memory, RunObservation, bad_nodes, node_problem,
 )
 from slurmft.watch.runview import JournalSummary
 
@@ -28,6 +28,15 @@ def detect_nodes(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fi
     if job is None or job.state is not JobState.RUNNING or job.completing:
         return None
     troubled = bad_nodes(job.nodes, obs.nodes)
+    batch = batch_host(obs)
+    if batch and batch not in job.nodes:
+        # Under --no-kill Slurm keeps the job RUNNING when its batch host dies and takes the
+        # DOWN node out of the job's nodes (22.05, measured): the batch script, the launcher and
+        # the rendezvous store died with it, so the job is over there.
+        problem = node_problem(obs.nodes.get(batch))
+        if problem is not None and problem[0] == NODE_DOWN:
+            troubled.append((batch, NODE_DOWN, f"{problem[1]}: the job's batch host, gone from its "
+                                               "nodes (the job's launcher died with it)"))
     view = allocation_view(obs)
     left: Finding | None = None
     if view is not None:

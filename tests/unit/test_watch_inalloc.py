@@ -207,6 +207,21 @@ def test_the_batch_hosts_death_still_goes_the_requeue_path_at_once(run):
     assert fault.get("nodes") == ["n1"] and fault.get("cause") == "node_down"
 
 
+def test_a_batch_host_slurm_took_out_of_the_job_is_its_death(run):
+    """Measured on 22.05 (the alloc lane's devcluster test): under --no-kill the job stays
+    RUNNING when its batch host dies, and the DOWN node leaves the job's node list. The old
+    watcher saw nothing wrong and requeued only when its hang rule fired (90 s later)."""
+    client = Client()
+    w = watcher(run, client)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for node in ("n2", "n3"):
+        beat(run, node, T0 + 79)
+    w.step(job(nodes=("n2", "n3", "n4")), table(n1="DOWN"), T0 + 80)
+    assert client.calls == [("requeue", "7")]
+    fault = [e for e in watcher_faults(run) if e.kind == journal.FAULT_DETECTED][0]
+    assert fault.get("nodes") == ["n1"] and "batch host" in fault.get("evidence")
+
+
 def test_an_active_node_the_launcher_does_not_fence_is_recovered_after_the_grace(run):
     """In-allocation mode, n3 DOWN and not fenced: the launcher's to handle for
     allocation_grace_s from when the watcher first saw it DOWN, then the watcher recovers the job
