@@ -29,14 +29,16 @@ def _preemptions(job):
     return [e.get("step") for e in job.events(["preemption"])]
 
 
-@pytest.mark.timeout(300)  # with the module's reference run (its first user pays for it): 3 segments' start-ups
+@pytest.mark.timeout(600)  # with the module's reference run (its first user pays for it): 3 segments' start-ups
 def test_usr2_twice_requeues_and_resumes_bit_for_bit(slurm_cluster, tmp_path, reference):
     job = submit(slurm_cluster, tmp_path / "run", ARGS, nodes=2, watch=True)
     for at_step in (8, 22):
-        job.wait_step(at_step, timeout=60)
+        # Each wait includes a segment's start-up (pre-flight, torchrun, the ranks' imports): over
+        # 56 s at load 22 (a fresh-clone run beside four engineers' tests), the step never came.
+        job.wait_step(at_step, timeout=240)
         job.client.cancel(job.job_id, signal="USR2", batch_only=True)
-        job.wait_for(lambda j: len(_preemptions(job)) == (1 if at_step == 8 else 2), 30, "preemption")
-    final = job.wait_finished(timeout=90)
+        job.wait_for(lambda j: len(_preemptions(job)) == (1 if at_step == 8 else 2), 120, "preemption")
+    final = job.wait_finished(timeout=240)
     assert final.state is JobState.COMPLETED, job.log_text()[-4000:]
     assert final.restart_count == 2
     assert final.run_dir == tmp_path / "run"  # the template put it in the job comment for the watcher
