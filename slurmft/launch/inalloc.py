@@ -31,6 +31,7 @@ from slurmft import allocation as record
 from slurmft import exitcodes, journal, safeio, steppoint
 from slurmft.launch import allocation as alloc_mod
 from slurmft.launch import nodesteps, procs
+from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
 from slurmft.launch.identity import JobIdentity
 from slurmft.launch.journaling import Voice
@@ -47,6 +48,10 @@ SPARE_GATE_S = 900.0     # spares start once the active ranks beat, or after thi
 STOP_KILL_AFTER_S = 10.0
 ENDED = (exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE)
 WHERE = "allocation"
+
+
+class GiveUp(Exception):
+    """Running again would fail the same way (a crash loop): exit 86, the reason journaled."""
 
 
 class GoRequeue(Exception):
@@ -90,6 +95,8 @@ class Supervisor:
         self._next_send: float | None = None
         self._spare_gate: dict[str, bytes | None] = {}
         self._started = time.monotonic()
+        self.process_faults = ProcessFaults(self.run_dir.events, {ident.slurm_id, ident.raw_job_id},
+                                            ident.restart_count)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -116,6 +123,7 @@ class Supervisor:
             if not self.ending:
                 for fault in self._silent():
                     self.fence(fault)
+                self._in_place()
             if all(node in self.done for node in self.alloc.active):
                 break
             time.sleep(POLL_S)
@@ -187,6 +195,32 @@ class Supervisor:
                 f"(SLURMFT_NODE_SILENT_S={bound:g})"]))
         return faults
 
+    # -- restarts in place (torchrun's own) ----------------------------------------------------
+
+    def _in_place(self) -> None:
+        found, restarts = self.process_faults.poll()
+        for fault in found:
+            self.voice.event(journal.FAULT_DETECTED, where=WHERE, cause=fault.cause,
+                             nodes=fault.nodes, evidence=fault.evidence, fault_time=fault.fault_time,
+                             detected_by="launcher")
+            self.voice.log(f"{fault.cause} on {','.join(fault.nodes) or 'a healthy node'}: "
+                           f"{'; '.join(fault.evidence)} (torchrun restarts the ranks in place)")
+        for fault in restarts:
+            self._restarted(fault)
+
+    def _restarted(self, fault: InPlace) -> None:
+        in_a_row = self.process_faults.count_restart()
+        limit = self.settings.alloc_restarts
+        self.voice.event(journal.RECOVERY_ACTION, where=WHERE, action="restart_in_place",
+                         nodes=fault.nodes, spare=None, world_nodes=len(self.alloc.active),
+                         generation=self.alloc.generation, cause=fault.cause, ok=in_a_row <= limit)
+        self.voice.log(f"the ranks restarted in place after a {fault.cause} ({in_a_row} in a row "
+                       f"without a newer checkpoint; SLURMFT_ALLOC_RESTARTS={limit})")
+        if in_a_row > limit:
+            raise GiveUp(f"{in_a_row} restarts in place in a row without a newer checkpoint "
+                         f"(SLURMFT_ALLOC_RESTARTS={limit}), the last after a {fault.cause}: "
+                         f"{'; '.join(fault.evidence)}")
+
     # -- fencing -------------------------------------------------------------------------------
 
     def fence(self, fault: Fault, *, reaped: bool = False) -> None:
@@ -200,6 +234,8 @@ class Supervisor:
                             f"{len(alloc.active) - 1} node(s) is below SLURMFT_MIN_NODES="
                             f"{self.min_nodes}", {node: "; ".join(fault.evidence)})
         self.alloc = alloc_mod.fence(alloc, node, fault.cause, time.time(), fault.evidence, spare)
+        if was_active:
+            self.process_faults.fenced()  # the restart that follows is this fence's
         steppoint.reached("launch.fence", node)
         self._publish()  # first: the ranks exit on the new generation
         action = "fence" if not was_active else "replace_node" if spare else "shrink"

@@ -196,6 +196,9 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         except inalloc.GoRequeue as exc:
             supervisor.stop_all()
             return requeue.requeue_self(client, ident, voice, exc.reason, exc.exclude)
+        except inalloc.GiveUp as exc:
+            supervisor.stop_all()
+            return give_up(voice, str(exc))
     recorded = segment_code(cfg.run_dir, ident)
     decision = decide(recorded, srun_rc)
     voice.log(f"training step ended: srun exit {srun_rc}, recorded outcome "

@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from slurmft import journal
+from slurmft import exitcodes, journal
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
 from slurmft.slurm.devcluster import DevCluster, DevClusterError
 from slurmft.slurm.devcluster.release import Binaries
 
-from train_job_support import TINY_ARGS, TrainJob, reference_losses, submit
+from train_job_support import TINY_ARGS, TrainJob, kill_ranks, reference_losses, submit
 
 pytestmark = pytest.mark.integration
 
@@ -231,3 +231,50 @@ def test_a_spare_takes_over_long_before_slurm_calls_the_dead_node_down(slow_slur
     seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
     assert {s for s, _, _ in seen} == set(ref)
     assert all((loss, samples) == ref[step] for step, loss, samples in seen)
+
+
+@pytest.mark.timeout(420)
+def test_a_crashed_rank_on_a_healthy_node_is_restarted_in_place(slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, ARGS, nodes=4, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1"})
+    job.wait_for(lambda j: any(e.get("step") == 10 for e in job.events(["checkpoint_committed"])),
+                 150, "checkpoint of step 10")
+    job.wait_step(12, timeout=60)
+    node = _allocation(run)["active"][1]
+    assert kill_ranks(slurm_cluster, job.job_id, node=node) == 1  # kill -9: no handler runs
+
+    states = _wait_running_until_end(job, timeout=300)
+    assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
+    alloc = _allocation(run)
+    assert alloc["generation"] == 0 and alloc["fenced"] == [] and node in alloc["active"]
+    faults = [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
+    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    assert [(e.get("cause"), e.get("detected_by")) for e in faults] == [("rank_crash", "launcher")]
+    assert [(a.get("action"), a.get("world_nodes")) for a in actions] == [("restart_in_place", 3)]
+    starts = _segments(job)
+    assert len(starts) == 2 and starts[1].get("world_size") == 3 and starts[1].get("restored_step") >= 10
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
+    seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
+    assert {s for s, _, _ in seen} == set(ref)
+    assert all((loss, samples) == ref[step] for step, loss, samples in seen)
+
+
+@pytest.mark.timeout(420)
+def test_a_hang_that_comes_back_after_every_restart_ends_with_do_not_requeue(slurm_cluster, tmp_path):
+    args = [*ARGS, "--watchdog-timeout", "6", "--inject-hang-at", "7", "--inject-hang-rank", "1"]
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, args, nodes=3, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_IN_ALLOCATION": "1", "SLURMFT_ALLOC_RESTARTS": "1"})
+    final = job.wait_finished(timeout=360)
+    assert final.state is JobState.FAILED and final.exit_code == exitcodes.NO_REQUEUE, job.context()
+    assert final.restart_count == 0  # never requeued
+    faults = [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
+    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    assert {e.get("cause") for e in faults} == {"hang"} and len(faults) >= 2
+    assert [(a.get("action"), a.get("ok")) for a in actions] == [("restart_in_place", True),
+                                                                  ("restart_in_place", False)]
+    assert _allocation(run)["fenced"] == []
+    assert "2 restarts in place in a row without a newer checkpoint" in job.log_text()
+    [why] = [e for e in job.events(["template"]) if e.get("action") == "give_up"]
+    assert "SLURMFT_ALLOC_RESTARTS=1" in why.get("reason")

@@ -91,13 +91,15 @@ class TrainJob:
             time.sleep(0.3)
 
 
-def kill_ranks(cluster, job_id: str, script: Path = EXAMPLE) -> int:
+def kill_ranks(cluster, job_id: str, script: Path = EXAMPLE, node: str | None = None) -> int:
     """kill -9 every training rank of ``cluster``'s job ``job_id`` running ``script`` (a crash:
     no handler runs); returns how many. The cluster's name is part of the match: every xdist
     worker's devcluster numbers its jobs from 1, and a kill by job id alone killed another
     worker's job of the same number (seen: a healthy run in test_watch_planned crashed by
     test_run_adoption's kill on another cluster)."""
     mine = [f"SLURM_JOB_ID={job_id}".encode(), f"SLURM_CLUSTER_NAME={cluster.cluster_name}".encode()]
+    if node is not None:  # only that node's ranks
+        mine.append(f"SLURMD_NODENAME={node}".encode())
     killed = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -1,0 +1,84 @@
+"""Restarts in place (torchrun's own, after a rank crash or a hang on a healthy node) as the
+in-allocation launcher learns them from the journal, written here with the real writer the ranks
+use (``slurmft.journal``), and the progress rule that ends a crash loop with 86."""
+
+import pytest
+
+from slurmft import exitcodes, journal
+from slurmft.launch.inplace import ProcessFaults
+from slurmft.rundir import RunDir
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _put(run, kind, **fields):
+    journal.append_event(run.events, kind, **{"job_id": "7", "restart_count": 2, **fields})
+
+
+def _faults(tmp_path):
+    run = RunDir(tmp_path)
+    _put(run, journal.SEGMENT_START, restart_count=1, attempt=0)  # an earlier run's: before us
+    return run, ProcessFaults(run.events, {"7"}, 2)
+
+
+def test_a_restart_no_fence_explains_is_a_rank_crash_journaled_once(tmp_path):
+    run, pf = _faults(tmp_path)
+    _put(run, journal.SEGMENT_START, attempt=0)
+    _put(run, journal.LOSS, step=3, loss=1.0)
+    assert pf.poll() == ([], [])
+    _put(run, journal.SEGMENT_START, attempt=1)
+    found, restarts = pf.poll()
+    assert [f.cause for f in found] == ["rank_crash"] and restarts == found
+    assert "torchrun attempt 1" in found[0].evidence[0]
+    assert found[0].fault_time == pytest.approx(
+        [e.time for e in journal.read_events(run.events, [journal.LOSS])][0])
+    assert pf.poll() == ([], [])
+
+
+def test_a_hang_is_detected_when_journaled_and_its_restart_is_not_a_second_fault(tmp_path):
+    run, pf = _faults(tmp_path)
+    _put(run, journal.SEGMENT_START, attempt=0)
+    _put(run, journal.HANG, rank=1, node="n2", message="step 4 has run 6 s")
+    _put(run, journal.SEGMENT_END, exit_code=exitcodes.HANG)
+    found, restarts = pf.poll()
+    assert [(f.cause, f.nodes) for f in found] == [("hang", ["n2"])] and restarts == []
+    assert "rank 1: step 4 has run 6 s" in found[0].evidence[0]
+    _put(run, journal.SEGMENT_START, attempt=1)
+    found, restarts = pf.poll()
+    assert found == [] and [(r.cause, r.nodes) for r in restarts] == [("hang", ["n2"])]
+
+
+@pytest.mark.parametrize("why", ["fence", "reform"])
+def test_a_restart_the_launcher_caused_is_no_process_fault(tmp_path, why):
+    run, pf = _faults(tmp_path)
+    _put(run, journal.SEGMENT_START, attempt=0)
+    if why == "fence":
+        pf.fenced()
+    else:
+        _put(run, journal.SEGMENT_END, exit_code=exitcodes.REFORM)
+    _put(run, journal.SEGMENT_START, attempt=1)
+    assert pf.poll() == ([], [])
+    _put(run, journal.SEGMENT_START, attempt=2)  # the next one is unexplained again
+    assert [f.cause for f in pf.poll()[1]] == ["rank_crash"]
+
+
+def test_another_job_or_restart_count_is_not_ours(tmp_path):
+    run, pf = _faults(tmp_path)
+    for fields in ({"job_id": "8"}, {"restart_count": 3}):
+        _put(run, journal.SEGMENT_START, attempt=0, **fields)
+        _put(run, journal.SEGMENT_START, attempt=1, **fields)
+    assert pf.poll() == ([], [])
+
+
+def test_restarts_in_a_row_count_only_while_no_newer_checkpoint_commits(tmp_path):
+    run, pf = _faults(tmp_path)
+    _put(run, journal.CHECKPOINT_COMMITTED, step=5)
+    pf.poll()
+    assert pf.count_restart() == 1
+    assert pf.count_restart() == 2
+    _put(run, journal.CHECKPOINT_COMMITTED, step=10)
+    pf.poll()
+    assert pf.count_restart() == 1  # progress since the last restart
+    _put(run, journal.CHECKPOINT_COMMITTED, step=10)  # the same step again is no progress
+    pf.poll()
+    assert pf.count_restart() == 2
