@@ -41,6 +41,9 @@ class Segment:
     checkpoints_skipped: list[tuple[int | None, str]] = field(default_factory=list)
     # the resume check's verdict on this segment: {step, cause, site, message} (the first only)
     resume_diverged: dict[str, Any] | None = None
+    # what its start cost, by phase (rank 0's ``restart_phases``, at its first step's end):
+    # process_start (unix s), import_s, setup_s, load_s, first_step_s, total_s, tier
+    restart_phases: dict[str, Any] | None = None
 
     @property
     def load_bandwidth(self) -> float | None:
@@ -68,6 +71,7 @@ class Fault:
     lost_s: float | None = None
     restarted: bool = False         # a next segment started after it
     recovered: bool = False         # training got back past its restored step
+    ordinal: int = 0                # of the segment the fault ended, among its restart count's
     where: str = journal.WHERE_REQUEUE  # recovered through Slurm, or inside the allocation
     acted: float | None = None      # in the allocation: the launcher's first recovery action
 
@@ -144,7 +148,8 @@ def find_fault(index: Index, steps, seg: Segment, nxt: Segment | None) -> Fault 
         detected=detection.time if detection else None,
         evidence=_evidence(detection) if detection else seg.reason,
         nodes=detection.names("nodes") if detection else [],
-        where=journal.WHERE_ALLOCATION if in_allocation else journal.WHERE_REQUEUE)
+        where=journal.WHERE_ALLOCATION if in_allocation else journal.WHERE_REQUEUE,
+        ordinal=seg.ordinal)
     after = detection.time if detection else seg.start
     for e in window:
         if e.time < after:

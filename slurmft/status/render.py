@@ -181,6 +181,26 @@ def _faults(report: Report) -> Table:
     return table
 
 
+def _start_up(report: Report, console: Console) -> None:
+    """Each restarted segment's start-up by phase (the ranks' ``restart_phases``), one line each,
+    from the fault before it when there is one: where a recovery's seconds went."""
+    before = {(f.job_id, f.restart_count, f.ordinal): f for f in report.faults}
+    for i, seg in enumerate(report.segments):
+        p = seg.restart_phases
+        if p is None or i == 0:
+            continue
+        prev = report.segments[i - 1]
+        fault = before.get((prev.job_id, prev.restart_count, prev.ordinal))
+        lead = ""
+        if fault is not None and fault.fault_time is not None and p["process_start"] is not None:
+            lead = f"fault to process start {duration(p['process_start'] - fault.fault_time)}, "
+        tier = f" ({p['tier']})" if p["tier"] else ""
+        console.print(f"[bold]start-up[/] segment {i}: " + escape(
+            f"{lead}import {duration(p['import_s'])}, setup {duration(p['setup_s'])}, "
+            f"load {duration(p['load_s'])}{tier}, first step {duration(p['first_step_s'])}; "
+            f"process to first step {duration(p['total_s'])}"))
+
+
 def _evidence(report: Report, console: Console) -> None:
     """Each fault's nodes, steps and evidence on lines of their own, as wide as the terminal."""
     for i, f in enumerate(report.faults):
@@ -205,6 +225,7 @@ def render(report: Report, run_dir: Path, note: str = "", console: Console | Non
             console.print(f"[red]resume diverged[/] segment {i} ({escape(seg.job_id)}.{seg.restart_count}): "
                           + escape(f"step {'-' if d['step'] is None else d['step']} ({d['cause'] or 'no cause recorded'}){site}: "
                                    + short_paths(d["message"] or "no message recorded", run_dir)))
+    _start_up(report, console)
     if report.faults:
         console.print(_faults(report))
         _evidence(report, console)

@@ -47,6 +47,8 @@ __all__ = ["PLANNED_CAUSES", "Fault", "JournalUnreadable", "Report", "Segment", 
            "report_dict"]
 
 RECENT_WARNINGS = 5
+# A segment's start-up by phase, as the ranks journal it (``restart_phases``), in order.
+PHASES = ("import_s", "setup_s", "load_s", "first_step_s", "total_s")
 
 
 @dataclass
@@ -129,6 +131,10 @@ def _segments(events: Sequence[Event], keys: Sequence[Key | None], steps) -> lis
         elif event.kind == journal.RESUME_DIVERGED and key in segments and segments[key].resume_diverged is None:
             segments[key].resume_diverged = {"step": event.count("step"), "cause": event.text("cause"),
                                              "site": event.text("site"), "message": event.text("message", 4000)}
+        elif event.kind == journal.RESTART_PHASES and key in segments and segments[key].restart_phases is None:
+            segments[key].restart_phases = {
+                "process_start": event.when("process_start"), "tier": event.text("tier", 16) or None,
+                **{name: event.seconds(name) for name in PHASES}}
         elif event.kind == journal.SEGMENT_END and key in segments:
             seg = segments[key]
             seg.end, seg.exit_code = event.time, event.integer("exit_code")

@@ -7,7 +7,8 @@ allocation's nodes.
 
 On the code before in-allocation mode, the watcher requeued this run: its operator rule set the
 dead node DOWN and recovered the job (beats older than the 20 s timeout), and its hang rule
-called the restarting world hung 20 s after the last beat before the fault."""
+called the restarting world hung 20 s after the last beat before the fault. A later requeue (the
+batch host's death, which Slurm leaves the job RUNNING through) avoids the fenced node."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ import subprocess
 import sys
 import time
 
+from typing import Iterator
+
 import pytest
 
 from slurmft import journal
 from slurmft.rundir import RunDir
 from slurmft.slurm.client import JobState
+from slurmft.slurm.devcluster import DevCluster, DevClusterError
+from slurmft.slurm.devcluster.release import Binaries
 
 from train_job_support import TINY_ARGS, TrainJob, submit
 from watch_support import WatcherProc
@@ -101,3 +106,61 @@ def test_the_watcher_leaves_a_recovery_in_the_allocation_alone(slurm_cluster, tm
     assert fault["requeued"] is None and fault["acted"] is not None
     assert report["restarts"] == 1 and report["allocation"]["spares"] == []
     assert victim in [f["node"] for f in report["allocation"]["fenced"]]
+
+
+@pytest.fixture
+def five_nodes(tmp_path_factory) -> Iterator[DevCluster]:
+    """A 5-node cluster of the test's own (the worker's has 4): a 2 + 1-spare job, and room for
+    its requeue on three other nodes while the fenced one is back in service."""
+    if os.geteuid() != 0:
+        pytest.skip("devcluster needs root")
+    try:
+        Binaries.find()
+    except DevClusterError as exc:
+        pytest.skip(f"no devcluster on this machine: {exc}")
+    cluster = DevCluster.up(tmp_path_factory.mktemp("five"), nodes=5, timeout=300)
+    try:
+        yield cluster
+    finally:
+        try:
+            cluster.down()
+        except DevClusterError as exc:
+            print(f"devcluster teardown: {exc}")
+
+
+@pytest.mark.timeout(720)
+def test_a_requeue_after_a_recovery_in_the_allocation_avoids_the_fenced_node(five_nodes, tmp_path):
+    """n2 dies and is fenced (the spare n3 takes its place); n2 comes back into service (its
+    slurmd restarted, Slurm returns it: ReturnToService=1). Then the batch host n1 dies: Slurm
+    keeps the job RUNNING without it (--no-kill), the watcher finds the batch host gone and
+    requeues; the requeue excludes n1 and the fenced n2, so the run starts again on n3-n5. On the
+    old code the watcher waited for its hang rule, and excluded n1 only: Slurm picked n2 again."""
+    cluster = five_nodes
+    run = tmp_path / "run"
+    job = submit(cluster, run, ARGS, nodes=3, sbatch_options=["--no-kill"], env=INALLOC_ENV, watch=True)
+    job.wait_for(lambda j: any(e.get("step") == 10 for e in job.events(["checkpoint_committed"])),
+                 240, "checkpoint of step 10")
+    job.wait_step(12, timeout=90)
+    alloc = _allocation(run)
+    batch, victim, spare = alloc["active"][0], alloc["active"][1], alloc["spares"][0]
+    assert batch == job.state().batch_host
+    job.wait_for(lambda j: RunDir(run).alive(spare).exists(), 90, f"spare {spare}'s beat")
+    cluster.kill_node(victim)
+    job.wait_for(lambda j: victim not in j.nodes, 120, f"Slurm taking the dead {victim} out of the job")
+    cluster.start_node(victim)  # back in service, but fenced by this job
+    replaced = [e for e in job.events([journal.RECOVERY_ACTION]) if journal.in_allocation(e)]
+    assert [(e.get("action"), e.get("nodes")) for e in replaced] == [("replace_node", [victim])]
+    job.wait_for(lambda j: any(e.time > replaced[0].time for e in job.events([journal.SEGMENT_START])),
+                 180, "the new world's start")
+
+    cluster.kill_node(batch)
+    again = job.wait_for(lambda j: j.state is JobState.RUNNING and j.restart_count >= 1, 300,
+                         "the requeued job running")
+    assert victim not in again.nodes and batch not in again.nodes, (again.nodes, job.context())
+    assert victim in again.excluded_nodes, again.excluded_nodes
+    watcher = [e for e in job.events([journal.FAULT_DETECTED]) if not journal.in_allocation(e)]
+    assert [(e.get("cause"), e.get("nodes")) for e in watcher][:1] == [("node_down", [batch])], \
+        (watcher, job.context())
+    excluded = {n for e in job.events([journal.RECOVERY_ACTION, journal.RESTART_ACTION])
+                if e.get("action") == "exclude" and e.get("ok") for n in e.get("nodes")}
+    assert {batch, victim} <= excluded, excluded

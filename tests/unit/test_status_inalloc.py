@@ -219,3 +219,27 @@ def test_slurmft_status_shows_where_each_fault_was_recovered_and_the_spares(tmp_
 
     report = json.loads(as_json.stdout)
     assert report["allocation"]["spares"] == ["n5"] and report["faults"][0]["where"] == "allocation"
+
+
+def test_status_shows_where_a_restarts_seconds_went_by_phase():
+    """The ranks' restart_phases (rank 0, at the new world's first step) under its segment, from
+    the fault before it: what bench and a person need to see where a recovery's time goes."""
+    j = spare_run()
+    j.rank(36.5, journal.RESTART_PHASES, 1, process_start=T0 + 23.0, torch_imported=T0 + 26.0,
+           run_started=T0 + 29.5, checkpoint_loaded=T0 + 31.5, first_step_done=T0 + 36.5,
+           tier="local", import_s=3.0, setup_s=3.5, load_s=2.0, first_step_s=5.0, total_s=13.5,
+           restored_step=6, world_size=3, step=7)
+    report = build_report(j.events, now=T0 + 100)
+    assert report.segments[0].restart_phases is None
+    assert report.segments[1].restart_phases == {"process_start": T0 + 23.0, "tier": "local",
+                                                 "import_s": 3.0, "setup_s": 3.5, "load_s": 2.0,
+                                                 "first_step_s": 5.0, "total_s": 13.5}
+    from rich.console import Console
+
+    from slurmft.status.render import render
+
+    console = Console(record=True, width=100)
+    render(report, Path("/run"), console=console)
+    text = console.export_text()
+    assert ("start-up segment 1: fault to process start 12.0s, import 3.0s, setup 3.5s, load 2.0s "
+            "(local), first step 5.0s; process to first step 13.5s") in " ".join(text.split())
