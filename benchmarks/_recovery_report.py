@@ -135,6 +135,7 @@ def print_run(run: dict, summary: dict) -> None:
         back = r.get("back") or {}
         at = (f"{back['step']} ({back['restored_step']})" if back.get("step") is not None else "-")
         recovered = "yes" if r["recovered"] else (f"no: {r['ended']}" if r.get("ended")
+                                                  else "not run" if r.get("error")
                                                   else "no (after cap)")
         print(f"| {r['fault']} | {MODES[r['mode']]} | {recovered} | {fmt(r['detect_s'])} | "
               f"{fmt(r['recover_s'])} | {at} | {fmt(back.get('world_size'))} | "

@@ -51,6 +51,8 @@ from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
 from slurmft.slurm.devcluster import DevCluster, DevClusterError  # noqa: E402
 
 CLUSTER_NODES = NODES + 1  # room for the spare
+# A frozen node's last job may stay COMPLETING on it until Slurm gave up on it (SlurmdTimeout)
+RESET_S = 300.0
 MODE_FAULTS = {"watch": FAULTS, "slurm": FAULTS, "operator": NODE_FAULTS,
                "inalloc": ("node_death", "node_freeze", "crash"), "shrink": NODE_FAULTS}
 
@@ -110,7 +112,14 @@ def run_timeout(slurmd_timeout: int, args, root: Path) -> dict:
     try:
         for fault in args.faults:
             for mode in [m for m in MODES if m in args.modes and fault in MODE_FAULTS[m]]:
-                cluster.reset()
+                try:
+                    cluster.reset(timeout=RESET_S)
+                except DevClusterError as exc:  # a node still completing the last job: next trial
+                    log(f"SlurmdTimeout {slurmd_timeout}: {fault}, {MODES[mode]}: skipped: {exc}")
+                    results.append({"fault": fault, "mode": mode, "watched": mode != "slurm",
+                                    "recovered": False, "recover_s": None, "detect_s": None,
+                                    "error": f"not run: {exc}"})
+                    continue
                 log(f"SlurmdTimeout {slurmd_timeout}: {fault}, {MODES[mode]}")
                 trial = Trial(cluster, root, fault, mode, tag=f"-{slurmd_timeout}")
                 try:
@@ -151,6 +160,8 @@ def main() -> int:
                              "(default 240 + 2 x (SlurmdTimeout - 10))")
     parser.add_argument("--queue-jobs", type=int, default=1000,
                         help="jobs in the queue for the watcher-cycle measurement (0: skip it)")
+    parser.add_argument("--dir", type=Path, help="work dir, kept afterwards (job logs, run dirs, "
+                        "watcher logs); default: a temp dir, removed")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--tables", type=Path, metavar="FILE",
                         help="print the tables of a saved --json output and exit")
@@ -175,9 +186,11 @@ def main() -> int:
         parser.error("--slurmd-timeout values must be 5..3600 seconds")
     runs = []
     with tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp:
+        work = Path(tmp) if args.dir is None else args.dir.absolute()
+        work.mkdir(parents=True, exist_ok=True)
         for i, slurmd_timeout in enumerate(args.slurmd_timeout):
             args.with_cycle = i == 0  # the watcher's cycle does not depend on the timeout
-            runs.append(run_timeout(slurmd_timeout, args, Path(tmp)))
+            runs.append(run_timeout(slurmd_timeout, args, work))
     cycle = runs[0].pop("cycle", None)
     for run in runs[1:]:
         run.pop("cycle", None)

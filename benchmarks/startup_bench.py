@@ -97,7 +97,9 @@ def role(record: dict) -> str | None:
 
 
 def read_traces(trace_dir: Path) -> list[dict]:
-    """One dict per process (pid + exec): its role, restart count and marks (name -> time)."""
+    """One dict per process (pid + exec): its role, restart count, torchrun attempt and marks
+    (``marks``: name -> its first time; ``every``: name -> every time, for marks a process passes
+    several times, such as a torchrun agent's rendezvous)."""
     processes = []
     for path in sorted(trace_dir.glob("*.jsonl")):
         current = None
@@ -108,8 +110,9 @@ def read_traces(trace_dir: Path) -> list[dict]:
                 continue
             if rec["what"] == "process_start":  # also after an exec (same pid, new program)
                 env = rec.get("env", {})
-                current = {"pid": rec["pid"], "role": role(rec), "marks": {}, "popens": 0,
-                           "restart": int(env.get("SLURM_RESTART_COUNT") or 0),
+                current = {"pid": rec["pid"], "role": role(rec), "marks": {}, "every": {},
+                           "popens": 0, "restart": int(env.get("SLURM_RESTART_COUNT") or 0),
+                           "attempt": int(env.get("TORCHELASTIC_RESTART_COUNT") or 0),
                            "node": env.get("SLURMD_NODENAME")}
                 processes.append(current)
             if current is None or rec.get("t") is None:
@@ -121,6 +124,7 @@ def read_traces(trace_dir: Path) -> list[dict]:
                 name = f"popen#{current['popens']}"
                 current["popens"] += 1
             current["marks"].setdefault(name, rec["t"])
+            current["every"].setdefault(name, []).append(rec["t"])
     # torchrun is exec'd by slurmft.launch.task: the task's process start is torchrun's
     by_pid: dict[int, list[dict]] = {}
     for proc in processes:
@@ -128,6 +132,7 @@ def read_traces(trace_dir: Path) -> list[dict]:
     for chain in by_pid.values():
         if len(chain) == 2 and chain[0]["role"] == chain[1]["role"] == "task":
             chain[1]["marks"]["process_start"] = chain[0]["marks"].get("process_start")
+            chain[1]["every"]["process_start"] = chain[0]["every"].get("process_start", [])
             chain[0]["role"] = None
     return processes
 

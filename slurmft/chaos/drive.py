@@ -151,23 +151,28 @@ class ChaosRun:
         detail = fault.inject(self.target)
 
         def back(events: list[Event]) -> tuple[Event, Event] | None:
-            starts = [e for e in events if e.kind == journal.SEGMENT_START and _segment(e) > segment]
+            # A later key, or a start journaled after the injection: a new segment whose ranks
+            # journaled the key of the one before (measured: an in-allocation restart whose
+            # ranks all started at torchrun attempt 0) is a new segment all the same.
+            starts = [e for e in events if e.kind == journal.SEGMENT_START
+                      and (_segment(e) > segment or (e.time or 0.0) > injected)]
             if not starts:
                 return None
             first = [e for e in events if e.kind == journal.LOSS
-                     and _segment(e) == _segment(starts[0])]
+                     and _segment(e) == _segment(starts[0]) and (e.time or 0.0) >= (starts[0].time or 0.0)]
             return (starts[0], first[0]) if first else None
 
         start, first_loss = self.wait(back, timeout, f"training back after the {fault.name}")
         events = self.events()
         # Losses journaled after the injection but before the ranks died count as trained.
         losses += [e.get("step") for e in events[len(before):]
-                   if e.kind == journal.LOSS and _segment(e) == segment]
+                   if e.kind == journal.LOSS and _segment(e) == segment
+                   and (e.time or 0.0) < (start.time or 0.0)]
         # A time limit is a planned end (journaled apart from faults), detected all the same.
         detected = [e for e in events[len(before):]
                     if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)]
         running = [e for e in events[len(before):] if e.kind == journal.JOB_RUNNING]
-        in_allocation = _segment(start)[0] == segment[0]  # the job never left its allocation
+        in_allocation = _segment(start)[0] == segment[0]  # the same restart count: never requeued
         excluded = [n for e in events[len(before):]
                     if e.kind in (journal.RECOVERY_ACTION, journal.RESTART_ACTION)
                     and ((e.get("action") == "exclude" and e.get("ok"))

@@ -49,7 +49,7 @@ def run(tmp_path: Path) -> RunDir:
     return run
 
 
-def spare_takes_over(run: RunDir, *, active_after: list[str]) -> Fault:
+def spare_takes_over(run: RunDir, *, active_after: list[str], attempt: int = 1) -> Fault:
     voice = Voice(identity.from_environ(ENV), run.root)
 
     def inject(target: Target) -> str:
@@ -60,7 +60,7 @@ def spare_takes_over(run: RunDir, *, active_after: list[str]) -> Fault:
         voice.event(journal.RECOVERY_ACTION, where="allocation", action="replace_node",
                     nodes=["n3"], spare="n4", world_nodes=3, generation=1, cause="node_death",
                     ok=True)
-        again = ranks(run, 1)
+        again = ranks(run, attempt)
         again.append(journal.SEGMENT_START, world_size=3, restored_step=10)
         again.append(journal.LOSS, step=11, loss=1.0)
         return "node n3 died"
@@ -94,3 +94,12 @@ def test_no_new_attempt_is_no_recovery(run):
         return "nothing"
     with pytest.raises(ChaosError, match="training back after the node death"):
         chaos(run).inject(Fault("node death", faults.NODE_DEATH.causes, nothing), timeout=1)
+
+
+def test_a_new_segment_that_journals_the_old_key_is_found_by_its_time(run):
+    # measured on the devcluster (SlurmdTimeout 120): the segment after a spare took over
+    # journaled attempt 0, the key of the segment before it
+    outcome = chaos(run).inject(spare_takes_over(run, active_after=["n1", "n2", "n4"], attempt=0),
+                                timeout=5)
+    assert (outcome.where, outcome.resumed_step, outcome.last_step) == ("allocation", 10, 12)
+    assert outcome_problems(outcome) == []
