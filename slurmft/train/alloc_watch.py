@@ -159,12 +159,15 @@ class AllocationWatch:
                           _exit=self._exit)
         return reason
 
-    def await_verdict(self, failure: BaseException, grace_s: float) -> str | None:
+    def await_verdict(self, failure: BaseException, grace_s: float,
+                      interrupted: Callable[[], bool] = lambda: False) -> str | None:
         """A collective failed in this rank (``failure``): on a one-host network, or when only a
         node's processes died, the peer's sockets are closed and gloo raises at once, before the
         launcher has fenced anything. Wait up to ``grace_s`` for its verdict: a new generation
         ends the rank with 88 here (the world is being re-formed: the failure was its symptom);
-        None when none came (the caller re-raises: a failure of this rank's own)."""
+        None when none came (the caller re-raises: a failure of this rank's own), or as soon as
+        ``interrupted()`` says a signal asked the rank to stop (torchrun's agent stopping its
+        workers for a restart of its own: no verdict may come)."""
         if not is_world_failure(failure):
             return None
         first = str(failure).strip().splitlines()[0][:300] if str(failure).strip() else ""
@@ -175,6 +178,9 @@ class AllocationWatch:
             reason = self.check()
             if reason is not None:
                 return reason
+            if interrupted():
+                self._say("slurmft allocation watch: a signal asked this rank to stop: not waiting")
+                return None
             time.sleep(min(self.poll_s, 0.1))
         self._say(f"slurmft allocation watch: no new generation within {grace_s:g} s: "
                   "the failure is this rank's own")

@@ -237,8 +237,7 @@ class Run(StepBoundary, RunEndings):
         return self.start()
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if isinstance(exc, Exception) and self._alloc_watch is not None:  # before close(): a save
-            self._alloc_watch.await_verdict(exc, self.env.node_silent_s + 5)  # may need the dead peer
+        self._await_reform(exc)  # before close(): a save in flight may need a dead peer
         try:
             self.close()  # the save in flight commits before the segment's end is journaled
         finally:

@@ -1,6 +1,7 @@
 """How a :class:`slurmft.train.run.Run` ends: a bad start (exit 86, journaled where the run dir is
 known), preemption (one emergency save, exit 85), the end of ``steps()`` (the final save and
-``DONE``, written once), the training script's own ``sys.exit``, and a hang the watchdog fired on.
+``DONE``, written once), the training script's own ``sys.exit``, a hang the watchdog fired on, and
+in in-allocation mode a collective that failed because the launcher is re-forming the world.
 Every ending journals ``segment_end`` first: torchrun turns a worker's exit code into 1, and the
 launcher reads the real one back from the journal."""
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 
 from slurmft import exitcodes, journal, rundir
 from slurmft.rundir import RunDir
+from slurmft.train.alloc_watch import AllocationWatch
 from slurmft.checkpoint.manager import CheckpointError, CheckpointManager
 from slurmft.train.preemption import PreemptionHandler
 from slurmft.train.resume_audit import ResumeAudit
@@ -69,6 +71,7 @@ class RunEndings:
     _distributed: bool
     _preemption: PreemptionHandler | None
     _audit: ResumeAudit | None
+    _alloc_watch: AllocationWatch | None
     close: Callable[[], None]
 
     if TYPE_CHECKING:  # Run.checkpoints, which these methods read
@@ -89,6 +92,15 @@ class RunEndings:
         self._ended = True
         self.segment.finish(code, f"the training script exited with code {code} after step {self.step}",
                             step=self.step, announce="rank 0")
+
+    def _await_reform(self, exc: object) -> None:
+        """An exception leaving ``with Run`` in in-allocation mode: a collective that failed
+        because a peer died ends with 88 once the launcher's new generation comes (see
+        ``AllocationWatch.await_verdict``); otherwise it goes on. A signal (torchrun's agent
+        stopping its workers) ends the wait."""
+        if isinstance(exc, Exception) and self._alloc_watch is not None:
+            self._alloc_watch.await_verdict(
+                exc, self.env.node_silent_s + 5, lambda: bool(self._preemption and self._preemption.requested))
 
     def _preempt(self, step: int) -> None:
         seen = self._preemption.reason if self._preemption is not None else None

@@ -224,7 +224,10 @@ def test_a_failure_of_the_ranks_own_is_not_held(tmp_path):
     assert time.monotonic() - started < 5
     # A collective failure with no verdict within the grace: the rank's own after all.
     assert w.await_verdict(RuntimeError("Connection reset by peer"), grace_s=0.3) is None
-    assert exits.codes == []
+    # torchrun's agent SIGTERMs its workers for a restart of its own: no verdict may come.
+    started = time.monotonic()
+    assert w.await_verdict(RuntimeError("Connection reset by peer"), grace_s=60, interrupted=lambda: True) is None
+    assert time.monotonic() - started < 30 and exits.codes == []
 
 
 @pytest.mark.parametrize("exc, world", [
