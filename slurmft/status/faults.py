@@ -14,6 +14,14 @@ from slurmft.journal import Event
 from slurmft.status.segkeys import Key
 from slurmft.status.state import segment_key
 
+# How long after the next world's start the launcher's word on the fault before it may come (a
+# restart in place is journaled once the launcher has seen the new world start).
+LATE_S = 300.0
+
+
+def _fault_at(event: Event) -> float:
+    return event.when("fault_time") or event.time
+
 
 @dataclass
 class Segment:
@@ -129,12 +137,20 @@ def find_fault(index: Index, steps, seg: Segment, nxt: Segment | None) -> Fault 
     ended with a failure or the watcher detected something after it started; None otherwise.
     ``index`` need not hold the loss events (``steps`` has them)."""
     window = index.window(seg.start, nxt.start if nxt else None)
-    detections = [e for e in window if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)]
+    # A launcher's detection whose fault came before this segment started is the fault before's
+    # (a rank crash is journaled once the next world has started: nothing explained its start).
+    detections = [e for e in window if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)
+                  and not (journal.in_allocation(e) and _fault_at(e) < seg.start)]
     # The next segment is the same job and restart count: the world was re-formed inside the
     # allocation, and the launcher's own detection says what for (a watcher's, if any, is not it).
     in_allocation = nxt is not None and (nxt.job_id, nxt.restart_count) == (seg.job_id, seg.restart_count)
+    late: list[Event] = []
     if in_allocation:
-        detections = [e for e in detections if journal.in_allocation(e)] or detections
+        assert nxt is not None
+        late = index.window(nxt.start, nxt.start + LATE_S)
+        found = [e for e in window + late if e.kind == journal.FAULT_DETECTED
+                 and journal.in_allocation(e) and seg.start <= _fault_at(e) < nxt.start]
+        detections = found or detections
     if nxt is None and not detections and (seg.end is None or seg.exit_code == exitcodes.OK):
         return None
     detection = detections[0] if detections else None
@@ -151,7 +167,7 @@ def find_fault(index: Index, steps, seg: Segment, nxt: Segment | None) -> Fault 
         where=journal.WHERE_ALLOCATION if in_allocation else journal.WHERE_REQUEUE,
         ordinal=seg.ordinal)
     after = detection.time if detection else seg.start
-    for e in window:
+    for e in window + late:
         if e.time < after:
             continue
         if (in_allocation and fault.acted is None and e.kind == journal.RECOVERY_ACTION

@@ -37,6 +37,10 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
     # A watcher event older than the newest segment's start is history: training runs again.
     # ``current``: the last watcher event when it is not history, else None.
     current = last if last is not None and (seg is None or seg.start < last.time) else None
+    if current is not None and journal.in_allocation(current) and seg is not None and (
+            (seg.last_step_time is not None and seg.last_step_time > current.time)
+            or _launcher_fault_before(watcher, current, seg.start)):
+        current = None  # the launcher's word on a restart that happened: training runs again
     over = "nothing: the run is over"
     if last is not None and last.kind == journal.RUN_FINISHED:
         how = last.text("state", 100) or last.text("how", 100)
@@ -94,6 +98,14 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
         return (f"segment ended: {seg.outcome or 'no end recorded'}{slurm}",
                 "the watcher to act on it (is `slurmft watch` running?)")
     return f"not started{slurm}", "the job to start training"
+
+
+def _launcher_fault_before(events: Sequence[Event], current: Event, start: float) -> bool:
+    """Whether the launcher's fault that ``current`` (its newest event) belongs to happened before
+    the newest segment started (a restart in place is journaled once the new world started)."""
+    fault = next((e for e in reversed(events) if e.kind == journal.FAULT_DETECTED
+                  and journal.in_allocation(e) and e.time <= current.time), None)
+    return fault is not None and (fault.when("fault_time") or fault.time) < start
 
 
 def watcher_view(saved: Mapping[str, Any] | Exception | None) -> dict[str, Any] | None:

@@ -49,6 +49,7 @@ class JournalSummary:
     # (kind, fields), taken by ``take_relayed``; the fault each segment waits to run again after.
     relayed: list[tuple[str, float, dict]] = field(default_factory=list)
     alloc_waiting: dict[tuple[str, int], Event] = field(default_factory=dict)
+    alloc_started: dict[tuple[str, int], float] = field(default_factory=dict)  # newest segment start
 
     @staticmethod
     def key(event: Event) -> tuple[str, int] | None:
@@ -77,22 +78,25 @@ class JournalSummary:
             attempt = event.count("attempt")
             if attempt is not None and attempt > 0:
                 self._restarted(key, event.time)
+            self.alloc_started[key] = event.time
             fault = self.alloc_waiting.pop(key, None)
             if fault is not None:
-                self._relay(journal.JOB_RUNNING, event.time, key, {
-                    "nodes": [], "start_time": event.time, "cause": fault.text("cause", 200),
-                    "fault_time": fault.when("fault_time") or fault.time, "planned": False})
+                self._running(key, fault, event.time)
         elif kind in (journal.FAULT_DETECTED, journal.RECOVERY_ACTION) and in_allocation(event):
             self._restarted(key, event.time)
             if kind == journal.FAULT_DETECTED:
                 faults = self.alloc_faults.setdefault(key, {})
                 for node in event.names("nodes")[:MAX_FENCED]:
                     faults[node] = event
-                self.alloc_waiting[key] = event
                 self._relay(kind, event.time, key, {
                     "cause": event.text("cause", 200), "evidence": _said(event),
                     "nodes": event.names("nodes")[:MAX_FENCED],
                     "fault_time": event.when("fault_time"), "action": "in_allocation"})
+                started = self.alloc_started.get(key)
+                if started is not None and (event.when("fault_time") or event.time) < started:
+                    self._running(key, event, started)  # a rank crash: said once the world restarted
+                else:
+                    self.alloc_waiting[key] = event
             else:
                 waiting = self.alloc_waiting.get(key)
                 spare, world = event.text("spare", 200), event.count("world_nodes")
@@ -119,6 +123,11 @@ class JournalSummary:
         self.relayed.append((kind, when, {"job_id": key[0], "restart_count": key[1],
                                           journal.WHERE: journal.WHERE_ALLOCATION, **fields}))
         del self.relayed[:-MAX_RELAYED]
+
+    def _running(self, key: tuple[str, int], fault: Event, start: float) -> None:
+        self._relay(journal.JOB_RUNNING, start, key, {
+            "nodes": [], "start_time": start, "cause": fault.text("cause", 200),
+            "fault_time": fault.when("fault_time") or fault.time, "planned": False})
 
     def take_relayed(self) -> list[tuple[str, float, dict]]:
         """The in-allocation events read since the last call: (kind, time, fields)."""

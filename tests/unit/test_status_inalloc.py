@@ -243,3 +243,50 @@ def test_status_shows_where_a_restarts_seconds_went_by_phase():
     text = console.export_text()
     assert ("start-up segment 1: fault to process start 12.0s, import 3.0s, setup 3.5s, load 2.0s "
             "(local), first step 5.0s; process to first step 13.5s") in " ".join(text.split())
+
+
+def crash_in_place_run() -> J:
+    """A rank crashes after step 10 on a healthy node; torchrun restarts the world in place (no
+    fence); the launcher (launch/inplace.py) journals the rank_crash only once it sees the new
+    world's start, with the last loss before it as the fault time, then restart_in_place."""
+    j = J()
+    j.rank(0, journal.SEGMENT_START, 0, world_size=3, num_nodes=3, nodelist="n[1-3]", restored_step=None)
+    j.steps(1, 1, 10, 0)
+    j.rank(6.5, journal.CHECKPOINT_COMMITTED, 0, step=6)
+    j.rank(20, journal.SEGMENT_START, 1, world_size=3, num_nodes=3, nodelist="n[1-3]", restored_step=6)
+    j.launcher(20.5, journal.FAULT_DETECTED, cause="rank_crash", nodes=[], fault_time=T0 + 10,
+               evidence=["the ranks started again without a fence or a re-form by the launcher"],
+               detected_by="launcher")
+    j.launcher(20.6, journal.RECOVERY_ACTION, action="restart_in_place", nodes=[], spare=None,
+               world_nodes=3, generation=0, cause="rank_crash", ok=True)
+    j.steps(25, 7, 15, 1)
+    return j
+
+
+def test_a_restart_in_place_journaled_after_the_new_world_started_is_the_fault_before_it():
+    report = build_report(crash_in_place_run().events, now=T0 + 100)
+    (fault,) = report.faults  # not a second one "after" the new world's start
+    assert (fault.cause, fault.where, fault.ordinal) == ("rank_crash", "allocation", 0)
+    assert (fault.fault_time, fault.detected, fault.acted, fault.running, fault.back) == \
+        (T0 + 10, T0 + 20.5, T0 + 20.6, T0 + 20, T0 + 25)
+    assert report.state.startswith("training at step 15")
+
+
+def test_the_watcher_relays_running_again_for_a_restart_in_place(tmp_path: Path):
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    seen: list[tuple[str, dict]] = []
+    w = RunWatch(rd, RunState(job_id="7"), NoActions(), WatchConfig(),
+                 listeners=[lambda kind, e: seen.append((kind, e))])
+    job = Job(job_id="7", name="t", state=JobState.RUNNING, nodes=("n1", "n2", "n3"),
+              node_count=3, batch_host="n1", raw_job_id="7")
+    table = {n: Node(n, NodeState.ALLOCATED) for n in job.nodes}
+    rd.events.touch()
+    w.step(job, table, T0 + 1)
+    with open(rd.events, "ab") as f:
+        for e in crash_in_place_run().events:
+            f.write(encode_event(e.kind, dict(e.fields), now=e.time))
+    w.step(job, table, T0 + 30)
+    running = [e for kind, e in seen if kind == journal.JOB_RUNNING]
+    assert [(e["cause"], e["start_time"], e["fault_time"]) for e in running] == \
+        [("rank_crash", T0 + 20, T0 + 10)]
