@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, safeio, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import nodesteps, procs
+from slurmft.launch import nodesteps, orphan, procs
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
 from slurmft.launch.identity import JobIdentity
@@ -133,7 +133,11 @@ class Supervisor:
 
     def _start(self, node: str) -> None:
         argv = nodesteps.node_argv(node, self.rdzv, self.settings, self.cfg, self.command)
-        self.steps[node] = nodesteps.start(node, argv, self.env, self.run_dir)
+        host = self.rdzv.host
+        others = [n for n in self.ident.nodes if n != host]
+        extra = None if node == host else orphan.environ_for(
+            host, self.run_dir.alive(host), self.settings.node_silent_s, others.index(node))
+        self.steps[node] = nodesteps.start(node, argv, self.env, self.run_dir, extra)
         self.liveness.expect(node)
         role = "spare" if node in self.alloc.spares else "active"
         self.voice.log(f"started the training step on {node} ({role})")

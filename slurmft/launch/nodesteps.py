@@ -85,7 +85,8 @@ class NodeStep:
 STEP_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def start(node: str, argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir) -> NodeStep:
-    step_env = {**env, **STEP_ENV, ALIVE_ENV: str(run_dir.alive(node))}
+def start(node: str, argv: Sequence[str], env: Mapping[str, str], run_dir: RunDir,
+          extra_env: Mapping[str, str] | None = None) -> NodeStep:
+    step_env = {**env, **STEP_ENV, **(extra_env or {}), ALIVE_ENV: str(run_dir.alive(node))}
     run_dir.alive(node).parent.mkdir(parents=True, exist_ok=True)
     return NodeStep(node, procs.start(argv, step_env), time.monotonic())

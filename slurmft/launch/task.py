@@ -10,7 +10,9 @@ In in-allocation mode (``SLURMFT_ALIVE_FILE`` set by the launcher) the task stay
 parent and beats: every ``ALIVE_PERIOD_S`` it replaces that file (node, Slurm step id, a
 sequence number) from a thread that no collective can block, so the launcher tells a dead or
 frozen node (no beat) from a node whose ranks wait on a dead peer (beats go on). TERM and INT
-are passed to torchrun, which stops its workers; the task exits with torchrun's status.
+are passed to torchrun, which stops its workers; the task exits with torchrun's status. On the
+other nodes than the batch host it also watches the batch host's beat (``orphan``): the batch
+host dead, it requeues the job (Slurm keeps a ``--no-kill`` job running without its batch script).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from slurmft.launch import orphan
 from slurmft.rundir import atomic_write_json
 
 ALIVE_ENV = "SLURMFT_ALIVE_FILE"
@@ -74,6 +77,15 @@ def supervise(argv: list[str], alive: Path) -> int:
     beater = threading.Thread(target=beat_forever, args=(alive, stop), daemon=True,
                               name="slurmft-alive")
     beater.start()
+    watch = orphan.from_environ(os.environ)
+    if watch is not None:  # not the batch host: requeue the job if the batch host dies
+
+        def lost(silent_s: float) -> None:
+            orphan.requeue_job(os.environ, silent_s)
+            forward(signal.SIGTERM, None)
+
+        threading.Thread(target=orphan.watch_forever, args=(watch, stop, lost), daemon=True,
+                         name="slurmft-batch-watch").start()
     try:
         rc = proc.wait()
     finally:

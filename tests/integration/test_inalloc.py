@@ -169,8 +169,13 @@ def test_the_batch_hosts_death_ends_the_job_and_the_requeue_path_loses_nothing(s
     requeued = [e for e in starts if e.count("restart_count") >= 1]
     assert requeued and requeued[0].time > killed_at
     assert requeued[0].get("restored_step") >= committed  # nothing lost past the checkpoint
-    # No in-allocation recovery was attempted: the launcher died with its node.
+    # No in-allocation recovery was attempted: the launcher died with its node. Slurm keeps a
+    # --no-kill job RUNNING without its batch script: another node's task requeued it.
     assert not [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    requeues = [e for e in job.events(["template"]) if e.get("action") == "requeue"
+                and e.count("restart_count") == 0]
+    assert requeues and f"the batch host {batch} died" in requeues[0].get("reason")
+    assert requeues[0].get("exclude") == batch
     ref = reference_losses(tmp_path / "reference", ARGS, world_size=2)
     seen = [(e.get("step"), e.get("samples")) for e in job.events(["loss"])]
     assert {s for s, _ in seen} == set(ref)
