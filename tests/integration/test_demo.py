@@ -68,10 +68,12 @@ def demo_dir():
     shutil.rmtree(top, ignore_errors=True)
 
 
-@pytest.mark.timeout(900)
+# A liveness bound, not a budget (benchmarks/demo_bench.py times it): ~7 min on a quiet 2-core box,
+# over 14 min beside four engineers' tests (load 29), where the old 840 s bound killed it.
+@pytest.mark.timeout(1560)
 def test_demo_recovers_every_fault_and_leaves_nothing_behind(demo_dir):
     res = subprocess.run([sys.executable, str(DEMO), "--dir", str(demo_dir)], cwd=REPO, env=ENV,
-                         capture_output=True, text=True, timeout=840, check=False)
+                         capture_output=True, text=True, timeout=1500, check=False)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-6000:]
     assert "demo passed" in out
