@@ -73,10 +73,16 @@ def detect_end(obs: RunObservation, memory: Memory) -> Finding | None:
         return Finding(CANCELLED, FINISH, "cancelled (by its owner or an admin): left cancelled")
     if job.state.finished:
         end = _ts(job, "end_time") or obs.now
-        if summary.no_requeue(job.ids, restart):
-            reason = summary.find(summary.segment_ends, job.ids, restart).get("reason")
+        if summary.no_requeue(job.ids, restart) or (
+                job.exit_code == exitcodes.NO_REQUEUE and not job.exit_signal):
+            # The ranks' segment_end 86, or the launcher's own (a give_up it journaled: bad
+            # input before training, an in-allocation crash loop): the job's last word.
+            said = summary.find(summary.gave_up, job.ids, restart)
+            if said is None:
+                ended = summary.find(summary.segment_ends, job.ids, restart)
+                said = ended.get("reason") if ended is not None else "no reason journaled"
             return Finding(NO_REQUEUE, GIVE_UP, f"the job exited {exitcodes.NO_REQUEUE} (do not "
-                           f"requeue): {reason}", fault_time=end)
+                           f"requeue): {said}", fault_time=end)
         outcome = summary.outcome(job.ids, restart)
         request = summary.find(summary.requeue_requests, job.ids, restart)
         if request is not None or outcome == exitcodes.REQUEUE:

@@ -34,6 +34,7 @@ class JournalSummary:
     requeue_requests: dict[tuple[str, int], Event] = field(default_factory=dict)
     self_requeues: dict[tuple[str, int], str] = field(default_factory=dict)  # -> the launcher's reason
     preemptions: dict[tuple[str, int], Event] = field(default_factory=dict)  # the run saved on a signal
+    gave_up: dict[tuple[str, int], str] = field(default_factory=dict)  # the launcher's exit 86: why
     last_loss_step: int | None = None
     last_loss_time: float | None = None
     events_read: int = 0
@@ -116,6 +117,8 @@ class JournalSummary:
             self.requeue_requests[key] = event
         elif kind == journal.TEMPLATE and event.get("action") == "requeue":
             self.self_requeues[key] = str(event.get("reason") or "")
+        elif kind == journal.TEMPLATE and event.get("action") == "give_up":
+            self.gave_up[key] = event.text("reason") or "the launcher gave up"
         elif kind == journal.PREEMPTION:
             self.preemptions[key] = event
 

@@ -393,3 +393,23 @@ def test_a_fenced_node_is_no_straggler():
     obs = RunObservation("7", job(), table(n2="DOWN"), summary, {}, None, T0 + 10)
     assert detect.detect_straggler(memory, WatchConfig()) is not None  # the rule itself
     assert not [f for f in detect.detect(obs, memory, WatchConfig()) if f.cause == "straggler"]
+
+
+def test_the_launchers_crash_loop_give_up_is_never_requeued(run):
+    """In-allocation mode bounds restarts in place itself: SLURMFT_ALLOC_RESTARTS in a row
+    without a newer checkpoint end the job with 86, said in a template ``give_up`` event (no
+    segment_end of the ranks says it). The old watcher read a FAILED job with exit 86 and no
+    segment_end 86 as a crash, and requeued it."""
+    client = Client()
+    w = watcher(run, client)
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 79)
+    w.step(job(), table(), T0 + 80)
+    launcher_event(run, journal.TEMPLATE, T0 + 90, action="give_up",
+                   reason="2 restarts in place in a row without a newer checkpoint "
+                          "(SLURMFT_ALLOC_RESTARTS=1), the last after a hang")
+    ended = job(state=JobState.FAILED, exit_code=86)
+    w.step(ended, table(), T0 + 95)
+    assert ("requeue", "7") not in client.calls and ("requeue_hold", "7") in client.calls
+    (gave_up,) = read_events(run.events, [journal.GAVE_UP])
+    assert gave_up.get("cause") == "no_requeue" and "SLURMFT_ALLOC_RESTARTS=1" in gave_up.get("reason")
