@@ -42,6 +42,10 @@ TRAIN_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5", "
               "--step-sleep", "0.1", "--steps", "100000", "--watchdog-timeout", "3600"]
 POLL_S = 1.0
 HANG_TIMEOUT_S = 10.0
+# Beside an in-allocation run the watcher keeps its floor (60 s): a restart in place by torchrun
+# leaves the heartbeats still for more than 10 s on a loaded box, and a 10 s hang timeout then
+# requeued the job before torchrun had re-formed its world (measured twice, 2026-11-26).
+INALLOC_HANG_TIMEOUT_S = 60.0
 MODES = {"watch": "slurmft watch (requeue)", "slurm": "Slurm alone", "operator": "slurmft watch --operator",
          "inalloc": "in-allocation, 1 spare", "shrink": "in-allocation, shrink"}
 IN_ALLOCATION = ("inalloc", "shrink")
@@ -113,7 +117,8 @@ class Trial:
         if self.watched:
             self.watcher = subprocess.Popen(
                 [sys.executable, "-m", "slurmft.cli", "watch", self.job_id, "--poll", str(POLL_S),
-                 "--hang-timeout", str(HANG_TIMEOUT_S),
+                 "--hang-timeout", str(INALLOC_HANG_TIMEOUT_S if self.mode in IN_ALLOCATION
+                                       else HANG_TIMEOUT_S),
                  *(["--operator"] if self.mode == "operator" else [])],
                 env={**os.environ, **self.cluster.env}, stdout=subprocess.DEVNULL,
                 stderr=open(self.run.parent / f"{self.run.name}-watch.log", "wb"),
