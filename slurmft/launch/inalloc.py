@@ -46,6 +46,11 @@ POLL_S = 0.5
 STARTUP_S = 120.0        # srun + python + the first beat of a node's task on a loaded node
 SPARE_GATE_S = 900.0     # spares start once the active ranks beat, or after this
 STOP_KILL_AFTER_S = 10.0
+# After the ranks recorded an end (done, preempted, do not requeue), the steps get this long to
+# end by themselves; then they are stopped: torchrun would start the ranks again otherwise.
+END_GRACE_S = 5.0
+DONE_GRACE_S = 60.0       # a clean end (0): torchrun ends by itself, nothing restarts
+END_KILL_AFTER_S = 40.0   # TERM -> KILL: torchrun's own stop of its workers takes up to 30 s
 ENDED = (exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE)
 WHERE = "allocation"
 
@@ -92,6 +97,8 @@ class Supervisor:
         self.steps: dict[str, nodesteps.NodeStep] = {}
         self.done: dict[str, int] = {}          # active node -> its step's exit status at the end
         self.ending = False
+        self._end_at: float | None = None     # monotonic: when the remaining steps are stopped
+        self._termed_at: float | None = None
         self._next_send: float | None = None
         self._spare_gate: dict[str, bytes | None] = {}
         self._started = time.monotonic()
@@ -124,6 +131,11 @@ class Supervisor:
                 for fault in self._silent():
                     self.fence(fault)
                 self._in_place()
+                code = self.process_faults.ended
+                if code is not None:
+                    self._begin_end(f"the ranks recorded their end ({exitcodes.describe(code)})",
+                                    DONE_GRACE_S if code == exitcodes.OK else END_GRACE_S)
+            self._end_steps()
             if all(node in self.done for node in self.alloc.active):
                 break
             time.sleep(POLL_S)
@@ -161,8 +173,7 @@ class Supervisor:
             if node in self.alloc.fenced_nodes:
                 continue
             if not self.ending and (rc == 0 or self.recorded() in ENDED):
-                self.ending = True
-                self.voice.log(f"training is ending (the step on {node} exited {rc})")
+                self._begin_end(f"the step on {node} exited {rc}")
             if self.ending:
                 if node in self.alloc.active:
                     self.done[node] = rc
@@ -181,6 +192,31 @@ class Supervisor:
                 self.fence(Fault(node, "node_death", [
                     f"its training step ended (srun exit {rc}) without its task ending: the task "
                     f"was killed (last beat {self.liveness.silent_s(node):.1f} s ago)"]), reaped=True)
+
+    def _begin_end(self, why: str, grace_s: float = DONE_GRACE_S) -> None:
+        self.ending = True
+        self._end_at = time.monotonic() + grace_s
+        self.voice.log(f"training is ending ({why})")
+
+    def _end_steps(self) -> None:
+        """Once the grace is over, TERM the active steps still running (srun passes it to the
+        task, which passes it to torchrun), then KILL them."""
+        if self._end_at is None or time.monotonic() < self._end_at:
+            return
+        running = [s for n, s in self.steps.items() if n in self.alloc.active and s.proc.poll() is None]
+        if self._termed_at is None:
+            self._termed_at = time.monotonic()
+            for step in running:
+                step.proc.send_signal(signal.SIGTERM)
+            if running:
+                self.voice.log(f"stopping the steps on {','.join(s.node for s in running)} "
+                               "(torchrun would start the ranks again)")
+        elif time.monotonic() - self._termed_at > END_KILL_AFTER_S:
+            for step in running:
+                try:
+                    os.killpg(step.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _silent(self) -> list[Fault]:
         bound = self.settings.node_silent_s

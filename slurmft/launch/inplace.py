@@ -26,6 +26,11 @@ from slurmft.journal import Event
 from slurmft.watch.follow import JournalFollower
 
 
+# What the ranks record when the run ends by intent (done, preempted and saved, do not requeue):
+# torchrun, whose restarts are left to the launcher, would start them again.
+ENDS = (exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE)
+
+
 @dataclass
 class InPlace:
     """A restart in place the launcher learned of: what it journals."""
@@ -43,6 +48,7 @@ class _Seen:
     last_loss_t: float | None = None
     newest_commit: int | None = None
     reformed: bool = False           # a segment_end 88 since the last start
+    ended: int | None = None         # the ranks recorded an end (0, 85, 86): no restart may follow
     hang: InPlace | None = None
     found: list[InPlace] = field(default_factory=list)   # faults seen, in order
     restarts: list[InPlace] = field(default_factory=list)  # restarts in place, in order
@@ -77,6 +83,8 @@ class ProcessFaults(JournalFollower):
                 seen.newest_commit = step
         elif event.kind == journal.SEGMENT_END and event.integer("exit_code") == exitcodes.REFORM:
             seen.reformed = True
+        elif event.kind == journal.SEGMENT_END and event.integer("exit_code") in ENDS:
+            seen.ended = event.integer("exit_code")
         elif event.kind == journal.HANG and seen.hang is None:
             node = event.text("node")
             why = event.text("reason") or event.text("message") or "the step watchdog fired"
@@ -95,6 +103,11 @@ class ProcessFaults(JournalFollower):
                     seen.found.append(fault)
                 seen.restarts.append(fault)
             seen.reformed, seen.hang, self.fences = False, None, 0
+
+    @property
+    def ended(self) -> int | None:
+        """The end the ranks recorded (0 / 85 / 86), None while they train."""
+        return self.seen.ended
 
     def fenced(self) -> None:
         """The launcher fenced an active node: the next world's start is that fence's restart.

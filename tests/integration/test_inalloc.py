@@ -283,3 +283,27 @@ def test_a_hang_that_comes_back_after_every_restart_ends_with_do_not_requeue(slu
     assert "2 restarts in place in a row without a newer checkpoint" in job.log_text()
     [why] = [e for e in job.events(["template"]) if e.get("action") == "give_up"]
     assert "SLURMFT_ALLOC_RESTARTS=1" in why.get("reason")
+
+
+@pytest.mark.timeout(600)
+def test_a_preempted_in_allocation_job_saves_requeues_and_resumes_bit_for_bit(slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, ARGS, nodes=4, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1"}, watch=True)
+    job.wait_step(8, timeout=150)
+    job.client.cancel(job.job_id, signal="USR2", batch_only=True)
+    final = job.wait_for(lambda j: j.state.finished and j.restart_count >= 1, 420,
+                         "the requeued run's end")
+    assert final.state is JobState.COMPLETED and final.restart_count == 1, job.context()
+    saved = [e.get("step") for e in job.events(["preemption"])]
+    starts = [(e.count("restart_count"), e.get("restored_step")) for e in _segments(job)]
+    # torchrun, which restarts failed ranks in place in this mode, did not start the preempted
+    # ranks again: one segment before the requeue, resumed at the emergency checkpoint after.
+    assert len(saved) == 1 and starts == [(0, None), (1, saved[0])], job.context()
+    ends = [(e.count("restart_count"), e.get("exit_code")) for e in job.events(["segment_end"])]
+    assert ends == [(0, exitcodes.REQUEUE), (1, exitcodes.OK)]
+    assert not [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
+    seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
+    assert sorted(s for s, _, _ in seen) == sorted(ref)  # every step once: nothing lost or redone
+    assert all((loss, samples) == ref[step] for step, loss, samples in seen)

@@ -82,3 +82,17 @@ def test_restarts_in_a_row_count_only_while_no_newer_checkpoint_commits(tmp_path
     _put(run, journal.CHECKPOINT_COMMITTED, step=10)  # the same step again is no progress
     pf.poll()
     assert pf.count_restart() == 2
+
+
+@pytest.mark.parametrize("code", [exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE])
+def test_an_end_the_ranks_recorded_is_seen_and_a_hang_or_reform_is_none(tmp_path, code):
+    run, pf = _faults(tmp_path)
+    _put(run, journal.SEGMENT_START, attempt=0)
+    for other in (exitcodes.HANG, exitcodes.REFORM):
+        _put(run, journal.SEGMENT_END, exit_code=other)
+    _put(run, journal.SEGMENT_END, exit_code=code, job_id="8")  # another job's
+    pf.poll()
+    assert pf.ended is None
+    _put(run, journal.SEGMENT_END, exit_code=code)
+    pf.poll()
+    assert pf.ended == code
