@@ -11,7 +11,11 @@
 4. `slurmft status`: the timeline, what each fault cost and ETTR, and a PNG of the timeline.
 5. The finished run against an uninterrupted run of the same steps on the same number of ranks:
    every step trained on that many ranks has the same loss bit for bit.
-6. The cluster is torn down, also on failure or Ctrl-C.
+6. In-allocation recovery (issue 27; `examples/demo_spare.py`, skipped with --no-spare): a second,
+   shorter run with one hot spare (`SLURMFT_SPARE_NODES=1 sbatch --nodes=4 --no-kill`); the same
+   node death is recovered inside the allocation, the job never leaving RUNNING; shown beside the
+   requeue's, and its losses compared with the uninterrupted run's too.
+7. The cluster is torn down, also on failure or Ctrl-C.
 
 Run as root after `make install`:  make demo   (DEMO_DIR=... keeps the files somewhere known)
 """
@@ -42,6 +46,8 @@ from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import SlurmError
 from slurmft.slurm.devcluster import DevCluster, DevClusterError
 
+from demo_spare import SpareDemo, side_by_side  # examples/ (this script's directory)
+
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
 SCRIPT = REPO / "examples" / "train_gpt.py"
@@ -65,6 +71,7 @@ JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
            "SLURMFT_JOURNAL_FLUSH_EVERY_EVENTS": "1"}
 FAULT_TIMEOUT_S = 240
 MIN_STEPS = 60
+SPARE_STEPS = 40  # the spare run's; a step's loss does not depend on the run's length
 PROGRESS_TIMEOUT_S = 180
 WATCHER_STOP_S = 10
 
@@ -92,6 +99,8 @@ class Demo:
         self.watcher: subprocess.Popen | None = None
         self.job_id: str | None = None
         self.client: CliSlurmClient | None = None
+        self.spare: SpareDemo | None = None
+        self._reference: dict[int, dict[int, journal.Event]] = {}
 
     # -- the parts -----------------------------------------------------------------------
     def up(self) -> None:
@@ -203,22 +212,41 @@ class Demo:
             raise ChaosError(f"slurmft status exited {res.returncode}")
         return png
 
-    def compare(self) -> list[str]:
-        """Problems found comparing the run with an uninterrupted one (empty: none)."""
-        events = read_events(self.run_dir.events)
+    def spare_part(self, requeued: list[Outcome]) -> list[str]:
+        """The same node death recovered by a hot spare; problems found (empty: none)."""
+        assert self.cluster is not None and self.client is not None
+        self.console.rule("in the allocation: a hot spare")
+        self.spare = SpareDemo(self.work, self.cluster, self.client, self.console, TEMPLATE, SCRIPT,
+                               [*TRAIN_ARGS, "--steps", str(SPARE_STEPS)], JOB_ENV, WATCH_ARGS)
+        outcome, problems = self.spare.run()
+        node_death = next((o for o in requeued if o.fault == faults.NODE_DEATH.name), None)
+        self.console.print(side_by_side(node_death, outcome, _secs))
+        return problems + self.compare(self.spare.run_dir, SPARE_STEPS)
+
+    def reference(self, size: int) -> dict[int, journal.Event]:
+        """The uninterrupted run's losses on ``size`` ranks (run once per size)."""
+        if size not in self._reference:
+            with self.console.status(f"an uninterrupted run of {self.steps} steps on {size} ranks"):
+                ref_events = uninterrupted_run(self.work / f"reference-{size}", SCRIPT,
+                                               [*TRAIN_ARGS, "--steps", str(self.steps)], size,
+                                               env=JOB_ENV, timeout=300)
+            self._reference[size] = {e.get("step"): e for e in ref_events if e.kind == journal.LOSS}
+        return self._reference[size]
+
+    def compare(self, run_dir: RunDir | None = None, steps: int | None = None) -> list[str]:
+        """Problems found comparing a run (default: the main one) with an uninterrupted one."""
+        run_dir = run_dir or self.run_dir
+        steps = steps or self.steps
+        events = read_events(run_dir.events)
         final: dict[int, journal.Event] = {}
         for event in events:
             if event.kind == journal.LOSS:
                 final[event.get("step")] = event  # a redone step: its last run is the one kept
         sizes = collections.Counter(e.get("world_size") for e in final.values())
         size = sizes.most_common(1)[0][0]
-        with self.console.status(f"an uninterrupted run of {self.steps} steps on {size} ranks"):
-            ref_events = uninterrupted_run(self.work / "reference", SCRIPT,
-                                           [*TRAIN_ARGS, "--steps", str(self.steps)], size,
-                                           env=JOB_ENV, timeout=300)
-        ref = {e.get("step"): e for e in ref_events if e.kind == journal.LOSS}
+        ref = self.reference(size)
         problems = []
-        missing = sorted(set(range(1, self.steps + 1)) - set(final))
+        missing = sorted(set(range(1, steps + 1)) - set(final))
         if missing:
             problems.append(f"steps never trained: {missing}")
         same = [s for s, e in final.items() if e.get("world_size") == size]
@@ -254,6 +282,8 @@ class Demo:
 
     def down(self) -> None:
         try:
+            if self.spare is not None:
+                self.spare.stop_watcher(wait_s=0)
             if self.watcher is not None and self.watcher.poll() is None:
                 self.watcher.terminate()
                 try:
@@ -279,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     # argparse converts a string default with `type`: DEMO_STEPS=abc is a one-line usage error.
     p.add_argument("--steps", type=int, default=os.environ.get("DEMO_STEPS", "80"),
                    help=f"steps of the run (at least {MIN_STEPS}: six faults need room)")
+    p.add_argument("--no-spare", dest="spare", action="store_false",
+                   help="skip the second part: a node death recovered by a hot spare (issue 27)")
     args = p.parse_args(argv)
     if args.steps < MIN_STEPS:
         p.error(f"--steps {args.steps}: at least {MIN_STEPS} (six faults, each after a new checkpoint)")
@@ -310,9 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         console.print(demo.table(outcomes))
         png = demo.status()
         problems += demo.compare()
+        if args.spare:
+            problems += demo.spare_part(outcomes)
         for problem in problems:
             console.print(f"[red]FAILED:[/] {problem}")
         if not problems:
+            if args.spare:
+                console.print("[bold green]in the allocation:[/] a node death recovered by a hot "
+                              "spare, the job never requeued")
             console.print(f"[bold green]demo passed[/] in {time.monotonic() - started:.0f} s: "
                           f"{len(outcomes)} faults, each recovered by slurmft watch without a "
                           f"human; timeline: {png}")
