@@ -19,8 +19,9 @@ raises at once instead of blocking, before the launcher has said anything: ``Run
 (``SLURMFT_NODE_SILENT_S`` + 5 s) for the new generation and ends the rank with 88 the same way;
 without one the exception goes on (a failure of this rank's own).
 
-Before the exit, ``on_reform`` (``Run``'s: rank 0 journals ``segment_end`` with 88 and every rank
-says one line on stderr) runs bounded by ``report_timeout_s``: the filesystem may be what hangs
+Before the exit, ``on_reform`` (``Run``'s: every rank says one line on stderr, and the lowest
+rank on a node not fenced, rank 0 unless it died with its node, journals ``segment_end`` with
+88) runs bounded by ``report_timeout_s``: the filesystem may be what hangs
 (:mod:`slurmft.train.hard_exit`). torchrun's agent then sees its workers exit and restarts them
 in the re-formed world, and they resume from the newest valid checkpoint.
 
@@ -97,6 +98,8 @@ class AllocationWatch:
         self._exit = _exit
         self.start_generation: int | None = None
         self.attempt: int | None = None  # the world's agreed attempt (watch_allocation)
+        self.nodes_by_rank: list[str | None] = []  # rank r's node (watch_allocation)
+        self._fenced_now: frozenset[str] = frozenset()  # fenced nodes in the record that fired
         self.world: frozenset[str] = frozenset()
         self.fired: str | None = None  # the reason, once fired
         self._seen: tuple[int, ...] | None = None
@@ -159,6 +162,12 @@ class AllocationWatch:
                           _exit=self._exit)
         return reason
 
+    def reporter(self, rank: int) -> bool:
+        """Whether this rank (``rank``) journals the re-form: the lowest rank on a node the record
+        that fired did not fence (rank 0 when its node lives; another when rank 0 died with it)."""
+        alive = [r for r, node in enumerate(self.nodes_by_rank) if node and node not in self._fenced_now]
+        return rank == (min(alive) if alive else 0)
+
     def await_verdict(self, failure: BaseException, grace_s: float,
                       interrupted: Callable[[], bool] = lambda: False) -> str | None:
         """A collective failed in this rank (``failure``): on a one-host network, or when only a
@@ -206,6 +215,7 @@ class AllocationWatch:
             return None
         if self.start_generation is None:
             self.start_generation = record.generation
+        self._fenced_now = frozenset(record.fenced_nodes)
         fenced = sorted(self.world.intersection(record.fenced_nodes))
         if record.generation > self.start_generation:
             moved = f"the allocation's generation moved from {self.start_generation} to {record.generation}"
@@ -258,6 +268,8 @@ def watch_allocation(run_dir: RunDir, env: "JobEnv", process_group: Any, world_s
         gathered = [None] * world_size
         dist.all_gather_object(gathered, mine, group=process_group)
     pairs = [g for g in gathered if isinstance(g, tuple) and len(g) == 2]
+    watch.nodes_by_rank = [g[0] if isinstance(g, tuple) and len(g) == 2 and isinstance(g[0], str) else None
+                           for g in gathered]
     watch.attempt = max([env.attempt, *(a for _, a in pairs if isinstance(a, int))])
     watch.set_world([n for n, _ in pairs if isinstance(n, str)])
     return watch

@@ -167,7 +167,7 @@ class Run(StepBoundary, RunEndings):
         # Before the restore: its collectives may meet a dead peer.
         self._alloc_watch = watch_allocation(
             self.run_dir, self.env, self.process_group, self.world_size,
-            on_reform=lambda reason: self.segment.finish(exitcodes.REFORM, reason, step=self.step))
+            on_reform=self._on_reform)
         if self._alloc_watch is not None:  # every rank journals the world's agreed attempt
             self.segment.journal.attempt = self._alloc_watch.attempt
         # Before the restore: the load announces itself in it, and its first beat says the run beats.

@@ -93,6 +93,13 @@ class RunEndings:
         self.segment.finish(code, f"the training script exited with code {code} after step {self.step}",
                             step=self.step, announce="rank 0")
 
+    def _on_reform(self, reason: str) -> None:
+        """The allocation watch is ending this rank (88): one line, and ``segment_end`` from the
+        lowest rank on a node the launcher did not fence (rank 0 may have died with its node)."""
+        watch = self._alloc_watch
+        self.segment.finish(exitcodes.REFORM, reason, step=self.step,
+                            journal_here=watch.reporter(self.env.rank) if watch is not None else None)
+
     def _await_reform(self, exc: object) -> None:
         """An exception leaving ``with Run`` in in-allocation mode: a collective that failed
         because a peer died ends with 88 once the launcher's new generation comes (see

@@ -168,8 +168,10 @@ class Segment:
                     node=self.env.node, restored_step=restored_step, **extra)
 
     def finish(self, code: int, reason: str, *, step: int | None = None,
-               barrier: Callable[[], None] | None = None, announce: str = "every rank") -> None:
-        """Journal ``segment_end`` (rank 0) and wait for every rank, without exiting.
+               barrier: Callable[[], None] | None = None, announce: str = "every rank",
+               journal_here: bool | None = None) -> None:
+        """Journal ``segment_end`` (rank 0, or this rank when ``journal_here`` says so) and wait
+        for every rank, without exiting.
 
         A non-zero ``code`` is announced on stderr in one line, by every rank or, with
         ``announce="rank 0"``, by rank 0 only (one line for the whole job).
@@ -180,8 +182,11 @@ class Segment:
             who = f"rank {self.env.rank}" if announce == "every rank" else f"{self.env.world_size} rank(s)"
             print(f"slurmft: {who}: {reason} -> {exitcodes.describe(code)}",
                   file=sys.stderr, flush=True)
-        self.record(journal.SEGMENT_END, exit_code=code, outcome=exitcodes.describe(code),
-                    reason=reason, step=step)
+        fields = dict(exit_code=code, outcome=exitcodes.describe(code), reason=reason, step=step)
+        if journal_here is None:
+            self.record(journal.SEGMENT_END, **fields)
+        elif journal_here:
+            self.journal.append(journal.SEGMENT_END, rank=self.env.rank, **fields)
         if barrier is not None:
             barrier()
 

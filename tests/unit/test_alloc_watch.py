@@ -246,3 +246,22 @@ def test_torchs_own_distributed_errors_count():
     import torch.distributed as dist
     from slurmft.train.alloc_watch import is_world_failure
     assert is_world_failure(dist.DistBackendError("anything")) and is_world_failure(dist.DistNetworkError("x"))
+
+
+def test_the_lowest_rank_on_a_node_not_fenced_journals_the_reform(tmp_path):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    w = watch(run, exits)
+    assert w is not None
+    w.nodes_by_rank = ["n0", "n1", "n2"]
+    write(run, 2, active=("n1", "n2", "n3"), spares=(), fenced=("n0",))  # rank 0 died with n0
+    assert w.check() is not None
+    assert [w.reporter(r) for r in range(3)] == [False, True, False]
+    w2 = watch(RunDir(tmp_path / "other"), exits)  # no file there: off
+    assert w2 is None
+    write(RunDir(tmp_path / "b"), 1)
+    w3 = watch(RunDir(tmp_path / "b"), exits)
+    assert w3 is not None
+    w3.nodes_by_rank = ["n0", "n1", "n2"]
+    write(RunDir(tmp_path / "b"), 2, active=("n0", "n1", "n3"), spares=(), fenced=("n2",))
+    assert w3.check() is not None and [w3.reporter(r) for r in range(3)] == [True, False, False]

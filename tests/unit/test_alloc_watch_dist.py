@@ -144,7 +144,8 @@ def test_survivors_stuck_in_gloo_exit_88_within_seconds_of_the_new_generation(tm
 def test_survivors_whose_collective_failed_at_once_wait_for_the_verdict_and_exit_88(tmp_path):
     """A killed peer's sockets are closed (its processes died with the node's, or the network
     said so): gloo raises in the survivors at once, before the launcher has fenced anything.
-    They wait for its verdict and leave the same way as from a blocked collective."""
+    They wait for its verdict and leave the same way as from a blocked collective. Rank 0 is the
+    one killed here: the lowest survivor journals the segment's end in its place."""
     run = tmp_path / "run"
     run.mkdir()
     write_allocation(run, 1, ["n0", "n1", "n2"])
@@ -153,18 +154,20 @@ def test_survivors_whose_collective_failed_at_once_wait_for_the_verdict_and_exit
                   env={"SLURMFT_NODE_SILENT_S": "40"})
     try:
         ranks.wait_for_step(3)
-        os.kill(ranks.procs[2].pid, signal.SIGKILL)
+        os.kill(ranks.procs[0].pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while not all("waiting up to 45 s for the launcher" in ranks.stderr(r) for r in (0, 1)):
-            assert ranks.procs[0].poll() is None and ranks.procs[1].poll() is None, ranks.stderr()
+        while not all("waiting up to 45 s for the launcher" in ranks.stderr(r) for r in (1, 2)):
+            assert ranks.procs[1].poll() is None and ranks.procs[2].poll() is None, ranks.stderr()
             assert time.monotonic() < deadline, f"the survivors' collective did not fail:\n{ranks.stderr()}"
             time.sleep(0.2)
-        write_allocation(run, 2, ["n0", "n1"], fenced=["n2"])  # the launcher's verdict, later
-        assert ranks.wait([0, 1], timeout=60) == [exitcodes.REFORM] * 2, ranks.stderr()
-        for rank in (0, 1):
+        write_allocation(run, 2, ["n1", "n2"], fenced=["n0"])  # the launcher's verdict, later
+        assert ranks.wait([1, 2], timeout=60) == [exitcodes.REFORM] * 2, ranks.stderr()
+        for rank in (1, 2):
             assert "Traceback" not in ranks.stderr(rank), ranks.stderr(rank)
-        end = read_events(RunDir(run).events, ["segment_end"])[-1]
-        assert (end.get("exit_code"), end.get("attempt")) == (exitcodes.REFORM, 0)
+        ends = read_events(RunDir(run).events, ["segment_end"])
+        assert [(e.get("exit_code"), e.get("attempt"), e.get("rank")) for e in ends] == [
+            (exitcodes.REFORM, 0, 1)]
+        assert ends[0].get("reason") == "the allocation's generation moved from 1 to 2 (fenced: n0)"
     finally:
         ranks.kill()
 

@@ -86,3 +86,14 @@ def test_no_torchrun_restart_count_is_attempt_zero_and_a_bad_one_is_named():
     assert (env.attempt, env.slurm_id) == (0, "5")
     with pytest.raises(JobEnvError, match=r"\$TORCHELASTIC_RESTART_COUNT=-1 must be >= 0"):
         JobEnv.from_environ({"TORCHELASTIC_RESTART_COUNT": "-1"})
+
+
+def test_a_rank_other_than_0_journals_the_end_only_when_told(tmp_path):
+    """Rank 0 may have died with its node: the allocation watch names the survivor that says
+    how the segment ended; the others say nothing, rank 0 included when it is not that one."""
+    for rank, here, written in ((1, True, True), (2, False, False), (0, False, False)):
+        run = RunDir(tmp_path / f"r{rank}")
+        env = JobEnv.from_environ({"RANK": str(rank), "WORLD_SIZE": "3", "SLURM_JOB_ID": "5"})
+        Segment(env, run).finish(exitcodes.REFORM, "generation moved", step=7, journal_here=here)
+        ends = read_events(run.events)
+        assert [(e.get("exit_code"), e.get("rank")) for e in ends] == ([(88, rank)] if written else [])
