@@ -28,6 +28,9 @@ from slurmft.launch import nodecheck
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
 PACKAGE = str(Path(slurmft.__file__).resolve().parent)
+# A liveness bound for two ranks to start (`import torch` each), run and exit: 120 s was missed at
+# load 29 (a fresh-clone run beside four engineers' tests).
+STARTUP_S = 300
 
 
 def worker_line(marker: str) -> int:
@@ -41,7 +44,7 @@ def _free_port() -> int:
     return nodecheck.free_port()
 
 
-def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = 120,
+def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = STARTUP_S,
               world: int = 2) -> list[tuple[int, str]]:
     """Start ``world`` ranks of the trap worker, wait for all: (exit code, stderr) per rank."""
     port = _free_port()
@@ -87,7 +90,7 @@ def interrupt(tmp_path: Path, run_dir: Path, loop: str, how: str) -> int:
     return 3
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("how", ["preempt", "kill9"])
 @pytest.mark.parametrize("loop, cause", [("before_loop", "rng_before_loop"), ("before_run", "stale_inputs")])
 def test_each_trap_is_journaled_at_the_first_resumed_step(tmp_path, loop, cause, how):
@@ -110,7 +113,7 @@ def test_each_trap_is_journaled_at_the_first_resumed_step(tmp_path, loop, cause,
     assert not [line for line in stderr.splitlines() if line.startswith(PACKAGE)], stderr
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("loop, how", [("eval", "preempt"), ("eval", "kill9"), ("clean", "kill9"),
                                        ("eval_before", "preempt"), ("eval_before", "kill9")])
 def test_a_bit_identical_resume_gets_no_warning(tmp_path, loop, how):
@@ -136,7 +139,7 @@ def test_a_bit_identical_resume_gets_no_warning(tmp_path, loop, how):
     assert losses("run") == losses("ref")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("loop", ["clean", "before_loop"])
 def test_on_another_world_size_only_what_can_be_compared_is(tmp_path, loop):
     # 2 ranks preempted at 5, resumed on 1: the restore reseeds the RNG (another rank's stream has
@@ -156,7 +159,7 @@ def test_on_another_world_size_only_what_can_be_compared_is(tmp_path, loop):
         assert f"called from {WORKER}:{worker_line('# BEFORE-LOOP')}" in stderr, stderr
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 @pytest.mark.xfail(strict=True, reason="not caught: the first batch drawn lazily inside step 1 and the "
                    "next prefetched after the forward pass, resumed after a preemption (no step redone): "
                    "nothing the interrupted run journaled shows what its step k+1 would have trained on "
