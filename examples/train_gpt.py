@@ -134,6 +134,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="how many times the injected step may produce NaN in this process")
     p.add_argument("--inject-hang-at", type=int, help="one rank sleeps forever in this step")
     p.add_argument("--inject-hang-rank", type=int, default=0)
+    p.add_argument("--inject-hang-attempt", type=int,
+                   help="hang only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); default: every one")
     args = p.parse_args(argv)
     if not args.run_dir:
         p.error("no run directory: pass --run-dir or set $SLURMFT_RUN_DIR")
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
                 total = total * float("nan")
                 for p in model.parameters():
                     p.grad.mul_(float("nan"))
-            if step == args.inject_hang_at and env.rank == args.inject_hang_rank:
+            if step == args.inject_hang_at and env.rank == args.inject_hang_rank and \
+                    args.inject_hang_attempt in (None, env.attempt):
                 while True:
                     time.sleep(3600)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -32,12 +32,14 @@ def _allocation(run) -> dict:
 
 
 def _wait_running_until_end(job: TrainJob, timeout: float) -> list[JobState]:
-    """Poll the job to its end; every state it was seen in, in order (deduplicated)."""
+    """Poll the job to its end; every state it was seen in from its start, in order (deduplicated)."""
     seen: list[JobState] = []
     deadline = time.monotonic() + timeout
     while True:
         state = job.state()
-        if not seen or seen[-1] is not state.state:
+        if not seen and state.state is JobState.PENDING:  # not started yet
+            pass
+        elif not seen or seen[-1] is not state.state:
             seen.append(state.state)
         if state.state.finished:
             return seen
@@ -306,4 +308,28 @@ def test_a_preempted_in_allocation_job_saves_requeues_and_resumes_bit_for_bit(sl
     ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
     seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
     assert sorted(s for s, _, _ in seen) == sorted(ref)  # every step once: nothing lost or redone
+    assert all((loss, samples) == ref[step] for step, loss, samples in seen)
+
+
+@pytest.mark.timeout(420)
+def test_a_hang_on_a_healthy_node_is_restarted_in_place(slurm_cluster, tmp_path):
+    args = [*ARGS, "--watchdog-timeout", "6", "--inject-hang-at", "12", "--inject-hang-rank", "1",
+            "--inject-hang-attempt", "0"]
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, args, nodes=3, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_IN_ALLOCATION": "1"})
+    states = _wait_running_until_end(job, timeout=360)
+    assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
+    faults = [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
+    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    assert [e.get("cause") for e in faults] == ["hang"] and faults[0].get("detected_by") == "launcher"
+    assert [(a.get("action"), a.get("cause"), a.get("ok")) for a in actions] == \
+        [("restart_in_place", "hang", True)]
+    alloc = _allocation(run)
+    assert alloc["generation"] == 0 and alloc["fenced"] == [] and len(alloc["active"]) == 3
+    starts = _segments(job)
+    assert [e.get("world_size") for e in starts] == [3, 3] and starts[1].get("restored_step") == 10
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
+    seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
+    assert {s for s, _, _ in seen} == set(ref)
     assert all((loss, samples) == ref[step] for step, loss, samples in seen)
