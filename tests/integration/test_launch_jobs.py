@@ -123,7 +123,7 @@ def test_job_without_scontrol_saves_and_asks_the_watcher_to_requeue(slurm_cluste
     assert "no scontrol on PATH: the job comment is not set" in job.log_text()
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(1200)  # ~3 min quiet; six start-ups took over 420 s at load 25
 def test_outside_requeue_then_start_now_five_times_every_run_trains_on(slurm_cluster, tmp_path):
     """StartTime=now 0.5 s after PENDING is sent here by the test harness only because this
     test is about the launcher's signal handling: it recreates what a fast watcher does (the
