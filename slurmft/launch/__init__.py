@@ -18,7 +18,8 @@ launcher, which owns the orchestration as small, unit-tested modules:
   ``outcome``    the recorded outcome of THIS segment -> exit 0 / 85 / 86 / 87 / passed on
   in-allocation mode (``SLURMFT_SPARE_NODES`` / ``SLURMFT_IN_ALLOCATION``, issue 27):
   ``alloc_settings`` its settings; ``allocation`` ``<run_dir>/allocation.json``; ``nodesteps``
-  one srun step per node; ``liveness`` the nodes' task beats; ``inalloc`` the supervising loop
+  one srun step per node; ``liveness`` the nodes' task beats; ``inalloc`` the supervising loop;
+  ``warm``/``warmworker``/``warmclient`` ranks forked from a warm per-node server (opt-in)
   ``main``       the order of the above, and the one place that exits
 
 Torch-free: torch is imported only by the training ranks and by the per-node torch check, each

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from slurmft.launch import procs
+from slurmft.launch import procs, warm
 from slurmft.launch.alloc_settings import AllocSettings
 from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.settings import LaunchSettings
@@ -60,7 +60,9 @@ def node_argv(node: str, rdzv: Rendezvous, alloc: AllocSettings, settings: Launc
             f"--nproc-per-node={settings.nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={rdzv.rdzv_id}",
             rdzv_conf(node == rdzv.host, alloc), f"--max-restarts={MAX_RESTARTS}",
-            "--monitor-interval=0.5", *command]
+            "--monitor-interval=0.5",
+            *(["--no-python", *warm.worker_command(command, python)] if alloc.warm_workers
+              else command)]
 
 
 @dataclass

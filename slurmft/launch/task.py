@@ -13,6 +13,8 @@ frozen node (no beat) from a node whose ranks wait on a dead peer (beats go on).
 are passed to torchrun, which stops its workers; the task exits with torchrun's status. On the
 other nodes than the batch host it also watches the batch host's beat (``orphan``): the batch
 host dead, it requeues the job (Slurm keeps a ``--no-kill`` job running without its batch script).
+With ``SLURMFT_WARM_WORKERS=1`` it also keeps the node's warm server (``slurmft.launch.warm``) for
+torchrun's worker clients, and stops it when torchrun ends.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import threading
 import time
 from pathlib import Path
 
-from slurmft.launch import orphan
+from slurmft.launch import orphan, warm
+from slurmft.launch.warmclient import SOCKET_ENV
 from slurmft.rundir import atomic_write_json
 
 ALIVE_ENV = "SLURMFT_ALIVE_FILE"
@@ -63,9 +66,21 @@ def beat_forever(path: Path, stop: threading.Event, period_s: float = ALIVE_PERI
             return seq
 
 
+def _warm_server() -> tuple[subprocess.Popen, str] | None:
+    """This node's warm server when the launcher asked for one (``slurmft.launch.warm``)."""
+    try:
+        if warm.settings(os.environ)[0]:
+            return warm.start_server(os.environ)
+    except (OSError, warm.WarmSettingsError) as exc:   # the clients then run their ranks cold
+        print(f"slurmft.launch.task: no warm server: {exc}", file=sys.stderr, flush=True)
+    return None
+
+
 def supervise(argv: list[str], alive: Path) -> int:
     """Run torchrun as a child while beating; return its exit status (128+N for signal N)."""
-    proc = subprocess.Popen(argv)  # inherits USR2 ignored
+    server = _warm_server()
+    env = None if server is None else {**os.environ, SOCKET_ENV: server[1]}
+    proc = subprocess.Popen(argv, env=env)  # inherits USR2 ignored
 
     def forward(signum: int, frame: object) -> None:
         if proc.poll() is None:
@@ -90,6 +105,8 @@ def supervise(argv: list[str], alive: Path) -> int:
         rc = proc.wait()
     finally:
         stop.set()
+        if server is not None:
+            warm.stop_server(*server)
     beater.join(timeout=5 * ALIVE_PERIOD_S)
     rc = rc if rc >= 0 else 128 - rc
     # The last beat says the task ended by itself: its node is alive (not a node death).

@@ -1,0 +1,333 @@
+"""Pre-started ("warm") workers for in-allocation mode (issue 27, ``SLURMFT_WARM_WORKERS=1``).
+
+A restart inside the allocation makes torchrun start new ranks on every node, and each pays a
+cold start (``import torch`` and the script's imports: most of a restart, docs/performance.md).
+Instead each node's task (``slurmft.launch.task``) starts one warm server,
+``python -m slurmft.launch.warm --socket PATH``: it binds its Unix socket first (a 0700
+directory; a peer of another uid is refused), then imports torch and ``SLURMFT_WARM_IMPORTS``,
+checks that nothing started a thread or initialised CUDA (forking then would be unsafe: it
+refuses every client, which runs its rank cold), and serves. torchrun's worker command is the
+torch-free client (``slurmft.launch.warmclient``); per client the server forks a worker that
+
+  becomes the rank: its own session (torchrun signals a worker's process group), the client's
+  fds 0-2, cwd, environment, argv and ignored signals; ``sys.path[0]`` as the interpreter sets
+  it; ``random``/``numpy.random`` reseeded (a fork shares its parent's state); stdio unbuffered
+  (torchrun runs ranks with ``-u``); then runs the script or ``-m`` module as ``__main__`` and
+  ends as an interpreter does (the exception unwinds to the top: traceback and 1, SystemExit's
+  code, non-daemon threads joined, atexit, flush);
+  dies with its client: a thread in the worker and the server both watch the client's socket,
+  and its end (the client killed -9 by torchrun's stop) kills the worker's process group.
+
+The server reaps each worker and sends its status to its client, which exits with it. What a
+fork cannot give a rank: environment variables read by torch or the pre-imported modules *at
+import* take the task's values (torchrun's per-rank variables are all read later), and the
+modules are the ones on the node when the server started.
+
+The task's side is ``start_server``/``stop_server``; ``worker_command`` is what the launcher
+puts after torchrun's ``--no-python``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from slurmft.launch import warmclient as proto
+from slurmft.launch import warmworker
+
+ENABLE_ENV = "SLURMFT_WARM_WORKERS"
+IMPORTS_ENV = "SLURMFT_WARM_IMPORTS"
+DEFAULT_IMPORTS = ("torch", "torch.distributed")
+REQUEST_READ_S = 10.0
+REAP_POLL_S = 0.2
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_SOCK_PATH_MAX = 100   # sun_path is 108 bytes
+
+
+class WarmSettingsError(ValueError):
+    pass
+
+
+def settings(env: Mapping[str, str]) -> tuple[bool, tuple[str, ...]]:
+    """(on, modules to pre-import) from the environment; a bad value names its variable."""
+    flag = (env.get(ENABLE_ENV) or "").strip()
+    if flag not in ("", "0", "1"):
+        raise WarmSettingsError(f"{ENABLE_ENV}={flag!r} must be 0 or 1")
+    extra = []
+    for name in (env.get(IMPORTS_ENV) or "").split(","):
+        name = name.strip()
+        if not name:
+            continue
+        if not _MODULE.match(name):
+            raise WarmSettingsError(f"{IMPORTS_ENV}: {name!r} is not a module name")
+        extra.append(name)
+    return flag == "1", tuple(dict.fromkeys((*DEFAULT_IMPORTS, *extra)))
+
+
+def worker_command(command: Sequence[str], python: str = sys.executable) -> list[str]:
+    """torchrun's worker after ``--no-python``: the client, by path, isolated and site-free."""
+    return [python, "-I", "-S", proto.__file__, "--", *command]
+
+
+# -- the task's side -----------------------------------------------------------------------------
+
+def start_server(env: Mapping[str, str], python: str = sys.executable
+                 ) -> tuple[subprocess.Popen, str]:
+    """Start this node's server; returns it and its socket path (for ``SLURMFT_WARM_SOCKET``)."""
+    base = env.get("TMPDIR") or "/tmp"
+    if len(base) > _SOCK_PATH_MAX - 30 or not os.path.isdir(base):
+        base = "/tmp"
+    sock_dir = tempfile.mkdtemp(prefix="slurmft-warm-", dir=base)   # 0700
+    path = os.path.join(sock_dir, "s")
+    _, imports = settings(env)
+    proc = subprocess.Popen([python, "-m", "slurmft.launch.warm", "--socket", path,
+                             "--imports", ",".join(imports)], env=dict(env))
+    return proc, path
+
+
+def stop_server(proc: subprocess.Popen, path: str, timeout_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+    for leftover in (path, os.path.dirname(path)):
+        try:
+            os.rmdir(leftover) if leftover != path else os.unlink(leftover)
+        except OSError:
+            pass
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+class _BecomeWorker(BaseException):
+    """Raised in a fresh fork: unwinds the server's frames to ``main``, which runs the rank."""
+
+    def __init__(self, request: dict, conn: socket.socket) -> None:
+        super().__init__()
+        self.request, self.conn = request, conn
+
+
+def _log(msg: str) -> None:
+    print(f"slurmft warm server[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+
+
+def _native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def prepare(imports: Sequence[str]) -> str | None:
+    """Import the modules; None when forking is safe afterwards, else why not."""
+    # numpy's OpenBLAS (imported by torch) starts its thread pool at load unless told one thread
+    # (torchrun's ranks get OMP_NUM_THREADS=1, which OpenBLAS reads too, when a node has several).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    for name in imports:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:   # any import error: no warm workers on this node
+            return f"import {name} failed: {type(exc).__name__}: {exc}"
+    if threading.active_count() != 1 or _native_threads() != 1:
+        return (f"the imports started threads ({threading.active_count()} Python, "
+                f"{_native_threads()} native): forking would be unsafe")
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        return "the imports initialised CUDA: a forked worker could not use it"
+    return None
+
+
+def _validate(req: dict, fds: list[int]) -> str | None:
+    if req.get("version") != proto.VERSION:
+        return f"protocol version {req.get('version')!r}, expected {proto.VERSION}"
+    argv, env, cwd = req.get("argv"), req.get("env"), req.get("cwd")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return "argv is not a non-empty list of strings"
+    if argv[0] == "-m" and len(argv) < 2:
+        return "-m without a module"
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                          for k, v in env.items())):
+        return "env is not a mapping of strings"
+    if not isinstance(cwd, str) or not isinstance(req.get("client_pid"), int):
+        return "cwd or client_pid missing"
+    ignored = req.get("ignored", [])
+    if not (isinstance(ignored, list) and all(isinstance(s, int) for s in ignored)):
+        return "ignored is not a list of signal numbers"
+    if len(fds) != 3:
+        return f"{len(fds)} fds instead of stdin, stdout, stderr"
+    return None
+
+
+class Server:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.pid = os.getpid()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(64)
+        self.sel = selectors.DefaultSelector()
+        self.workers: dict[int, socket.socket] = {}   # pid -> its client's connection
+        self.stopping = False
+        self.refusing: str | None = None   # why this node has no warm workers
+
+    def close(self) -> None:
+        if os.getpid() != self.pid:   # a worker unwinding through the server's frames
+            return
+        for pid in list(self.workers):
+            self._kill(pid)
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def serve(self) -> None:
+        self.sel.register(self.sock, selectors.EVENT_READ, None)
+        while not self.stopping:
+            for key, _ in self.sel.select(REAP_POLL_S):
+                if key.data is None:
+                    self._accept()
+                else:
+                    self._client_readable(key.data, key.fileobj)
+            self._reap()
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            _log(f"refused a client of uid {uid}")
+            conn.close()
+            return
+        conn.settimeout(REQUEST_READ_S)
+        try:
+            req, fds = proto.recv_request(conn)
+        except (OSError, ValueError, proto.ProtocolError) as exc:
+            _log(f"a bad request: {exc}")
+            conn.close()
+            return
+        problem = self.refusing or _validate(req, fds)
+        if problem is not None:
+            self._refuse(conn, fds, problem)
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self.sel.close()
+            for fd in (self.sock.fileno(), *(c.fileno() for c in self.workers.values())):
+                os.close(fd)
+            os.dup2(fds[0], 0)
+            os.dup2(fds[1], 1)
+            os.dup2(fds[2], 2)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
+            raise _BecomeWorker(req, conn)
+        for fd in fds:
+            os.close(fd)
+        self.workers[pid] = conn
+        try:
+            conn.sendall(proto.reply(b"P", pid))
+        except OSError:   # the client is gone already
+            self._kill(pid)
+        self.sel.register(conn, selectors.EVENT_READ, pid)
+
+    def _refuse(self, conn: socket.socket, fds: list[int], why: str) -> None:
+        for fd in fds:
+            os.close(fd)
+        _log(f"refused a request: {why}")
+        try:
+            conn.sendall(proto.reply(b"E", why))
+        except OSError:
+            pass
+        conn.close()
+
+    def _client_readable(self, pid: int, conn) -> None:
+        try:
+            data = conn.recv(64)
+        except OSError:
+            data = b""
+        if not data:   # the client died: its worker goes with it
+            self.sel.unregister(conn)
+            self._kill(pid)
+
+    def _kill(self, pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _reap(self) -> None:
+        while self.workers:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.workers.pop(pid, None)
+            if conn is None:
+                continue
+            try:
+                self.sel.unregister(conn)
+            except (KeyError, ValueError):
+                pass
+            try:
+                conn.sendall(proto.reply(b"X", os.waitstatus_to_exitcode(status)))
+            except OSError:
+                pass
+            conn.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m slurmft.launch.warm")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--imports", default=",".join(DEFAULT_IMPORTS))
+    args = parser.parse_args(argv)
+    if not Path(args.socket).parent.is_dir():
+        _log(f"no directory for the socket {args.socket}")
+        return 2
+    server = Server(args.socket)   # bound first: clients wait in the backlog while we import
+
+    def stop(signum: int, frame: object) -> None:
+        server.stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    worker: _BecomeWorker | None = None
+    try:
+        problem = prepare([m for m in args.imports.split(",") if m])
+        if problem is not None:   # every client is answered at once, and runs its rank cold
+            _log(f"no warm workers on this node: {problem}")
+            server.refusing = problem
+        server.serve()
+    except _BecomeWorker as become:
+        worker = become
+    finally:
+        server.close()
+    if worker is not None:   # outside the handler: the rank's own errors carry no server context
+        warmworker.become_worker(worker.request, worker.conn)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

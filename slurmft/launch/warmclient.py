@@ -1,0 +1,254 @@
+"""The warm-worker client: what torchrun starts as a rank when ``SLURMFT_WARM_WORKERS=1``.
+
+``python -I -S .../warmclient.py [-m MODULE | SCRIPT] ARGS...`` (standard library only, run by
+path so it imports nothing of slurmft nor site-packages: it starts in tens of milliseconds).
+It hands its node's warm server (``slurmft.launch.warm``, socket ``$SLURMFT_WARM_SOCKET``) the
+rank's argv, environment, cwd, ignored signals and stdio (fds 0-2 over the Unix socket,
+SCM_RIGHTS); the server forks a worker that already has torch imported. Then the client stands
+where the rank would: every signal torchrun sends it (TERM, INT, HUP, QUIT, USR1, USR2) goes to
+the worker's process group, the client exits with the worker's status (killed by signal N: the
+client kills itself with N, so torchrun sees the same -N), and the client's own death (even
+SIGKILL: the socket closes) takes the worker with it. When torchrun is gone (the client is
+reparented), the worker gets SIGUSR2, as a rank's own orphan watch would have it (save, 85).
+
+No server, a refused connection, or a server that dies or refuses before the worker started:
+nothing ran, so the client runs the rank cold (``exec python -u ...``) with one line on stderr.
+
+Wire format (this module owns it; the server imports it): the request is a 4-byte big-endian
+length and a JSON object, fds 0, 1, 2 attached to its first byte; the server answers
+``P`` + pid (the worker started, its pid is its process group), ``X`` + status (the worker
+ended: an exit code, or minus the signal that killed it), or ``E`` + a message (refused).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import NoReturn
+
+SOCKET_ENV = "SLURMFT_WARM_SOCKET"
+WAIT_ENV = "SLURMFT_WARM_WAIT_S"
+VERSION = 1
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+           signal.SIGUSR2)
+WAIT_S = 300.0          # for the worker's pid: the server may still be importing torch
+PARENT_POLL_S = 0.5
+CONNECT_S = 10.0        # for the socket to appear
+MAX_REQUEST = 16 << 20
+_INT = struct.Struct(">i")
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def encode_request(payload: dict) -> bytes:
+    data = json.dumps(payload).encode()
+    return _INT.pack(len(data)) + data
+
+
+def send_request(sock: socket.socket, payload: dict, fds: tuple[int, ...] = (0, 1, 2)) -> None:
+    data = encode_request(payload)
+    sent = sock.sendmsg([data[:1]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    if sent != 1:
+        raise ProtocolError("the request's first byte was not sent")
+    sock.sendall(data[1:])
+
+
+def recv_request(sock: socket.socket) -> tuple[dict, list[int]]:
+    """Read one request; returns it and the fds it carried (the caller owns and closes them)."""
+    fds = array.array("i")
+    msg, anc, _flags, _addr = sock.recvmsg(1, socket.CMSG_SPACE(8 * fds.itemsize))
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - (len(data) % fds.itemsize)])
+    try:
+        if len(msg) != 1:
+            raise ProtocolError("the client closed before its request")
+        head = msg + _recv_exact(sock, _INT.size - 1)
+        (size,) = _INT.unpack(head)
+        if not 0 < size <= MAX_REQUEST:
+            raise ProtocolError(f"a request of {size} bytes")
+        payload = json.loads(_recv_exact(sock, size))
+        if not isinstance(payload, dict):
+            raise ProtocolError("the request is not a JSON object")
+        return payload, list(fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ProtocolError("the peer closed mid-message")
+        out += chunk
+    return out
+
+
+def reply(kind: bytes, value: int | str) -> bytes:
+    if isinstance(value, int):
+        return kind + _INT.pack(value)
+    body = value.encode()[:4096]
+    return kind + _INT.pack(len(body)) + body
+
+
+def read_reply(sock: socket.socket) -> tuple[str, int | str] | None:
+    """One answer of the server, or None when it closed first."""
+    kind = sock.recv(1)
+    if not kind:
+        return None
+    (value,) = _INT.unpack(_recv_exact(sock, _INT.size))
+    if kind == b"E":
+        return "E", _recv_exact(sock, value).decode(errors="replace")
+    if kind not in (b"P", b"X"):
+        raise ProtocolError(f"unknown answer {kind!r}")
+    return kind.decode(), value
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+def run_cold(command: list[str], why: str) -> NoReturn:
+    print(f"slurmft warm client: {why}; starting this rank cold", file=sys.stderr, flush=True)
+    os.execv(sys.executable, [sys.executable, "-u", *command])
+
+
+def _ignored() -> list[int]:
+    return [int(s) for s in RELAYED if signal.getsignal(s) == signal.SIG_IGN]
+
+
+def _die_like(status: int) -> None:
+    """Exit as the worker did: its code, or killed by its signal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if status < 0:
+        sig = -status
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        except (OSError, ValueError):
+            pass
+        os.kill(os.getpid(), sig)
+        time.sleep(1.0)
+        os._exit(128 + sig)
+    os._exit(status)
+
+
+def _connect(sock: socket.socket, path: str) -> None:
+    """The task starts the server just before torchrun: give it CONNECT_S to bind."""
+    sock.settimeout(5.0)
+    deadline = time.monotonic() + CONNECT_S
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def client(command: list[str], environ: dict[str, str]) -> None:
+    path = environ.get(SOCKET_ENV)
+    if not path:
+        run_cold(command, f"{SOCKET_ENV} is not set")
+    try:
+        wait_s = float(environ.get(WAIT_ENV) or WAIT_S)
+    except ValueError:
+        wait_s = WAIT_S
+    pending: list[int] = []
+    worker: list[int] = []   # its pid once started
+
+    def relay(signum: int, frame: object) -> None:
+        if worker:
+            try:
+                os.killpg(worker[0], signum)
+            except ProcessLookupError:
+                pass
+        else:
+            pending.append(signum)
+
+    ignored = _ignored()
+    for sig in RELAYED:
+        signal.signal(sig, relay)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        _connect(sock, path)
+        send_request(sock, {"version": VERSION, "argv": command, "env": dict(environ),
+                            "cwd": os.getcwd(), "client_pid": os.getpid(), "ignored": ignored})
+        sock.settimeout(wait_s)
+        answer = read_reply(sock)
+    except (OSError, ProtocolError) as exc:
+        sock.close()
+        if pending:
+            _die_like(-pending[0])
+        run_cold(command, f"no warm worker from {path} ({exc})")
+    if answer is None or answer[0] != "P":
+        sock.close()
+        if pending:
+            _die_like(-pending[0])
+        why = "the warm server closed before starting the worker" if answer is None else \
+            f"the warm server refused: {answer[1]}"
+        run_cold(command, why)
+    worker.append(int(answer[1]))
+    for signum in pending:
+        relay(signum, None)
+    _supervise(sock, worker[0])
+
+
+def _supervise(sock: socket.socket, pgid: int) -> None:
+    parent = os.getppid()
+    orphan_told = False
+    sock.setblocking(True)
+    sock.settimeout(None)
+    while True:
+        try:
+            ready, _, _ = select.select([sock], [], [], PARENT_POLL_S)
+        except InterruptedError:
+            continue
+        if ready:
+            try:
+                answer = read_reply(sock)
+            except (OSError, ProtocolError) as exc:
+                answer, lost = None, str(exc)
+            else:
+                lost = "it closed the connection"
+            if answer is not None and answer[0] == "X":
+                _die_like(int(answer[1]))
+            # The server is gone with the worker running: end it (nobody else reaps its status).
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            print(f"slurmft warm client: lost the warm server ({lost}); worker {pgid} killed",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
+        if not orphan_told and os.getppid() != parent:
+            orphan_told = True   # torchrun is gone: the rank's orphan rule (save, requeue)
+            try:
+                os.killpg(pgid, signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+
+
+def main() -> None:
+    command = sys.argv[1:]
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command or (command[0] == "-m" and len(command) < 2):
+        sys.exit("slurmft warm client: expected [-m MODULE | SCRIPT] ARGS...")
+    client(command, dict(os.environ))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The warm server's fork becoming a rank (``slurmft.launch.warm``, issue 27): what a cold start
+of ``python -u SCRIPT`` / ``python -u -m MODULE`` would have given the process, applied to a fork
+of a server that already imported torch. Everything the script raises unwinds to the top of the
+interpreter, which ends as usual (traceback and 1, SystemExit's code, non-daemon threads joined,
+atexit, flush)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Mapping
+
+from slurmft.launch import warmclient as proto
+
+
+def _watch_client(conn: socket.socket) -> None:
+    """The client's end closes its socket: this worker and its process group go with it."""
+    conn.settimeout(None)
+    try:
+        while conn.recv(64):
+            pass
+    except OSError:
+        pass
+    os.killpg(0, signal.SIGKILL)
+
+
+def _stdio() -> None:
+    import io
+    enc = sys.stdout.encoding if sys.stdout else "utf-8"
+    streams = {
+        "stdin": io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding=enc),
+        "stdout": io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding=enc,
+                                   write_through=True, line_buffering=True),
+        "stderr": io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding=enc,
+                                   errors="backslashreplace", write_through=True,
+                                   line_buffering=True)}
+    for name, stream in streams.items():   # -u, as torchrun starts a rank
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _threads(env: Mapping[str, str]) -> None:
+    """OpenMP read ``OMP_NUM_THREADS`` when the server loaded it; a rank's cold start reads the
+    rank's (torchrun sets 1 when a node runs several): apply it as that start would have."""
+    torch = sys.modules.get("torch")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        raw = (env.get(name) or "").split(",")[0].strip()
+        if raw.isdigit() and int(raw) > 0 and torch is not None:
+            torch.set_num_threads(int(raw))
+            return
+
+
+def become_worker(req: dict, conn: socket.socket) -> None:
+    """In the fork: set up the rank's process as its own interpreter would be, and run it.
+    Whatever the script raises unwinds to the top of this interpreter, which ends as usual."""
+    import runpy
+    import types
+
+    os.setsid()
+    ignored = set(req.get("ignored", []))
+    for sig in proto.RELAYED:
+        if sig == signal.SIGINT and sig not in ignored:
+            signal.signal(sig, signal.default_int_handler)
+        else:
+            signal.signal(sig, signal.SIG_IGN if int(sig) in ignored else signal.SIG_DFL)
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    _stdio()
+    _threads(os.environ)
+    if "random" in sys.modules:
+        sys.modules["random"].seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    threading.Thread(target=_watch_client, args=(conn,), name="slurmft-warm-client", daemon=True
+                     ).start()
+    argv = req["argv"]
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    main_mod = types.ModuleType("__main__")
+    sys.modules["__main__"] = main_mod
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0:1] = [os.getcwd(), *[p for p in extra if p not in sys.path]]
+        runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
+        return
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path[0:1] = [os.path.dirname(os.path.realpath(script)),
+                     *[p for p in extra if p not in sys.path]]
+    try:
+        with open(script, "rb") as f:
+            source = f.read()
+    except OSError as exc:   # as the interpreter says it, and its exit status
+        print(f"{sys.executable}: can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    main_mod.__dict__.update({"__file__": script, "__cached__": None, "__spec__": None,
+                              "__builtins__": __builtins__, "__package__": None})
+    exec(compile(source, script, "exec"), main_mod.__dict__)
