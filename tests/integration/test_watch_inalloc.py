@@ -154,8 +154,10 @@ def test_a_requeue_after_a_recovery_in_the_allocation_avoids_the_fenced_node(fiv
                  180, "the new world's start")
 
     cluster.kill_node(batch)
-    again = job.wait_for(lambda j: j.state is JobState.RUNNING and j.restart_count >= 1, 300,
-                         "the requeued job running")
+    # Not COMPLETING: a requeued job is shown RUNNING + COMPLETING with its new restart count
+    # on its old nodes for a moment.
+    again = job.wait_for(lambda j: j.state is JobState.RUNNING and not j.completing
+                         and j.restart_count >= 1, 300, "the requeued job running")
     assert victim not in again.nodes and batch not in again.nodes, (again.nodes, job.context())
     assert victim in again.excluded_nodes, again.excluded_nodes
     watcher = [e for e in job.events([journal.FAULT_DETECTED]) if not journal.in_allocation(e)]
