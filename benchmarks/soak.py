@@ -11,7 +11,7 @@ Brings up a 4-node devcluster (root; Debian's Slurm, slurmdbd, munge, MariaDB) a
    trains for about --minutes;
 2. submits the run through sbatch_templates/train.sbatch on 3 nodes (--nodes=3-4; with
    --spares K: in-allocation mode, `--nodes=3+K --no-kill` and SLURMFT_SPARE_NODES=K, on a
-   devcluster of 3+K+1 nodes, so that a requeue that excludes a dead node still fits) with
+   devcluster of 3+K+2 nodes, so that a requeue that excludes a dead node still fits) with
    `slurmft watch` beside it, and injects faults drawn at random from the six classes of
    slurmft.chaos.faults (node death, hang, failing health check, corrupted newest checkpoint,
    crash, time-limit signal), exponentially spaced with mean --fault-every seconds; a fault due
@@ -75,7 +75,10 @@ def job_shape(spares: int) -> tuple[int, str, list[str], dict[str, str]]:
     """Devcluster nodes, the job's --nodes, extra sbatch options and launcher settings."""
     if not spares:
         return NODES, JOB_NODES, [], {}
-    return (RANKS + spares + 1, str(RANKS + spares), ["--no-kill"],
+    # Two nodes to spare besides: a requeue that excludes a node the launcher fenced must still
+    # find RANKS + spares nodes while the sweeper's fault keeps another drained (with one, the
+    # 15-minute soak of 2026-11-26 waited for ever: n1 drained, n4 excluded, 3 of the 4 needed).
+    return (RANKS + spares + 2, str(RANKS + spares), ["--no-kill"],
             {"SLURMFT_SPARE_NODES": str(spares)})
 
 
