@@ -24,9 +24,12 @@ def run_state(events: Sequence[Event], segments: Sequence[Any], faults: Sequence
     """(where the run stands, what the watcher or the run is waiting for)."""
     detections, actions = (journal.FAULT_DETECTED, journal.PLANNED_END), (journal.RECOVERY_ACTION,
                                                                              journal.RESTART_ACTION)
+    # A node set DOWN is no step of a recovery of its own: in operator mode one comes with the
+    # fault it belongs to, and a fenced node's (in-allocation mode) comes while training runs on.
     watcher = [e for e in events if e.kind in (
         *detections, *actions, journal.JOB_RUNNING, journal.GAVE_UP,
-        journal.RUN_FINISHED, journal.JOB_RESUBMITTED)]
+        journal.RUN_FINISHED, journal.JOB_RESUBMITTED)
+        and not (e.kind == journal.RECOVERY_ACTION and e.get("action") == "set_down")]
     last = watcher[-1] if watcher else None
     slurm = ""
     if job is not None:

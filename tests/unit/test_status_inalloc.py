@@ -290,3 +290,15 @@ def test_the_watcher_relays_running_again_for_a_restart_in_place(tmp_path: Path)
     running = [e for kind, e in seen if kind == journal.JOB_RUNNING]
     assert [(e["cause"], e["start_time"], e["fault_time"]) for e in running] == \
         [("rank_crash", T0 + 20, T0 + 10)]
+
+
+def test_a_fenced_node_set_down_while_training_runs_on_is_no_recovery():
+    """Operator mode sets a fenced node DOWN when Slurm shows it NOT_RESPONDING, which with a
+    long SlurmdTimeout comes after the new world trains: the run is training, not recovering."""
+    j = spare_run()
+    j.events.pop()  # still running
+    j.events.append(Event(journal.RECOVERY_ACTION, T0 + 43.5, {
+        "job_id": "7", "restart_count": 0, "action": "set_down", "cause": "node_down",
+        "nodes": ["n3"], "ok": True, "detail": ""}))
+    report = build_report(j.events, now=T0 + 50)
+    assert report.state.startswith("training at step 15"), report.state
