@@ -150,6 +150,10 @@ def find_fault(index: Index, steps, seg: Segment, nxt: Segment | None) -> Fault 
         late = index.window(nxt.start, nxt.start + LATE_S)
         found = [e for e in window + late if e.kind == journal.FAULT_DETECTED
                  and journal.in_allocation(e) and seg.start <= _fault_at(e) < nxt.start]
+        acts = [e for e in window + late if e.kind == journal.RECOVERY_ACTION and journal.in_allocation(e)]
+        # A spare's death (its action a fence) re-forms nothing: not what ended the segment.
+        found = [e for e in found if next((a.get("action") for a in acts if a.time >= e.time),
+                                          None) != journal.ALLOC_FENCE]
         detections = found or detections
     if nxt is None and not detections and (seg.end is None or seg.exit_code == exitcodes.OK):
         return None
@@ -171,7 +175,7 @@ def find_fault(index: Index, steps, seg: Segment, nxt: Segment | None) -> Fault 
         if e.time < after:
             continue
         if (in_allocation and fault.acted is None and e.kind == journal.RECOVERY_ACTION
-                and journal.in_allocation(e)):
+                and journal.in_allocation(e) and e.get("action") != journal.ALLOC_FENCE):
             fault.acted = e.time
             continue
         if in_allocation:

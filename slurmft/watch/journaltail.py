@@ -107,6 +107,8 @@ class JournalSummary:
                                                           if waiting is not None else ""),
                     "ok": True, "detail": ", ".join(filter(None, (
                         f"spare {spare}" if spare else "", f"{world} nodes" if world else "")))})
+                if event.get("action") == journal.ALLOC_FENCE:  # a spare: no world restarts
+                    self.alloc_waiting.pop(key, None)
                 if event.get("action") in FENCING:  # a replaced or dropped node is fenced too
                     fenced = self.alloc_fenced.setdefault(key, {})
                     for node in event.names("nodes")[:MAX_FENCED]:

@@ -302,3 +302,30 @@ def test_a_fenced_node_set_down_while_training_runs_on_is_no_recovery():
         "nodes": ["n3"], "ok": True, "detail": ""}))
     report = build_report(j.events, now=T0 + 50)
     assert report.state.startswith("training at step 15"), report.state
+
+
+def test_a_spares_death_before_a_re_form_is_not_the_re_forms_fault():
+    """The spare n5 dies first (fenced: nothing restarts), then n3 dies and n4 takes its place:
+    the fault that ended the first world is n3's, and nothing says 'running again' for n5's."""
+    j = J()
+    j.rank(0, journal.SEGMENT_START, 0, world_size=3, num_nodes=3, nodelist="n[1-3]", restored_step=None)
+    j.steps(1, 1, 10, 0)
+    j.launcher(5, journal.FAULT_DETECTED, cause="node_death", nodes=["n5"], evidence=["n5's step ended"],
+               fault_time=T0 + 4, detected_by="launcher")
+    j.launcher(5.1, journal.RECOVERY_ACTION, action="fence", nodes=["n5"], spare=None, world_nodes=3,
+               generation=0, cause="node_death", ok=True)
+    j.launcher(21, journal.FAULT_DETECTED, cause="node_silent", nodes=["n3"], evidence=["n3 silent"],
+               fault_time=T0 + 11, detected_by="launcher")
+    j.launcher(21.1, journal.RECOVERY_ACTION, action="replace_node", nodes=["n3"], spare="n4",
+               world_nodes=3, generation=1, cause="node_silent", ok=True)
+    j.rank(30, journal.SEGMENT_START, 1, world_size=3, num_nodes=3, nodelist="n[1-2,4]", restored_step=6)
+    j.steps(35, 7, 9, 1)
+    (fault,) = build_report(j.events, now=T0 + 40).faults
+    assert (fault.cause, fault.nodes, fault.acted) == ("node_silent", ["n3"], T0 + 21.1)
+    from slurmft.watch.journaltail import JournalSummary
+
+    summary = JournalSummary()
+    for e in j.events:
+        summary.add(e)
+    running = [f for kind, _, f in summary.take_relayed() if kind == journal.JOB_RUNNING]
+    assert [(f["cause"], f["start_time"]) for f in running] == [("node_silent", T0 + 30)]
