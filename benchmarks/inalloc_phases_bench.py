@@ -1,6 +1,7 @@
 """Where an in-allocation recovery's time goes (issue 27): fault -> training again, by phase.
 
-    python benchmarks/inalloc_phases_bench.py [--fault node_death|node_freeze] [--silent-s S] [--json]
+    python benchmarks/inalloc_phases_bench.py [--fault node_death|node_freeze] [--silent-s S] [--warm]
+        [--json]
 
 Brings up its own 4-node devcluster (root) and submits ``examples/train_gpt.py --tiny`` through
 ``sbatch_templates/train.sbatch`` in in-allocation mode with one hot spare
@@ -13,7 +14,10 @@ as seconds after the fault, each mark's time on the critical path (the last proc
 the first beside it): the launcher's detection and fence (journal), the torchrun agents' worker
 stop, rendezvous and worker start, the new ranks' process start, ``import torch``, process group,
 checkpoint load, and the first loss of the new attempt; and the ranks' own ``restart_phases``
-event where the ranks journal one. Prints a table, or JSON with ``--json``.
+event where the ranks journal one. Prints a table, or JSON with ``--json``. ``--warm``: the ranks are
+forked from each node's warm server (``SLURMFT_WARM_WORKERS=1``, the example's imports in
+``SLURMFT_WARM_IMPORTS``); the tracer's per-process start marks then belong to the server, not the
+forked ranks (the ranks' own ``restart_phases`` time the fork).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from slurmft.rundir import RunDir  # noqa: E402
 from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
 from slurmft.slurm.devcluster import DevCluster, DevClusterError  # noqa: E402
 
+# examples/train_gpt.py's imports, for --warm
+WARM_IMPORTS = "torch.nn,torch.nn.functional,torch.distributed.fsdp,slurmft.train"
 # (label, role, tracer mark): the first time at or after the fault in each process of that role
 TRACED = [
     ("agents: worker restart begins", "task", "agent_restart_workers:begin"),
@@ -57,7 +63,8 @@ TRACED = [
 
 
 class InallocJob:
-    def __init__(self, cluster: DevCluster, root: Path, silent_s: float | None) -> None:
+    def __init__(self, cluster: DevCluster, root: Path, silent_s: float | None,
+                 warm: bool = False) -> None:
         self.client = CliSlurmClient(env=cluster.env)
         self.cluster = cluster
         self.run = RunDir(root / "run")
@@ -69,7 +76,8 @@ class InallocJob:
         env = {**os.environ, **cluster.env, "OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
                "SLURMFT_RUN_DIR": str(self.run.root), "SLURMFT_PHASE_TRACE": str(self.trace),
                "PYTHONPATH": pythonpath, "SLURMFT_SPARE_NODES": "1",
-               **({"SLURMFT_NODE_SILENT_S": f"{silent_s:g}"} if silent_s is not None else {})}
+               **({"SLURMFT_NODE_SILENT_S": f"{silent_s:g}"} if silent_s is not None else {}),
+               **({"SLURMFT_WARM_WORKERS": "1", "SLURMFT_WARM_IMPORTS": WARM_IMPORTS} if warm else {})}
         self.job_id = self.client.submit(TEMPLATE, [str(EXAMPLE), *TRAIN_ARGS], env=env,
                                          sbatch_options=["--nodes=4", "--no-kill", f"--output={self.log}",
                                                          f"--chdir={root}", "--time=30"])
@@ -91,8 +99,9 @@ class InallocJob:
         return wait(seen, 300, f"training again after the fault (see {self.log})", poll=0.25)
 
 
-def measure(cluster: DevCluster, root: Path, fault: str, silent_s: float | None) -> dict:
-    job = InallocJob(cluster, root, silent_s)
+def measure(cluster: DevCluster, root: Path, fault: str, silent_s: float | None,
+            warm: bool = False) -> dict:
+    job = InallocJob(cluster, root, silent_s, warm)
     log(f"job {job.job_id}: 3 nodes + 1 spare")
     record = job.ready()
     batch = job.client.job(job.job_id).batch_host or record.active[0]
@@ -145,7 +154,7 @@ def measure(cluster: DevCluster, root: Path, fault: str, silent_s: float | None)
     phases = next((e.fields for e in events if e.kind == "restart_phases" and e.time and e.time >= t0),
                   None)
     detected = next((e for e in events if e.kind == "fault_detected" and e.time and e.time >= t0), None)
-    return {"fault": fault, "victim": victim, "total_s": loss.time - t0, "step": loss.get("step"),
+    return {"fault": fault, "warm_workers": warm, "victim": victim, "total_s": loss.time - t0, "step": loss.get("step"),
             "restored_step": start.get("restored_step") if start else None,
             "world_size": start.get("world_size") if start else None,
             "detected_as": detected.get("cause") if detected else None,
@@ -156,6 +165,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fault", choices=["node_death", "node_freeze"], default="node_death")
     parser.add_argument("--silent-s", type=float, help="SLURMFT_NODE_SILENT_S (default: the launcher's)")
+    parser.add_argument("--warm", action="store_true", help="SLURMFT_WARM_WORKERS=1")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.silent_s is not None and not 1 <= args.silent_s <= 600:
@@ -168,7 +178,7 @@ def main() -> int:
         except DevClusterError as exc:
             parser.error(str(exc))
         try:
-            result = measure(cluster, root, args.fault, args.silent_s)
+            result = measure(cluster, root, args.fault, args.silent_s, args.warm)
         finally:
             cluster.down()
     result["loadavg_at_start"] = list(load_before)
@@ -180,7 +190,7 @@ def main() -> int:
     def fmt(v) -> str:
         return "-" if v is None else f"{v:.2f}"
 
-    print(f"in-allocation recovery, {result['fault']} of {result['victim']} (detected as "
+    print(f"in-allocation recovery{' (warm workers)' if args.warm else ''}, {result['fault']} of {result['victim']} (detected as "
           f"{result['detected_as']}): fault -> training again {result['total_s']:.2f} s, back at step "
           f"{result['step']} (restored {result['restored_step']}) on {result['world_size']} ranks; "
           f"load average {load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end\n")

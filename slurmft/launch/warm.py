@@ -245,6 +245,9 @@ class Server:
             raise _BecomeWorker(req, conn)
         for fd in fds:
             os.close(fd)
+        env = req["env"]
+        _log(f"rank {env.get('RANK', '?')} (attempt {env.get('TORCHELASTIC_RESTART_COUNT', '0')}) "
+             f"forked warm as pid {pid}")
         self.workers[pid] = conn
         try:
             conn.sendall(proto.reply(b"P", pid))
