@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Sequence
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, safeio, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import nodesteps, orphan, procs
+from slurmft.launch import nodesteps, orphan
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
 from slurmft.launch.identity import JobIdentity
@@ -340,9 +340,23 @@ class Supervisor:
         self._next_send = time.monotonic() + self.cfg.resignal_s
 
     def _stop_rest(self) -> None:
-        for node, step in list(self.steps.items()):
-            procs.stop(step.proc, kill_after_s=STOP_KILL_AFTER_S)
-            self.voice.log(f"stopped the step on {node} (training ended)")
+        """TERM every step left at once (a spare's agent waits on the rendezvous and trains
+        nothing), KILL what is still there after ``STOP_KILL_AFTER_S``: the job's end takes the
+        remote tasks with it."""
+        running = [step for step in self.steps.values() if step.proc.poll() is None]
+        for step in running:
+            step.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_KILL_AFTER_S
+        for step in running:
+            try:
+                step.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(step.proc.pid, signal.SIGKILL)
+                    step.proc.wait(timeout=STOP_KILL_AFTER_S)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
+            self.voice.log(f"stopped the step on {step.node} (training ended)")
         self.steps.clear()
 
     def stop_all(self) -> None:
