@@ -7,6 +7,8 @@ momentum and a step LR schedule. Each rank appends what its guard judged to ``--
   --nan-at K --nan-rank R         rank R's loss and gradients are NaN the first time step K runs
   --slow-rank R --slow-s S        rank R's forward pass takes S seconds longer (a straggler node)
   --step-sleep S                  every rank sleeps S seconds in each step (a run to interrupt)
+  --find-unused                   DDP(find_unused_parameters=True): no bucket rebuild, so a restart
+                                  on 3+ ranks stays bit-identical (docs/limitations.md)
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int)
     p.add_argument("--slow-s", type=float, default=0.0)
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--find-unused", action="store_true")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -60,7 +63,7 @@ def main() -> None:
     torch.manual_seed(0)
     slow = args.slow_s if rank == args.slow_rank else 0.0
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), Slow(slow), torch.nn.Dropout(0.1),
-                                    torch.nn.Linear(16, 1)))
+                                    torch.nn.Linear(16, 1)), find_unused_parameters=args.find_unused)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)
     out = open(f"{args.out}.rank{rank}", "a")
