@@ -4,7 +4,8 @@ A restart inside the allocation makes torchrun start new ranks on every node, an
 cold start (``import torch`` and the script's imports: most of a restart, docs/performance.md).
 Instead each node's task (``slurmft.launch.task``) starts one warm server,
 ``python -m slurmft.launch.warm --socket PATH``: it binds its Unix socket first (a 0700
-directory; a peer of another uid is refused), then imports torch and ``SLURMFT_WARM_IMPORTS``,
+directory; a peer of another uid is refused), then imports torch, what every slurmft rank
+imports (``DEFAULT_IMPORTS``) and ``SLURMFT_WARM_IMPORTS``,
 checks that nothing started a thread or initialised CUDA (forking then would be unsafe: it
 refuses every client, which runs its rank cold), and serves. torchrun's worker command is the
 torch-free client (``slurmft.launch.warmclient``); per client the server forks a worker that
@@ -49,7 +50,10 @@ from slurmft.launch import warmworker
 
 ENABLE_ENV = "SLURMFT_WARM_WORKERS"
 IMPORTS_ENV = "SLURMFT_WARM_IMPORTS"
-DEFAULT_IMPORTS = ("torch", "torch.distributed")
+# What every slurmft rank imports (``slurmft.train.run`` pulls DCP in; torch imports
+# ``torch._dynamo`` lazily on the FSDP/DCP path: ~1 s each, measured after the fork otherwise).
+DEFAULT_IMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo",
+                   "slurmft.train.run")
 REQUEST_READ_S = 10.0
 REAP_POLL_S = 0.2
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

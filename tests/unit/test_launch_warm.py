@@ -244,9 +244,10 @@ def test_bad_settings_name_the_variable(env, problem):
 
 
 def test_settings_default_and_extra_imports():
-    assert warm.settings({}) == (False, ("torch", "torch.distributed"))
+    assert warm.settings({}) == (False, warm.DEFAULT_IMPORTS)
+    assert warm.DEFAULT_IMPORTS[0] == "torch" and "slurmft.train.run" in warm.DEFAULT_IMPORTS
     assert warm.settings({"SLURMFT_WARM_WORKERS": "1", "SLURMFT_WARM_IMPORTS": " numpy, torch ,"}) \
-        == (True, ("torch", "torch.distributed", "numpy"))
+        == (True, (*warm.DEFAULT_IMPORTS, "numpy"))
 
 
 # -- torch: a real node server ------------------------------------------------------------------
