@@ -34,6 +34,7 @@ Metrics (per-run ones are labelled ``slurm_job``: ``job`` is Prometheus's own ta
   slurmft_watch_gave_up{slurm_job}                         1 once the watcher gave up on the run
   slurmft_watch_run_active{slurm_job}                      1 while the run is watched and not over
   slurmft_watch_ettr{slurm_job}                            effective training time ratio (0..1)
+  slurmft_watch_spare_nodes{slurm_job}                     in-allocation mode: hot spares left
   slurmft_watch_last_checkpoint_step{slurm_job}
   slurmft_watch_last_checkpoint_age_seconds{slurm_job}     as of the last cycle
   slurmft_watch_last_checkpoint_timestamp_seconds{slurm_job}  when it was committed (unix time)
@@ -97,6 +98,8 @@ class WatchMetrics:
                             [JOB], registry=reg)
         self.ettr = Gauge("slurmft_watch_ettr", "Effective training time ratio of the run (0..1)",
                           [JOB], registry=reg)
+        self.spares = Gauge("slurmft_watch_spare_nodes", "In-allocation mode: the hot spares the "
+                            "run has left (allocation.json)", [JOB], registry=reg)
         self.ckpt_step = Gauge("slurmft_watch_last_checkpoint_step", "Step of the newest committed "
                                "checkpoint", [JOB], registry=reg)
         self.ckpt_age = Gauge("slurmft_watch_last_checkpoint_age_seconds", "Age of the newest "
@@ -141,12 +144,20 @@ class WatchMetrics:
         """Drop every series labelled with ``job``: ``--all`` lets go of ended runs, and a watcher
         that runs for months must not keep the series of every job it ever saw."""
         for metric in (self.faults, self.restarts, self.detect, self.recover, self.gave_up,
-                       self.active, self.ettr, self.ckpt_step, self.ckpt_age, self.ckpt_time):
+                       self.active, self.ettr, self.ckpt_step, self.ckpt_age, self.ckpt_time,
+                       self.spares):
             metric.remove_by_labels({JOB: str(job)})
 
     def set_ettr(self, job: str, value: float | None) -> None:
         if value is not None and math.isfinite(value):
             self.ettr.labels(str(job)).set(min(max(value, 0.0), 1.0))
+
+    def set_spares(self, job: str, count: int | None) -> None:
+        """The run's spares left (None: not in in-allocation mode: no series)."""
+        if count is None:
+            self.spares.remove_by_labels({JOB: str(job)})
+        else:
+            self.spares.labels(str(job)).set(count)
 
     def set_checkpoint(self, job: str, step: int | None, age_s: float | None) -> None:
         age = _seconds(age_s)

@@ -1,5 +1,6 @@
 """Feeds ``WatchMetrics`` after each poll cycle: cycle time and controller health, each run's
-newest checkpoint and its age (from the journal summary the run already keeps), ETTR every
+newest checkpoint and its age (from the journal summary the run already keeps), the spares an
+in-allocation run has left (its allocation.json as last read), ETTR every
 ``ettr_every_s`` (from the lines appended since the last refresh: ``watch/ettr.py``), and the
 textfile. Runs no longer watched are forgotten here too."""
 
@@ -36,6 +37,8 @@ class MetricsFeed:
             if commits:
                 when, step, _ = commits[-1]
                 self.metrics.set_checkpoint(run.job_id, step, max(0.0, now - when))
+            alloc = run.allocation  # as last read (only when the run dir changed)
+            self.metrics.set_spares(run.job_id, len(alloc.spares) if alloc is not None else None)
             if now - self._ettr_at.get(run.job_id, float("-inf")) >= self.ettr_every_s:
                 self._ettr_at[run.job_id] = now
                 tail = self._ettr.get(run.job_id)

@@ -92,6 +92,13 @@ class RunWatch(Recovering, Resubmission):
         return self.state.job_id
 
     @property
+    def allocation(self):
+        """allocation.json of the job watched now, as last read (None: none, or another job's)."""
+        record = self._files.allocation
+        return record if record is not None and record.job_id in (self._job.ids if self._job
+                                                                  else {self.job_id}) else None
+
+    @property
     def active(self) -> bool:
         return self.state.phase not in _TERMINAL and not self.lease_lost
 

@@ -108,3 +108,34 @@ def test_the_ettr_reader_stays_bounded_over_a_long_run(tmp_path):
     from slurmft.status.report import build_report, read_journal
 
     assert acc.ettr(5001.0) == pytest.approx(build_report(read_journal(rd.events), now=5001.0).ettr)
+
+
+def test_feed_says_how_many_spares_an_in_allocation_run_has_left(tmp_path):
+    """A gauge per in-allocation run from its allocation.json (issue 27): 0 means the next
+    node death shrinks the world or requeues the job. None for a run not in that mode."""
+    from slurmft import allocation
+    from slurmft.allocation import Allocation, Fence
+    from slurmft.slurm.client import Job, JobState
+
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    rd.events.touch()
+    allocation.write(rd, Allocation(job_id="5", generation=1, active=("n1", "n2", "n4"),
+                                    spares=("n5",), fenced=(Fence("n3", "node_death", 100.0),)))
+    run = RunWatch(rd, RunState(job_id="5"), None, WatchConfig())
+    running = Job(job_id="5", name="t", state=JobState.RUNNING, nodes=("n1", "n2", "n4", "n5"),
+                  raw_job_id="5")
+    run.observe(running, {}, 150.0)
+    metrics = WatchMetrics(clock=lambda: 150.0)
+    feed = MetricsFeed(metrics, None, clock=lambda: 150.0)
+    feed.after_cycle(CycleResult(True, 0.01, runs=[run]))
+    assert 'slurmft_watch_spare_nodes{slurm_job="5"} 1.0' in metrics.text().decode()
+    other = RunDir(tmp_path / "plain")
+    other.root.mkdir()
+    plain = RunWatch(other, RunState(job_id="6"), None, WatchConfig())
+    feed.after_cycle(CycleResult(True, 0.01, runs=[run, plain]))
+    from prometheus_client.parser import text_string_to_metric_families
+
+    spares = {s.labels["slurm_job"]: s.value for fam in text_string_to_metric_families(
+        metrics.text().decode()) for s in fam.samples if s.name == "slurmft_watch_spare_nodes"}
+    assert spares == {"5": 1.0}
