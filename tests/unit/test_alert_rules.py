@@ -85,12 +85,14 @@ def exposed(text: str) -> set[tuple[str, frozenset]]:
 
 
 def watch_exposition() -> set[tuple[str, frozenset]]:
-    """What a watcher that saw a fault, a recovery, a checkpoint and a give-up exports."""
+    """What a watcher that saw a fault, a recovery, a checkpoint, an in-allocation run's spares
+    and a give-up exports."""
     m = WatchMetrics(clock=lambda: 1_800_000_000.0)
     m.watching("42")
     m.record_fault("42", "crash", 20.0)
     m.record_recovery("42", "crash", 30.0)
     m.set_checkpoint("42", 1200, 90.0)
+    m.set_spares("42", 0)
     m.cycle(0.04, observed=True)
     m.record_gave_up("7", "crash")
     return exposed(m.text().decode())
