@@ -16,8 +16,10 @@ torch-free client (``slurmft.launch.warmclient``); per client the server forks a
   (torchrun runs ranks with ``-u``); then runs the script or ``-m`` module as ``__main__`` and
   ends as an interpreter does (the exception unwinds to the top: traceback and 1, SystemExit's
   code, non-daemon threads joined, atexit, flush);
-  dies with its client: a thread in the worker and the server both watch the client's socket,
-  and its end (the client killed -9 by torchrun's stop) kills the worker's process group.
+  dies with its client: the server watches the client's socket and a thread in the worker the
+  client's pid (``SO_PEERCRED``, a pidfd); its end (the client killed -9 by torchrun's stop)
+  kills the worker's process group. The server's death closes the client's socket: the client
+  kills its worker (nobody could reap it and pass its status on) and exits 1.
 
 The server reaps each worker and sends its status to its client, which exits with it. What a
 fork cannot give a rank: environment variables read by torch or the pre-imported modules *at
@@ -121,9 +123,9 @@ def stop_server(proc: subprocess.Popen, path: str, timeout_s: float = 10.0) -> N
 class _BecomeWorker(BaseException):
     """Raised in a fresh fork: unwinds the server's frames to ``main``, which runs the rank."""
 
-    def __init__(self, request: dict, conn: socket.socket) -> None:
+    def __init__(self, request: dict, client_pid: int) -> None:
         super().__init__()
-        self.request, self.conn = request, conn
+        self.request, self.client_pid = request, client_pid
 
 
 def _log(msg: str) -> None:
@@ -217,7 +219,7 @@ class Server:
         except (BlockingIOError, InterruptedError):
             return
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
+        peer_pid, uid, _gid = struct.unpack("3i", creds)
         if uid != os.getuid():
             _log(f"refused a client of uid {uid}")
             conn.close()
@@ -246,7 +248,8 @@ class Server:
             for fd in fds:
                 if fd > 2:
                     os.close(fd)
-            raise _BecomeWorker(req, conn)
+            conn.close()   # the server's end only: the client sees EOF once the server is gone
+            raise _BecomeWorker(req, peer_pid)
         for fd in fds:
             os.close(fd)
         env = req["env"]
@@ -332,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.close()
     if worker is not None:   # outside the handler: the rank's own errors carry no server context
-        warmworker.become_worker(worker.request, worker.conn)
+        warmworker.become_worker(worker.request, worker.client_pid)
     return 0
 
 

@@ -8,22 +8,35 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
+import select
 import sys
 import threading
+import time
 from typing import Mapping
 
 from slurmft.launch import warmclient as proto
 
+WATCH_POLL_S = 0.5
 
-def _watch_client(conn: socket.socket) -> None:
-    """The client's end closes its socket: this worker and its process group go with it."""
-    conn.settimeout(None)
+
+def _watch_client(pid: int) -> None:
+    """The client is gone: this worker and its process group go with it. A pidfd (no pid reuse
+    race), else ``kill(pid, 0)`` every WATCH_POLL_S."""
     try:
-        while conn.recv(64):
-            pass
-    except OSError:
-        pass
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])
+    else:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                pass
+            time.sleep(WATCH_POLL_S)
     os.killpg(0, signal.SIGKILL)
 
 
@@ -53,7 +66,7 @@ def _threads(env: Mapping[str, str]) -> None:
             return
 
 
-def become_worker(req: dict, conn: socket.socket) -> None:
+def become_worker(req: dict, client_pid: int) -> None:
     """In the fork: set up the rank's process as its own interpreter would be, and run it.
     Whatever the script raises unwinds to the top of this interpreter, which ends as usual."""
     import runpy
@@ -75,7 +88,7 @@ def become_worker(req: dict, conn: socket.socket) -> None:
         sys.modules["random"].seed()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
-    threading.Thread(target=_watch_client, args=(conn,), name="slurmft-warm-client", daemon=True
+    threading.Thread(target=_watch_client, args=(client_pid,), name="slurmft-warm-client", daemon=True
                      ).start()
     argv = req["argv"]
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

@@ -210,6 +210,33 @@ def test_orphaned_client_gives_its_worker_usr2(srv, tmp_path):
     _until("the worker to be told (SIGUSR2) and end", lambda: told.exists() and not _alive(client_pid))
 
 
+def test_the_servers_death_takes_its_workers_and_later_clients_run_cold(tmp_path):
+    """Fail closed: a worker nobody can reap is not left running; a dead server's socket
+    refuses at once (no wait for a server that will never listen)."""
+    server = Srv("json")
+    pids = tmp_path / "pid"
+    script = _script(tmp_path, f"""
+        import os, time
+        open({str(pids)!r} + ".tmp", "w").write(str(os.getpid()))
+        os.rename({str(pids)!r} + ".tmp", {str(pids)!r})
+        time.sleep(600)
+    """)
+    try:
+        proc = _start(server, script, tmp_path)
+        _until("the worker's pid file", pids.exists)
+        worker = int(pids.read_text())
+        server.proc.kill()
+        server.proc.wait(timeout=WAIT_S)
+        _, err = proc.communicate(timeout=WAIT_S)
+        assert proc.returncode == 1 and "lost the warm server" in err
+        _until("the worker to die with its server", lambda: not _alive(worker))
+        assert os.path.exists(server.path)            # left behind by a killed server
+        res = _run(server, [str(_script(tmp_path, "print('cold')\n", "c.py"))], tmp_path)
+        assert res.stdout.strip() == "cold" and "starting this rank cold" in res.stderr
+    finally:
+        server.stop()
+
+
 def test_no_server_runs_the_rank_cold(tmp_path):
     script = _script(tmp_path, "import os; print(os.getppid() == int(os.environ['P']))\n")
     env = {**os.environ, warmclient.SOCKET_ENV: str(tmp_path / "absent" / "s")}
