@@ -1,9 +1,9 @@
 """In-allocation mode: the launcher supervises one training step per node and recovers from a
 node's death inside the allocation, without Slurm.
 
-  start the active nodes' steps (``nodesteps``) -> once every active node's ranks have beaten,
-  start the spares' (they wait on torchrun's redundancy list) -> every ``POLL_S``: forward
-  signals, read the nodes' beats (``liveness``), reap ended steps ->
+  start every node's step (``nodesteps``; a spare's task waits, started, without torchrun until
+  ``allocation.json`` makes it active: ``spare``) -> every ``POLL_S``: forward signals, read the
+  nodes' beats (``liveness``), reap ended steps ->
   a node silent for ``SLURMFT_NODE_SILENT_S``, or whose step ended without training having ended,
   is fenced: ``allocation.json`` gets the new generation first (the ranks exit on it), then the
   journal's ``fault_detected``/``recovery_action`` (``"where": "allocation"``), then its step is
@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from slurmft import allocation as record
-from slurmft import exitcodes, journal, safeio, steppoint
+from slurmft import exitcodes, journal, steppoint
 from slurmft.launch import allocation as alloc_mod
 from slurmft.launch import nodesteps, orphan
+from slurmft.launch import spare as spare_task
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
 from slurmft.launch.identity import JobIdentity
@@ -44,7 +45,6 @@ from slurmft.slurm.client import SlurmError
 
 POLL_S = 0.5
 STARTUP_S = 120.0        # srun + python + the first beat of a node's task on a loaded node
-SPARE_GATE_S = 900.0     # spares start once the active ranks beat, or after this
 STOP_KILL_AFTER_S = 10.0
 # After the ranks recorded an end (done, preempted, do not requeue), the steps get this long to
 # end by themselves; then they are stopped: torchrun would start the ranks again otherwise.
@@ -75,13 +75,6 @@ class Fault:
     evidence: list[str]
 
 
-def _file_bytes(path) -> bytes | None:
-    try:
-        return safeio.read_regular(path, 64 * 1024)
-    except OSError:
-        return None
-
-
 class Supervisor:
     def __init__(self, ident: JobIdentity, cfg: LaunchSettings, alloc: AllocSettings,
                  rdzv: Rendezvous, command: Sequence[str], env: Mapping[str, str],
@@ -100,7 +93,6 @@ class Supervisor:
         self._end_at: float | None = None     # monotonic: when the remaining steps are stopped
         self._termed_at: float | None = None
         self._next_send: float | None = None
-        self._spare_gate: dict[str, bytes | None] = {}
         self._started = time.monotonic()
         self.process_faults = ProcessFaults(self.run_dir.events, {ident.slurm_id, ident.raw_job_id},
                                             ident.restart_count)
@@ -111,10 +103,8 @@ class Supervisor:
         """Supervise to the training's end; return the steps' exit status (0, or the batch
         host's / first failed active node's). Raises GoRequeue."""
         self._publish()
-        for node in self.alloc.active:
-            self._spare_gate[node] = _file_bytes(self.run_dir.heartbeat(node))
+        for node in (*self.alloc.active, *self.alloc.spares):
             self._start(node)
-        spares_started = not self.alloc.spares
         for name in pending:
             self._signal(name)
         while True:
@@ -122,10 +112,6 @@ class Supervisor:
                 self._signal(name)
             self._resend()
             self.liveness.poll()
-            if not spares_started and self._active_ranks_beat():
-                spares_started = True
-                for node in self.alloc.spares:
-                    self._start(node)
             self._reap()
             if not self.ending:
                 for fault in self._silent():
@@ -147,22 +133,14 @@ class Supervisor:
         argv = nodesteps.node_argv(node, self.rdzv, self.settings, self.cfg, self.command)
         host = self.rdzv.host
         others = [n for n in self.ident.nodes if n != host]
-        extra = None if node == host else orphan.environ_for(
+        extra = {} if node == host else orphan.environ_for(
             host, self.run_dir.alive(host), self.settings.node_silent_s, others.index(node))
+        if node in self.alloc.spares:
+            extra[spare_task.SPARE_ENV] = node
         self.steps[node] = nodesteps.start(node, argv, self.env, self.run_dir, extra)
         self.liveness.expect(node)
         role = "spare" if node in self.alloc.spares else "active"
         self.voice.log(f"started the training step on {node} ({role})")
-
-    def _active_ranks_beat(self) -> bool:
-        """Every active node's ranks have beaten since we started (their round is complete):
-        a spare started now waits on the redundancy list instead of taking an active place."""
-        if time.monotonic() - self._started > SPARE_GATE_S:
-            self.voice.log(f"WARNING: the active nodes' ranks have not all beaten within "
-                           f"{SPARE_GATE_S:g} s: starting the spares anyway")
-            return True
-        return all(_file_bytes(self.run_dir.heartbeat(n)) not in (None, self._spare_gate.get(n))
-                   for n in self.alloc.active)
 
     def _reap(self) -> None:
         for node, step in list(self.steps.items()):

@@ -7,15 +7,17 @@ running that node's task (``slurmft.launch.task``) around an elastic torchrun.
        --max-restarts=R ...
 
 A node's death ends only its own step. torchrun's c10d store lives with the batch host's agent
-(``is_host=1`` there only); the agents of the other nodes reach it over TCP. A spare's agent
-joins after the active nodes' round is complete, so it waits on the rendezvous' redundancy list
-and joins the next round the moment a participant is gone: ``--nnodes=MIN:ACTIVE`` completes as
-soon as ACTIVE nodes are in (no last call), and with fewer after ``last_call_timeout``.
+(``is_host=1`` there only); the agents of the other nodes reach it over TCP. A spare's step is
+started with the others, but its task starts torchrun only once ``allocation.json`` makes the
+spare active (``spare``): its agent then joins the round that follows the fence, which completes
+as soon as ACTIVE nodes are in (no last call), and with fewer (a shrink) ``last_call_timeout``
+after MIN joined.
 
 The agents' keep-alive expiry (interval x attempts) is set just above the launcher's own
 ``SLURMFT_NODE_SILENT_S``: torchrun drops a dead participant only after the launcher has fenced it
 and moved the generation, so the round that follows starts ranks under the new generation (with
-a shorter expiry, a spare's join restarts the ranks first and the fence kills them again).
+a shorter expiry, survivors whose collective failed at once re-form without the dead node before
+the fence, a shrunk world, and the fence's new generation ends those ranks again).
 """
 
 from __future__ import annotations

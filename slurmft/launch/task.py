@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from slurmft.launch import orphan, warm
+from slurmft.launch import orphan, spare, warm
 from slurmft.launch.warmclient import SOCKET_ENV
 from slurmft.rundir import atomic_write_json
 
@@ -77,18 +77,20 @@ def _warm_server() -> tuple[subprocess.Popen, str] | None:
 
 
 def supervise(argv: list[str], alive: Path) -> int:
-    """Run torchrun as a child while beating; return its exit status (128+N for signal N)."""
+    """Run torchrun as a child while beating; return its exit status (128+N for signal N). A
+    spare's task (``spare.SPARE_ENV``) starts torchrun only once the launcher made it active."""
     server = _warm_server()
     env = None if server is None else {**os.environ, SOCKET_ENV: server[1]}
-    proc = subprocess.Popen(argv, env=env)  # inherits USR2 ignored
+    stop, stopping = threading.Event(), threading.Event()
+    child: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: object) -> None:
-        if proc.poll() is None:
-            proc.send_signal(signum)
+        stopping.set()
+        if child and child[0].poll() is None:
+            child[0].send_signal(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
-    stop = threading.Event()
     beater = threading.Thread(target=beat_forever, args=(alive, stop), daemon=True,
                               name="slurmft-alive")
     beater.start()
@@ -101,8 +103,16 @@ def supervise(argv: list[str], alive: Path) -> int:
 
         threading.Thread(target=orphan.watch_forever, args=(watch, stop, lost), daemon=True,
                          name="slurmft-batch-watch").start()
+    rc = 0
     try:
-        rc = proc.wait()
+        node = spare.waiting_node(os.environ)
+        run_dir = os.environ.get("SLURMFT_RUN_DIR")
+        if node is None or run_dir is None or spare.wait_until_active(
+                Path(run_dir), node, spare.job_ids(os.environ), stopping):
+            child.append(subprocess.Popen(argv, env=env))  # inherits USR2 ignored
+            if stopping.is_set():  # a TERM that came as it started
+                child[0].send_signal(signal.SIGTERM)
+            rc = child[0].wait()
     finally:
         stop.set()
         if server is not None:

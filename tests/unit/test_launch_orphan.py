@@ -3,6 +3,7 @@ on this node's clock, the stagger, and the requeue asked for when it is gone."""
 
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -77,6 +78,69 @@ def test_a_task_whose_batch_host_goes_silent_requeues_and_stops_its_torchrun(tmp
     for key, value in orphan.environ_for("n1", batch, 0.5, 0).items():
         monkeypatch.setenv(key, value)
     code = "import time; time.sleep(60)"
-    rc = task.supervise([sys.executable, "-c", code], tmp_path / "alive" / "n2.json")
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = task.supervise([sys.executable, "-c", code], tmp_path / "alive" / "n2.json")
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
     assert asked and rc == 128 + 15  # TERM, passed on to the child
     assert os.path.exists(tmp_path / "alive" / "n2.json")
+
+
+# -- a spare's task waits, started, until the launcher makes it active ---------------------------
+
+def test_a_spares_task_starts_torchrun_only_once_the_allocation_makes_it_active(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from slurmft import allocation
+    from slurmft.launch import spare, task
+    from slurmft.launch.allocation import fence, initial
+
+    run = RunDir(tmp_path)
+    first = initial("7", ("n1", "n2"), ("n3",), 2)
+    allocation.write(run, first)
+    monkeypatch.setenv("SLURMFT_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURMFT_JOB_ID", "7")
+    monkeypatch.setenv(spare.SPARE_ENV, "n3")
+    mark = tmp_path / "started"
+    code = f"open({str(mark)!r}, 'w').close()"
+    before = []
+
+    def promote() -> None:
+        time.sleep(2 * spare.POLL_S + 0.5)
+        before.append((mark.exists(), run.alive("n3").exists()))
+        allocation.write(run, fence(first, "n2", "node_silent", 1.0, ["x"], "n3"))
+
+    thread = threading.Thread(target=promote)
+    thread.start()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = task.supervise([sys.executable, "-c", code], run.alive("n3"))
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    thread.join(30)
+    assert before == [(False, True)]  # beating, no torchrun yet
+    assert rc == 0 and mark.exists()
+
+
+def test_a_spare_stopped_while_it_waits_ends_without_starting_torchrun(tmp_path):
+    import threading
+
+    from slurmft import allocation
+    from slurmft.launch import spare
+    from slurmft.launch.allocation import initial
+
+    allocation.write(RunDir(tmp_path), initial("7", ("n1",), ("n2",), 1))
+    stop = threading.Event()
+    stop.set()
+    assert spare.wait_until_active(tmp_path, "n2", {"7"}, stop, poll_s=0.01) is False
+    # another job's record, or one that does not check, is no reason to start
+    allocation.write(RunDir(tmp_path), initial("8", ("n2",), (), 1))
+    assert spare.wait_until_active(tmp_path, "n2", {"7"}, stop, poll_s=0.01) is False
+    RunDir(tmp_path).allocation.write_text("[")
+    assert spare.wait_until_active(tmp_path, "n2", {"7"}, stop, poll_s=0.01) is False
+    allocation.write(RunDir(tmp_path), initial("7", ("n1", "n2"), (), 1))
+    assert spare.wait_until_active(tmp_path, "n2", {"7"}, stop, poll_s=0.01) is True
