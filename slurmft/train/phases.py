@@ -56,7 +56,10 @@ class RestartPhases:
 
     def __init__(self, torch_imported: float) -> None:
         self.process_start = process_start_time()
-        self.torch_imported = torch_imported
+        # Imported before this process started: a warm worker forked from a server that had
+        # imported it (slurmft.launch.warm), whose imports were ready at the fork.
+        self.torch_imported = torch_imported if self.process_start is None else \
+            max(torch_imported, self.process_start)
         self.run_started = time.time()
         self.checkpoint_loaded: float | None = None
         self.tier: str | None = None

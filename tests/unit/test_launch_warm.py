@@ -382,3 +382,15 @@ def test_a_node_task_serves_torchrun_restarts_from_its_warm_server(tmp_path, mon
     # the server stopped, its socket and directory gone (torchrun leaves its own behind)
     assert [n for n in os.listdir(tmp) if n.startswith("slurmft-warm-")] == []
     shutil.rmtree(tmp)
+
+
+def test_restart_phases_of_a_warm_worker_start_at_the_fork(monkeypatch):
+    """slurmft.train.run imported by the server before the fork: the rank's imports were ready
+    at its process start (import 0 s), and its set-up is not counted from the server's import."""
+    from slurmft.train import phases
+    now = time.time()
+    monkeypatch.setattr(phases, "process_start_time", lambda: now - 2.0)
+    marks = phases.RestartPhases(torch_imported=now - 300.0)
+    fields = marks.event()
+    assert fields["torch_imported"] == now - 2.0 and fields["import_s"] == 0.0
+    assert 2.0 <= fields["setup_s"] < 300.0
