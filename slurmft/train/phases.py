@@ -8,7 +8,8 @@ journals it when the segment's first step ends (``slurmft.journal.RESTART_PHASES
   clock ticks since boot, against ``CLOCK_BOOTTIME`` now: 10 ms resolution); None off Linux.
 * ``torch_imported``: when ``slurmft.train.run`` finished its imports (torch, torch.distributed,
   slurmft's checkpoint engine). A script imports torch before it imports ``Run``, so this is
-  when torch was ready, give or take the script's own imports.
+  when torch was ready, give or take the script's own imports; a warm worker forked from a
+  server that had imported them (``slurmft.launch.warm``) had them at its start: ``process_start``.
 * ``run_started``: ``Run.start()`` entered: the process group is up and the model built and
   wrapped (``init_process_group``, the model's construction and DDP's or FSDP's first
   broadcast lie between ``torch_imported`` and here).
