@@ -144,6 +144,9 @@ def prepare(imports: Sequence[str]) -> str | None:
     # numpy's OpenBLAS (imported by torch) starts its thread pool at load unless told one thread
     # (torchrun's ranks get OMP_NUM_THREADS=1, which OpenBLAS reads too, when a node has several).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # A module asking torch.cuda.is_available() at import would cuInit this process, and a forked
+    # child cannot use CUDA after that: ask NVML instead (torch's documented switch for forks).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     for name in imports:
         try:
             importlib.import_module(name)

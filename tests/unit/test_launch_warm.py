@@ -394,3 +394,16 @@ def test_restart_phases_of_a_warm_worker_start_at_the_fork(monkeypatch):
     fields = marks.event()
     assert fields["torch_imported"] == now - 2.0 and fields["import_s"] == 0.0
     assert 2.0 <= fields["setup_s"] < 300.0
+
+
+def test_the_server_imports_fork_safely_configured(monkeypatch):
+    """OpenBLAS without its thread pool, CUDA availability asked of NVML (no cuInit before a
+    fork); a user's own values are kept (the ranks get their own environment anyway)."""
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "0")
+    warm.prepare(["json"])
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "0"
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK")
+    warm.prepare(["json"])
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
