@@ -13,6 +13,9 @@ reparented), the worker gets SIGUSR2, as a rank's own orphan watch would have it
 
 No server, a refused connection, or a server that dies or refuses before the worker started:
 nothing ran, so the client runs the rank cold (``exec python -u ...``) with one line on stderr.
+It waits ``CONNECT_S`` for the socket to appear and ``$SLURMFT_WARM_WAIT_S`` (300 s) for the
+worker's start (the server may still be importing). The server dying under a running worker:
+the client kills the worker (nobody can reap it and pass its status on) and exits 1.
 
 Wire format (this module owns it; the server imports it): the request is a 4-byte big-endian
 length and a JSON object, fds 0, 1, 2 attached to its first byte; the server answers

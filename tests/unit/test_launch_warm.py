@@ -189,6 +189,32 @@ def test_client_killed_9_takes_its_worker_and_children(srv, tmp_path):
            lambda: not _alive(worker) and not _alive(child))
 
 
+def test_the_worker_watches_its_client_itself(tmp_path):
+    """The server frozen (it cannot kill anything): the client's kill -9 still ends the worker,
+    by the worker's own watch of its client's pid."""
+    server = Srv("json")
+    pids = tmp_path / "pid"
+    script = _script(tmp_path, f"""
+        import os, time
+        open({str(pids)!r} + ".tmp", "w").write(str(os.getpid()))
+        os.rename({str(pids)!r} + ".tmp", {str(pids)!r})
+        time.sleep(600)
+    """)
+    try:
+        proc = _start(server, script, tmp_path)
+        _until("the worker's pid file", pids.exists)
+        worker = int(pids.read_text())
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            proc.kill()
+            proc.wait(timeout=WAIT_S)
+            _until("the worker to end by its own watch", lambda: not _alive(worker))
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+    finally:
+        server.stop()
+
+
 def test_orphaned_client_gives_its_worker_usr2(srv, tmp_path):
     """torchrun gone (the client reparented): the rank is told as its own orphan watch would."""
     ready, told = tmp_path / "ready", tmp_path / "told"
