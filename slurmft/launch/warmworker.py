@@ -110,6 +110,8 @@ def become_worker(req: dict, client_pid: int) -> None:
         print(f"{sys.executable}: can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}",
               file=sys.stderr)
         raise SystemExit(2) from None
+    from importlib.machinery import SourceFileLoader
     main_mod.__dict__.update({"__file__": script, "__cached__": None, "__spec__": None,
-                              "__builtins__": __builtins__, "__package__": None})
+                              "__builtins__": __builtins__, "__package__": None,
+                              "__loader__": SourceFileLoader("__main__", script)})
     exec(compile(source, script, "exec"), main_mod.__dict__)

@@ -79,6 +79,7 @@ def test_worker_gets_argv_env_cwd_stdio_and_exit_code(srv, tmp_path):
         line = sys.stdin.readline().strip()
         print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "x": os.environ.get("X_WARM"),
                           "stdin": line, "ppid": os.getppid(), "name": __name__,
+                          "loader": type(__loader__).__name__, "main": sys.modules["__main__"].__file__,
                           "path0": sys.path[0], "pgid_is_pid": os.getpgrp() == os.getpid()}))
         print("to stderr", file=sys.stderr)
         sys.exit(7)
@@ -92,6 +93,7 @@ def test_worker_gets_argv_env_cwd_stdio_and_exit_code(srv, tmp_path):
     assert out["argv"] == [str(script), "a", "b c"]
     assert out["cwd"] == str(cwd) and out["x"] == "yes" and out["stdin"] == "from stdin"
     assert out["name"] == "__main__" and out["path0"] == str(tmp_path)
+    assert out["loader"] == "SourceFileLoader" and out["main"] == str(script)   # as python's own
     assert out["ppid"] == srv.proc.pid          # forked by the warm server, not a cold start
     assert out["pgid_is_pid"]                   # its own process group, as torchrun's ranks
     assert res.stderr.strip() == "to stderr"    # nothing of the client's own
