@@ -19,6 +19,8 @@ launcher, which owns the orchestration as small, unit-tested modules:
   in-allocation mode (``SLURMFT_SPARE_NODES`` / ``SLURMFT_IN_ALLOCATION``, issue 27):
   ``alloc_settings`` its settings; ``allocation`` ``<run_dir>/allocation.json``; ``nodesteps``
   one srun step per node; ``liveness`` the nodes' task beats; ``inalloc`` the supervising loop;
+  ``inplace`` restarts in place learned from the journal, bounded by progress; ``spare`` a
+  spare's task waiting for its place; ``orphan`` the batch host's death seen from the others;
   ``warm``/``warmworker``/``warmclient`` ranks forked from a warm per-node server (opt-in)
   ``main``       the order of the above, and the one place that exits
 
