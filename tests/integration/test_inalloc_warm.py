@@ -10,7 +10,7 @@ import pytest
 
 from slurmft import journal
 from test_inalloc import ARGS, INALLOC_ENV, _allocation, _kill_when_ready, _wait_running_until_end
-from train_job_support import reference_losses, submit
+from train_job_support import kill_ranks, reference_losses, submit
 
 from slurmft.slurm.client import JobState
 
@@ -51,3 +51,32 @@ def test_a_spare_replaces_a_killed_node_with_warm_workers(slurm_cluster, tmp_pat
     assert {s for s, _, _ in seen} == set(ref)
     for step, loss, samples in seen:
         assert (loss, samples) == ref[step], f"step {step}"
+
+
+@pytest.mark.timeout(420)
+def test_a_warm_rank_killed_9_is_restarted_in_place(slurm_cluster, tmp_path):
+    """The client of a rank on a healthy node killed -9 (what a tool that finds the rank by its
+    command line kills): its worker dies with it, torchrun sees a crashed rank, and the launcher
+    restarts the world in place, warm again, bit-identical."""
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, ARGS, nodes=4, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, **WARM_ENV, "SLURMFT_SPARE_NODES": "1"})
+    job.wait_for(lambda j: any(e.get("step") == 10 for e in job.events(["checkpoint_committed"])),
+                 150, "checkpoint of step 10")
+    job.wait_step(12, timeout=60)
+    node = _allocation(run)["active"][1]
+    assert kill_ranks(slurm_cluster, job.job_id, node=node) == 1
+
+    states = _wait_running_until_end(job, timeout=300)
+    assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
+    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    assert [a.get("action") for a in actions] == ["restart_in_place"]
+    starts = job.events([journal.SEGMENT_START])
+    assert len(starts) == 2 and starts[1].get("restored_step") >= 10
+    log = job.log_text()
+    assert {a for _, a in FORKED.findall(log)} >= {"0", "1"}, log[-4000:]
+    assert "starting this rank cold" not in log
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
+    seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
+    assert {s for s, _, _ in seen} == set(ref)
+    assert all((loss, samples) == ref[step] for step, loss, samples in seen)

@@ -110,8 +110,11 @@ def kill_ranks(cluster, job_id: str, script: Path = EXAMPLE, node: str | None = 
         except OSError:
             continue
         argv = cmdline.split(b"\0")
-        # A rank is `python -u train_gpt.py ...` (torchrun and the bash wrapper name it later).
-        if all(var in environ for var in mine) and str(script).encode() in argv[1:3]:
+        # A rank is `python -u train_gpt.py ...` (torchrun and the bash wrapper name it later),
+        # or with warm workers its client `python -I -S .../warmclient.py -- train_gpt.py ...`
+        # (the forked worker dies with it, as a rank would).
+        if all(var in environ for var in mine) and (str(script).encode() in argv[1:3] or (
+                argv[3:4] and argv[3].endswith(b"warmclient.py") and argv[5:6] == [str(script).encode()])):
             try:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
