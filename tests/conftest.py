@@ -207,15 +207,13 @@ def slurm_cluster(devcluster: DevCluster) -> Iterator[DevCluster]:
         print(f"devcluster reset after the test: {exc}")
 
 
-@pytest.fixture
-def forgetful_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    """Its own cluster, so that the short MinJobAge touches no other test's jobs (a short path:
-    munged's socket lives under it)."""
+def _own_cluster(factory: pytest.TempPathFactory, name: str, **kwargs: Any) -> Iterator[DevCluster]:
+    """A cluster of a test's own beside the worker's (skipped where none can run), started under
+    the workers' shared lock and taken down after the test, or at exit if the worker dies first."""
     reason = devcluster_unavailable()
     if reason is not None:
         pytest.skip(f"no devcluster on this machine: {reason}")
-    cluster = _up_one_at_a_time(tmp_path_factory, tmp_path_factory.mktemp("forgetful"), nodes=1,
-                                min_job_age_s=FORGETFUL_MIN_JOB_AGE_S)
+    cluster = _up_one_at_a_time(factory, factory.mktemp(name), **kwargs)
     stop = functools.partial(_down_quietly, cluster)  # its own: unregister leaves the session's
     atexit.register(stop)
     try:
@@ -223,3 +221,25 @@ def forgetful_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevC
     finally:
         stop()
         atexit.unregister(stop)
+
+
+@pytest.fixture
+def forgetful_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """Its own cluster, so that the short MinJobAge touches no other test's jobs (a short path:
+    munged's socket lives under it)."""
+    yield from _own_cluster(tmp_path_factory, "forgetful", nodes=1,
+                            min_job_age_s=FORGETFUL_MIN_JOB_AGE_S)
+
+
+@pytest.fixture
+def slow_slurmd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """4 nodes with ``SlurmdTimeout=120``: Slurm's own detection of a dead node takes minutes
+    here, as on a real cluster (default 300 s)."""
+    yield from _own_cluster(tmp_path_factory, "slow-slurmd", nodes=4, slurmd_timeout_s=120)
+
+
+@pytest.fixture
+def five_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """5 nodes (the worker's has 4): a 2 + 1-spare job, and room for its requeue on three other
+    nodes while the fenced one is back in service."""
+    yield from _own_cluster(tmp_path_factory, "five", nodes=5)

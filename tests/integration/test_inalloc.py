@@ -5,7 +5,6 @@ without a spare the world shrinks to 2 nodes at the same global sample."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import time
 
@@ -15,8 +14,6 @@ from slurmft import exitcodes, journal
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
-from slurmft.slurm.devcluster import DevCluster, DevClusterError
-from slurmft.slurm.devcluster.release import Binaries
 
 from train_job_support import TINY_ARGS, TrainJob, kill_ranks, reference_losses, submit
 
@@ -182,30 +179,6 @@ def test_the_batch_hosts_death_ends_the_job_and_the_requeue_path_loses_nothing(s
     seen = [(e.get("step"), e.get("samples")) for e in job.events(["loss"])]
     assert {s for s, _ in seen} == set(ref)
     assert all(samples == ref[step][1] for step, samples in seen)
-
-
-@pytest.fixture
-def slow_slurmd_cluster(tmp_path_factory):
-    """A 4-node cluster of its own with ``SlurmdTimeout=120`` (Slurm's own detection of a dead
-    node takes minutes here, as on a real cluster's default of 300 s). Started under the lock
-    tests/conftest.py's clusters share (one MariaDB install at a time on a loaded box)."""
-    try:
-        Binaries.find()
-    except DevClusterError as exc:
-        pytest.skip(f"no devcluster on this machine: {exc}")
-    root = tmp_path_factory.getbasetemp()
-    shared = root.parent if root.name.startswith("popen-gw") else root
-    with open(shared / "devcluster-up.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        cluster = DevCluster.up(tmp_path_factory.mktemp("slow-slurmd"), 4, slurmd_timeout_s=120,
-                                timeout=240)
-    try:
-        yield cluster
-    finally:
-        try:
-            cluster.down()
-        except DevClusterError as exc:
-            print(f"devcluster teardown: {exc}")
 
 
 @pytest.mark.timeout(600)

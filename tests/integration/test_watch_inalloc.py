@@ -18,15 +18,12 @@ import subprocess
 import sys
 import time
 
-from typing import Iterator
 
 import pytest
 
 from slurmft import journal
 from slurmft.rundir import RunDir
 from slurmft.slurm.client import JobState
-from slurmft.slurm.devcluster import DevCluster, DevClusterError
-from slurmft.slurm.devcluster.release import Binaries
 
 from train_job_support import TINY_ARGS, TrainJob, submit
 from watch_support import WatcherProc
@@ -106,26 +103,6 @@ def test_the_watcher_leaves_a_recovery_in_the_allocation_alone(slurm_cluster, tm
     assert fault["requeued"] is None and fault["acted"] is not None
     assert report["restarts"] == 1 and report["allocation"]["spares"] == []
     assert victim in [f["node"] for f in report["allocation"]["fenced"]]
-
-
-@pytest.fixture
-def five_nodes(tmp_path_factory) -> Iterator[DevCluster]:
-    """A 5-node cluster of the test's own (the worker's has 4): a 2 + 1-spare job, and room for
-    its requeue on three other nodes while the fenced one is back in service."""
-    if os.geteuid() != 0:
-        pytest.skip("devcluster needs root")
-    try:
-        Binaries.find()
-    except DevClusterError as exc:
-        pytest.skip(f"no devcluster on this machine: {exc}")
-    cluster = DevCluster.up(tmp_path_factory.mktemp("five"), nodes=5, timeout=300)
-    try:
-        yield cluster
-    finally:
-        try:
-            cluster.down()
-        except DevClusterError as exc:
-            print(f"devcluster teardown: {exc}")
 
 
 @pytest.mark.timeout(720)
