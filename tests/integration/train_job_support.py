@@ -158,9 +158,22 @@ def losses(events: list[Event]) -> dict[int, tuple[float, int]]:
     return found
 
 
+_REFERENCES: dict[tuple, dict[int, tuple[float, int]]] = {}
+
+
 def reference_losses(run_dir: Path, train_args: list[str], world_size: int, *,
                      script: Path = EXAMPLE, env: dict[str, str] | None = None) -> dict[int, tuple[float, int]]:
-    """An uninterrupted run on ``world_size`` local ranks (torchrun --standalone, no Slurm)."""
+    """An uninterrupted run on ``world_size`` local ranks (torchrun --standalone, no Slurm).
+    Deterministic: the same run is made once per test process and its losses handed out again
+    (seven in-allocation tests compare against the same 3-rank run)."""
+    key = (str(script), tuple(train_args), world_size, tuple(sorted((env or {}).items())))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _reference_run(run_dir, train_args, world_size, script, env)
+    return dict(_REFERENCES[key])
+
+
+def _reference_run(run_dir: Path, train_args: list[str], world_size: int, script: Path,
+                   env: dict[str, str] | None) -> dict[int, tuple[float, int]]:
     extra = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env.update(JOB_ENV)
