@@ -80,8 +80,8 @@ def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_p
         events = job.events()
         _assert_resumed_from_newest(events)
         metrics = prom.read_text()
-        for line in (f'slurmft_watch_faults_total{{cause="crash",slurm_job="{job.job_id}"}} 1.0',
-                     f'slurmft_watch_restarts_total{{cause="crash",slurm_job="{job.job_id}"}} 1.0',
+        for line in (f'slurmft_watch_faults_total{{cause="crash",slurm_job="{job.job_id}",where="requeue"}} 1.0',
+                     f'slurmft_watch_restarts_total{{cause="crash",slurm_job="{job.job_id}",where="requeue"}} 1.0',
                      "slurmft_watch_controller_reachable 1.0"):
             assert line in metrics, metrics
         assert of(events, "run_finished")
