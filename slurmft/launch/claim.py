@@ -7,22 +7,26 @@ disk: the launcher claims the run dir before anything else is written there. A c
 exclusively (written to a temp name, fsynced, then ``link``ed to ``claim.json``, which fails if
 one exists: atomic on local filesystems and NFS alike). A claim by this same job (a requeue) is
 ours. A claim by another job that Slurm says is still alive refuses this one; a claim by a job
-that ended (or that Slurm forgot) is taken over: moved aside under a name of our own, checked to
-be the very claim that was judged, then replaced exclusively. Without ``scontrol`` nothing can be
+that ended (or that Slurm forgot) is taken over: judged (Slurm asked) outside any lock, then,
+under ``.claim.lock`` (created exclusively the same way; a lock over a minute old is a dead
+holder's), checked to be the very claim that was judged, moved aside and replaced exclusively:
+every change of ``claim.json`` happens under that lock, so two takeovers can never both win. Without ``scontrol`` nothing can be
 asked: a claim by a task of the same array job refuses (sibling tasks run at the same time),
 any other is taken over (jobs in one run dir follow each other).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import socket
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from slurmft import safeio
 from slurmft.launch.identity import JobIdentity
@@ -31,6 +35,9 @@ from slurmft.rundir import CLAIM, fsync_dir
 CLAIM_VERSION = 1
 MAX_CLAIM_BYTES = 4096
 TRIES = 5
+LOCK = ".claim.lock"
+LOCK_WAIT_S = 30.0   # a lock is held for a few file operations: longer means its holder died
+LOCK_STALE_S = 60.0
 
 
 class ClaimRefused(Exception):
@@ -138,22 +145,67 @@ def claim_run_dir(run_dir: Path, ident: JobIdentity,
     path = run_dir / CLAIM
     for _ in range(TRIES):
         held = read_claim(path)
-        if held is None:
+        if held is not None and held.job_id == me.job_id:
+            return held  # this job's own claim: it was requeued
+        if held is not None:
+            if alive is None:
+                live: bool | None = held.array_job_id is not None and held.array_job_id == me.array_job_id
+            else:
+                live = alive(held.job_id)  # outside the lock: Slurm may take seconds to answer
+            if live is None:
+                raise ClaimRefused(1, f"run dir {run_dir} is claimed by {held.describe()} and Slurm "
+                                   "could not be asked whether it still runs: not starting now")
+            if live:
+                raise ClaimRefused(86, f"run dir {run_dir} is claimed by {held.describe()}, which is "
+                                   f"still alive: every job and array task needs its own run dir")
+        # Every change of claim.json is made under the lock, after checking that it still holds
+        # what was judged: a takeover that moved a claim aside while another launcher published
+        # made two owners (8 launchers taking over one ended claim at once, seen once).
+        with _lock(run_dir):
+            if read_claim(path) != held:
+                continue  # another launcher changed it meanwhile: judge again
+            if held is not None:
+                _move_aside(run_dir, held, me)
             if _publish(run_dir, me):
                 return me
-            continue
-        if held.job_id == me.job_id:
-            return held  # this job's own claim: it was requeued
-        if alive is None:
-            live: bool | None = held.array_job_id is not None and held.array_job_id == me.array_job_id
-        else:
-            live = alive(held.job_id)
-        if live is None:
-            raise ClaimRefused(1, f"run dir {run_dir} is claimed by {held.describe()} and Slurm "
-                               "could not be asked whether it still runs: not starting now")
-        if live:
-            raise ClaimRefused(86, f"run dir {run_dir} is claimed by {held.describe()}, which is "
-                               f"still alive: every job and array task needs its own run dir")
-        _move_aside(run_dir, held, me)
     raise ClaimRefused(1, f"run dir {run_dir}: could not claim it in {TRIES} tries (other jobs "
                        "claim it at the same moment)")
+
+
+@contextlib.contextmanager
+def _lock(run_dir: Path) -> Iterator[None]:
+    """``<run_dir>/.claim.lock``, created exclusively (link, as the claim); a lock older than
+    ``LOCK_STALE_S`` is its dead holder's and is removed. Bounded by ``LOCK_WAIT_S``."""
+    lock = run_dir / LOCK
+    fd, tmp = tempfile.mkstemp(prefix=f"{LOCK}.", suffix=".tmp", dir=run_dir)
+    os.write(fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+    os.close(fd)
+    deadline = time.monotonic() + LOCK_WAIT_S
+    try:
+        while True:
+            try:
+                os.link(tmp, lock)
+                break
+            except FileExistsError:
+                pass
+            try:
+                if time.time() - os.lstat(lock).st_mtime > LOCK_STALE_S:
+                    os.unlink(lock)
+                    continue
+            except FileNotFoundError:
+                continue
+            except OSError:
+                pass  # not removable (a directory in its place): waited for, then refused
+            if time.monotonic() > deadline:
+                raise ClaimRefused(1, f"run dir {run_dir}: {LOCK} was held by another launcher "
+                                   f"for {LOCK_WAIT_S:g} s: not starting now") from None
+            time.sleep(random.uniform(0.005, 0.05))
+    finally:
+        os.unlink(tmp)
+    try:
+        yield
+    finally:
+        try:
+            os.unlink(lock)
+        except FileNotFoundError:
+            pass
