@@ -17,7 +17,8 @@ checkpoint load, and the first loss of the new attempt; and the ranks' own ``res
 event where the ranks journal one. Prints a table, or JSON with ``--json``. ``--warm``: the ranks are
 forked from each node's warm server (``SLURMFT_WARM_WORKERS=1``, the example's imports in
 ``SLURMFT_WARM_IMPORTS``); the tracer's per-process start marks then belong to the server, not the
-forked ranks (the ranks' own ``restart_phases`` time the fork).
+forked ranks (the ranks' own ``restart_phases`` time the fork). Without it the ranks start
+cold (``SLURMFT_WARM_WORKERS=0``; warm workers are the launcher's default).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class InallocJob:
                "SLURMFT_RUN_DIR": str(self.run.root), "SLURMFT_PHASE_TRACE": str(self.trace),
                "PYTHONPATH": pythonpath, "SLURMFT_SPARE_NODES": "1",
                **({"SLURMFT_NODE_SILENT_S": f"{silent_s:g}"} if silent_s is not None else {}),
-               **({"SLURMFT_WARM_WORKERS": "1", "SLURMFT_WARM_IMPORTS": WARM_IMPORTS} if warm else {})}
+               **({"SLURMFT_WARM_WORKERS": "1", "SLURMFT_WARM_IMPORTS": WARM_IMPORTS} if warm
+                  else {"SLURMFT_WARM_WORKERS": "0"})}
         self.job_id = self.client.submit(TEMPLATE, [str(EXAMPLE), *TRAIN_ARGS], env=env,
                                          sbatch_options=["--nodes=4", "--no-kill", f"--output={self.log}",
                                                          f"--chdir={root}", "--time=30"])
@@ -165,7 +167,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fault", choices=["node_death", "node_freeze"], default="node_death")
     parser.add_argument("--silent-s", type=float, help="SLURMFT_NODE_SILENT_S (default: the launcher's)")
-    parser.add_argument("--warm", action="store_true", help="SLURMFT_WARM_WORKERS=1")
+    parser.add_argument("--warm", action="store_true",
+                        help="SLURMFT_WARM_WORKERS=1 (the default since 2026-11-27) with the example's "
+                             "imports; without it the ranks start cold (SLURMFT_WARM_WORKERS=0)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.silent_s is not None and not 1 <= args.silent_s <= 600:

@@ -8,7 +8,8 @@ launcher gives up with 86 before anything is started).
   SLURMFT_MIN_NODES=M       smallest world in nodes (default: the active node count: no shrink)
   SLURMFT_NODE_SILENT_S     a node whose task has not beaten for this long is fenced (10)
   SLURMFT_ALLOC_RESTARTS    restarts in place without checkpoint progress before exit 86 (3)
-  SLURMFT_WARM_WORKERS=1    ranks forked from each node's warm server (``warm``; off)
+  SLURMFT_WARM_WORKERS      1 (the default): ranks forked from each node's warm server
+                            (``warm``); 0: every rank starts cold. 1 without the mode: refused
 
 The batch host is always active (it hosts the rendezvous store, and its death ends the job);
 the spares are the allocation's last K other nodes, in Slurm's order.
@@ -35,7 +36,7 @@ class AllocSettings:
     min_nodes: int
     node_silent_s: float
     alloc_restarts: int
-    warm_workers: bool = False  # SLURMFT_WARM_WORKERS=1: ranks forked from a warm server (warm.py)
+    warm_workers: bool = True   # ranks forked from a warm server (warm.py); SLURMFT_WARM_WORKERS=0: off
 
 
 def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings | None:
@@ -48,11 +49,11 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings
                            integer=True)) if len(nodes) > 1 else \
         int(_number(env, "SLURMFT_SPARE_NODES", 0, minimum=0, maximum=0, integer=True))
     try:
-        warm_on, _ = warm.settings(env)
+        warm_asked, _ = warm.settings(env)
     except warm.WarmSettingsError as exc:
         raise SettingsError(str(exc)) from None
     if spares_n == 0 and flag != "1":
-        if warm_on:
+        if warm_asked:
             raise SettingsError(f"{warm.ENABLE_ENV}=1 needs in-allocation mode "
                                 "(SLURMFT_SPARE_NODES >= 1 or SLURMFT_IN_ALLOCATION=1)")
         return None
@@ -69,5 +70,5 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings
                               minimum=MIN_NODE_SILENT_S, maximum=3600),
         alloc_restarts=int(_number(env, "SLURMFT_ALLOC_RESTARTS", DEFAULT_ALLOC_RESTARTS, minimum=0,
                                    maximum=1000, integer=True)),
-        warm_workers=warm_on,
+        warm_workers=warm_asked is not False,
     )

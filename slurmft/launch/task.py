@@ -13,8 +13,9 @@ frozen node (no beat) from a node whose ranks wait on a dead peer (beats go on).
 are passed to torchrun, which stops its workers; the task exits with torchrun's status. On the
 other nodes than the batch host it also watches the batch host's beat (``orphan``): the batch
 host dead, it requeues the job (Slurm keeps a ``--no-kill`` job running without its batch script).
-With ``SLURMFT_WARM_WORKERS=1`` it also keeps the node's warm server (``slurmft.launch.warm``) for
-torchrun's worker clients, and stops it when torchrun ends.
+When torchrun's workers are warm clients (the launcher's decision: warm workers are on unless
+``SLURMFT_WARM_WORKERS=0``) it also keeps the node's warm server (``slurmft.launch.warm``) for
+them, and stops it when torchrun ends.
 """
 
 from __future__ import annotations
@@ -66,10 +67,10 @@ def beat_forever(path: Path, stop: threading.Event, period_s: float = ALIVE_PERI
             return seq
 
 
-def _warm_server() -> tuple[subprocess.Popen, str] | None:
-    """This node's warm server when the launcher asked for one (``slurmft.launch.warm``)."""
+def _warm_server(argv: list[str]) -> tuple[subprocess.Popen, str] | None:
+    """This node's warm server when torchrun's workers are its clients (``slurmft.launch.warm``)."""
     try:
-        if warm.settings(os.environ)[0]:
+        if warm.serves(argv):
             return warm.start_server(os.environ)
     except (OSError, warm.WarmSettingsError) as exc:   # the clients then run their ranks cold
         print(f"slurmft.launch.task: no warm server: {exc}", file=sys.stderr, flush=True)
@@ -79,7 +80,7 @@ def _warm_server() -> tuple[subprocess.Popen, str] | None:
 def supervise(argv: list[str], alive: Path) -> int:
     """Run torchrun as a child while beating; return its exit status (128+N for signal N). A
     spare's task (``spare.SPARE_ENV``) starts torchrun only once the launcher made it active."""
-    server = _warm_server()
+    server = _warm_server(argv)
     env = None if server is None else {**os.environ, SOCKET_ENV: server[1]}
     stop, stopping = threading.Event(), threading.Event()
     child: list[subprocess.Popen] = []

@@ -1,4 +1,5 @@
-"""Pre-started ("warm") workers for in-allocation mode (issue 27, ``SLURMFT_WARM_WORKERS=1``).
+"""Pre-started ("warm") workers for in-allocation mode (issue 27; on by default there,
+``SLURMFT_WARM_WORKERS=0`` opts out).
 
 A restart inside the allocation makes torchrun start new ranks on every node, and each pays a
 cold start (``import torch`` and the script's imports: most of a restart, docs/performance.md).
@@ -6,8 +7,10 @@ Instead each node's task (``slurmft.launch.task``) starts one warm server,
 ``python -m slurmft.launch.warm --socket PATH``: it binds its Unix socket first (a 0700
 directory; a peer of another uid is refused), then imports torch, what every slurmft rank
 imports (``DEFAULT_IMPORTS``) and ``SLURMFT_WARM_IMPORTS``,
-checks that nothing started a thread or initialised CUDA (forking then would be unsafe: it
-refuses every client, which runs its rank cold), and serves. torchrun's worker command is the
+checks that nothing started a thread or initialised CUDA (torch's own flag, and no CUDA driver
+library ``libcuda.so*`` mapped in the process: a module may call the driver without torch;
+forking then would be unsafe: it refuses every client, which runs its rank cold, one log line),
+and serves. torchrun's worker command is the
 torch-free client (``slurmft.launch.warmclient``); per client the server forks a worker that
 
   becomes the rank: its own session (torchrun signals a worker's process group), the client's
@@ -66,8 +69,10 @@ class WarmSettingsError(ValueError):
     pass
 
 
-def settings(env: Mapping[str, str]) -> tuple[bool, tuple[str, ...]]:
-    """(on, modules to pre-import) from the environment; a bad value names its variable."""
+def settings(env: Mapping[str, str]) -> tuple[bool | None, tuple[str, ...]]:
+    """(asked for: True for 1, False for 0, None when unset; the modules to pre-import) from the
+    environment; a bad value names its variable. Unset means on in in-allocation mode, the only
+    mode with warm workers (``alloc_settings``; the launcher passes its decision to the tasks)."""
     flag = (env.get(ENABLE_ENV) or "").strip()
     if flag not in ("", "0", "1"):
         raise WarmSettingsError(f"{ENABLE_ENV}={flag!r} must be 0 or 1")
@@ -79,12 +84,18 @@ def settings(env: Mapping[str, str]) -> tuple[bool, tuple[str, ...]]:
         if not _MODULE.match(name):
             raise WarmSettingsError(f"{IMPORTS_ENV}: {name!r} is not a module name")
         extra.append(name)
-    return flag == "1", tuple(dict.fromkeys((*DEFAULT_IMPORTS, *extra)))
+    return (None if not flag else flag == "1"), tuple(dict.fromkeys((*DEFAULT_IMPORTS, *extra)))
 
 
 def worker_command(command: Sequence[str], python: str = sys.executable) -> list[str]:
     """torchrun's worker after ``--no-python``: the client, by path, isolated and site-free."""
     return [python, "-I", "-S", proto.__file__, "--", *command]
+
+
+def serves(torchrun_argv: Sequence[str]) -> bool:
+    """Whether torchrun's workers are warm clients (``worker_command``): the node task then
+    starts the server. The launcher's argv is the one decision (``SLURMFT_WARM_WORKERS``)."""
+    return proto.__file__ in torchrun_argv
 
 
 # -- the task's side -----------------------------------------------------------------------------
@@ -139,6 +150,26 @@ def _native_threads() -> int:
         return threading.active_count()
 
 
+# The CUDA driver's library as the loader maps it (libcuda.so, libcuda.so.1, libcuda.so.550.54.15;
+# not libcudart, the runtime, which a CUDA build of torch maps at import without touching a GPU).
+_CUDA_DRIVER = re.compile(r"(^|/)libcuda\.so(\.[0-9.]+)?( \(deleted\))?$")
+
+
+def cuda_driver_mapped(maps: str = "/proc/self/maps") -> str | None:
+    """The path of a CUDA driver library mapped in this process, else None. Mapped means loaded:
+    something may have initialised the driver (cuInit) without torch knowing, and the forked child
+    of a process that did cannot use CUDA. A maps file that cannot be read counts (fail closed)."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(maxsplit=5)
+                if len(fields) == 6 and _CUDA_DRIVER.search(fields[5]):
+                    return fields[5]
+    except OSError as exc:
+        return f"(cannot read {maps}: {exc.strerror})"
+    return None
+
+
 def prepare(imports: Sequence[str]) -> str | None:
     """Import the modules; None when forking is safe afterwards, else why not."""
     # numpy's OpenBLAS (imported by torch) starts its thread pool at load unless told one thread
@@ -159,6 +190,10 @@ def prepare(imports: Sequence[str]) -> str | None:
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
         return "the imports initialised CUDA: a forked worker could not use it"
+    driver = cuda_driver_mapped()
+    if driver is not None:
+        return (f"the imports loaded the CUDA driver library {driver}: a forked worker could not "
+                "use CUDA")
     return None
 
 

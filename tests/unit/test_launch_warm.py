@@ -39,11 +39,12 @@ def _alive(pid: int) -> bool:
 
 
 class Srv:
-    def __init__(self, imports: str) -> None:
+    def __init__(self, imports: str, env: dict[str, str] | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="slurmft-warm-test-", dir="/tmp")
         self.path = os.path.join(self.dir, "s")
         self.proc = subprocess.Popen([PY, "-m", "slurmft.launch.warm", "--socket", self.path,
-                                      "--imports", imports], stderr=subprocess.PIPE, text=True)
+                                      "--imports", imports], stderr=subprocess.PIPE, text=True,
+                                     env=env)
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, warmclient.SOCKET_ENV: self.path, **extra}
@@ -284,3 +285,42 @@ def test_a_server_that_cannot_warm_refuses_and_clients_run_cold(tmp_path):
     assert res.returncode == 0 and res.stdout.strip() == "ran"
     assert "no_such_module_for_warm" in res.stderr and "starting this rank cold" in res.stderr
     assert "no warm workers on this node: import no_such_module_for_warm failed" in log
+
+
+def _mapped_libz() -> str:
+    import zlib  # noqa: F401  (maps the system's libz into this process)
+    with open("/proc/self/maps") as f:
+        paths = {line.split(maxsplit=5)[5].strip() for line in f if len(line.split()) == 6}
+    return next(p for p in paths if os.path.basename(p).startswith("libz.so"))
+
+
+def test_a_server_whose_imports_load_the_cuda_driver_refuses_and_clients_run_cold(tmp_path):
+    """No GPU here: a copy of a real shared library named as the driver (libcuda.so.1), loaded by
+    a pre-imported module through ctypes as a module calling the driver without torch would.
+    torch's own flag says nothing; the server's maps show the library, and it refuses."""
+    lib = tmp_path / "libcuda.so.1"
+    lib.write_bytes(Path(_mapped_libz()).read_bytes())
+    (tmp_path / "drivercall.py").write_text(f"import ctypes\nctypes.CDLL({str(lib)!r})\n")
+    server = Srv("json,drivercall", env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:
+        res = _run(server, [str(_script(tmp_path, "print('ran')\n"))], tmp_path)
+    finally:
+        log = server.stop()
+    assert res.returncode == 0 and res.stdout.strip() == "ran"
+    assert "starting this rank cold" in res.stderr
+    refusals = [line for line in log.splitlines() if "no warm workers on this node" in line]
+    assert len(refusals) == 1 and f"CUDA driver library {lib}" in refusals[0]
+
+
+def test_the_cuda_driver_is_found_in_maps_and_the_runtime_is_not(tmp_path):
+    maps = tmp_path / "maps"
+    runtime = ("7f1c2a000000-7f1c2a100000 r-xp 00000000 08:01 1234 "
+               "/usr/local/cuda-13.0/lib/libcudart.so.13\n")
+    maps.write_text(runtime + "7f1c2b000000-7f1c2b001000 rw-p 00000000 00:00 0 \n")
+    assert warm.cuda_driver_mapped(str(maps)) is None
+    for name in ("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15", "/opt/my dir/libcuda.so.1",
+                 "/usr/lib64/libcuda.so", "/usr/lib64/libcuda.so.1 (deleted)"):
+        maps.write_text(runtime + f"7f1c2c000000-7f1c2c100000 r-xp 00000000 08:01 99 {name}\n")
+        assert warm.cuda_driver_mapped(str(maps)) == name
+    assert "cannot read" in warm.cuda_driver_mapped(str(tmp_path / "absent"))
+    assert warm.cuda_driver_mapped() is None   # this test process: torch's CPU build, no driver

@@ -29,7 +29,8 @@ def test_bad_settings_name_the_variable(env, problem):
 
 
 def test_settings_default_and_extra_imports():
-    assert warm.settings({}) == (False, warm.DEFAULT_IMPORTS)
+    assert warm.settings({}) == (None, warm.DEFAULT_IMPORTS)   # unset: the mode's default
+    assert warm.settings({"SLURMFT_WARM_WORKERS": "0"})[0] is False
     assert warm.DEFAULT_IMPORTS[0] == "torch" and "slurmft.train.run" in warm.DEFAULT_IMPORTS
     assert warm.settings({"SLURMFT_WARM_WORKERS": "1", "SLURMFT_WARM_IMPORTS": " numpy, torch ,"}) \
         == (True, (*warm.DEFAULT_IMPORTS, "numpy"))
@@ -75,10 +76,13 @@ def _four(**env: str):
     return alloc_settings.from_environ(full, identity.from_environ(full)), full
 
 
-def test_warm_workers_are_opt_in_and_only_with_in_allocation_mode():
+def test_warm_workers_are_on_by_default_in_allocation_mode_and_refused_without_it():
     from slurmft.launch.settings import SettingsError
-    assert _four(SLURMFT_SPARE_NODES="1")[0].warm_workers is False
+    assert _four(SLURMFT_SPARE_NODES="1")[0].warm_workers is True
+    assert _four(SLURMFT_IN_ALLOCATION="1")[0].warm_workers is True
     assert _four(SLURMFT_SPARE_NODES="1", SLURMFT_WARM_WORKERS="1")[0].warm_workers is True
+    assert _four(SLURMFT_SPARE_NODES="1", SLURMFT_WARM_WORKERS="0")[0].warm_workers is False
+    assert _four()[0] is None and _four(SLURMFT_WARM_WORKERS="0")[0] is None   # mode off
     with pytest.raises(SettingsError, match="SLURMFT_WARM_WORKERS=1 needs in-allocation mode"):
         _four(SLURMFT_WARM_WORKERS="1")
     with pytest.raises(SettingsError, match="SLURMFT_WARM_IMPORTS"):
@@ -94,6 +98,8 @@ def test_the_node_step_runs_the_client_after_no_python_only_when_on():
         cfg = settings.from_environ(full, identity.from_environ(full))
         argv = nodesteps.node_argv("n2", rdzv, alloc, cfg, ["-m", "pkg.train", "--x"], python="/py")
         tail = argv[argv.index("--monitor-interval=0.5") + 1:]
+        task_argv = argv[argv.index("slurmft.launch.task") + 1:]
+        assert warm.serves(task_argv) is (on == "1")   # the node task starts a server only then
         if on == "1":
             assert tail == ["--no-python", "/py", "-I", "-S", warmclient.__file__, "--",
                             "-m", "pkg.train", "--x"]
@@ -123,7 +129,7 @@ def test_a_node_task_serves_torchrun_restarts_from_its_warm_server(tmp_path, mon
     """)
     tmp = tempfile.mkdtemp(prefix="warm-task-", dir="/tmp")
     monkeypatch.setenv("TMPDIR", tmp)
-    monkeypatch.setenv("SLURMFT_WARM_WORKERS", "1")
+    monkeypatch.setenv("SLURMFT_WARM_WORKERS", "0")   # the argv decides, not the task's env
     monkeypatch.setenv("SLURM_STEP_ID", "3")
     for name, value in nodesteps.STEP_ENV.items():   # as the launcher's steps (a restart needs it)
         monkeypatch.setenv(name, value)
