@@ -11,6 +11,10 @@ node's death inside the allocation, without Slurm.
   is replaced by the first spare (same world: bit-identical) or, without one, dropped (the
   world shrinks) while at least ``SLURMFT_MIN_NODES`` remain; below that, and when the batch
   host's own step fails (it holds the rendezvous store), the job goes the requeue path (85).
+  A node Slurm shows DOWN, DRAIN or FAIL (``nodestate``, polled every ~10 s off the loop: the
+  sweeper's failing health check, an admin's drain) is fenced the same way while its task still
+  beats: an active node other than the batch host is replaced or dropped, a spare is dropped;
+  the batch host's is left to the requeue path (the watcher acts on it), warned about once.
 
 What ends the loop is the training's own end: every active step ended after the ranks recorded
 their segment's outcome (or exited 0); the spares are then stopped and ``main`` decides the exit
@@ -30,7 +34,7 @@ from typing import Callable, Mapping, Sequence
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import nodesteps, orphan
+from slurmft.launch import nodesteps, nodestate, orphan
 from slurmft.launch import spare as spare_task
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
@@ -96,6 +100,8 @@ class Supervisor:
         self._started = time.monotonic()
         self.process_faults = ProcessFaults(self.run_dir.events, {ident.slurm_id, ident.raw_job_id},
                                             ident.restart_count)
+        self.node_states = nodestate.NodeStates(client, self._watched, voice.log)
+        self._warned_unfit: set[str] = set()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -107,6 +113,7 @@ class Supervisor:
             self._start(node)
         for name in pending:
             self._signal(name)
+        self.node_states.start()
         while True:
             for name in self.signals.take():
                 self._signal(name)
@@ -114,8 +121,7 @@ class Supervisor:
             self.liveness.poll()
             self._reap()
             if not self.ending:
-                for fault in self._silent():
-                    self.fence(fault)
+                self._fence_found()
                 self._in_place()
                 code = self.process_faults.ended
                 if code is not None:
@@ -211,6 +217,33 @@ class Supervisor:
             faults.append(Fault(node, "node_silent", [
                 f"no beat from its task for {self.liveness.silent_s(node):.1f} s {how} "
                 f"(SLURMFT_NODE_SILENT_S={bound:g})"]))
+        return faults
+
+    def _fence_found(self) -> None:
+        """Fence every node found silent or unfit this round (spares first: a spare that is
+        itself unfit must not replace a node)."""
+        for fault in (*self._unfit(), *self._silent()):
+            if fault.node not in self.alloc.fenced_nodes:
+                self.fence(fault)
+
+    def _watched(self) -> list[str]:
+        """The nodes whose Slurm state is polled (called from ``nodestate``'s thread)."""
+        alloc = self.alloc
+        return [n for n in (*alloc.active, *alloc.spares) if n not in alloc.fenced_nodes]
+
+    def _unfit(self) -> list[Fault]:
+        """The nodes Slurm says must not train (``nodestate``), but the batch host: its step
+        holds the rendezvous store, so its trouble is the requeue path's (warned about once)."""
+        alloc, faults = self.alloc, []
+        order = [n for n in (*alloc.spares, *alloc.active) if n in self.steps and n not in alloc.fenced_nodes]
+        for why in self.node_states.unfit(order):
+            if why.node != self.rdzv.host:
+                faults.append(Fault(why.node, why.cause, [why.evidence]))
+            elif why.node not in self._warned_unfit:
+                self._warned_unfit.add(why.node)
+                self.voice.log(f"WARNING: {why.evidence}: the batch host cannot be replaced inside "
+                               "the allocation (it holds the rendezvous store); left to the requeue "
+                               "path")
         return faults
 
     # -- restarts in place (torchrun's own) ----------------------------------------------------
@@ -321,6 +354,7 @@ class Supervisor:
         """TERM every step left at once (a spare's agent waits on the rendezvous and trains
         nothing), KILL what is still there after ``STOP_KILL_AFTER_S``: the job's end takes the
         remote tasks with it."""
+        self.node_states.stop()
         running = [step for step in self.steps.values() if step.proc.poll() is None]
         for step in running:
             step.proc.send_signal(signal.SIGTERM)

@@ -1,0 +1,74 @@
+"""A node drained while its task still beats, on the real devcluster (issue 27): the health
+sweeper's drain of an active non-batch node of a 3 + 1-spare ``sbatch --no-kill`` job, with the
+real ``slurmft watch`` beside it. The launcher learns it from Slurm (``launch/nodestate.py``) and
+replaces the node with the spare inside the allocation; the watcher leaves it to the launcher.
+The job never leaves RUNNING, is never requeued, and every step's loss equals an uninterrupted
+run's bit for bit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurmft import journal
+from slurmft.rundir import RunDir
+from slurmft.slurm.client import JobState
+
+from train_job_support import TINY_ARGS, reference_losses, submit
+
+pytestmark = pytest.mark.integration
+
+ARGS = [*TINY_ARGS, "--steps", "40", "--ckpt-every", "5", "--step-sleep", "0.2"]
+INALLOC_ENV = {"SLURMFT_NODE_SILENT_S": "4", "SLURMFT_PG_TIMEOUT_S": "60",
+               "SLURMFT_SPARE_NODES": "1"}
+# What the sweeper writes (``slurmft: <check>: <detail>``, docs/sweeper.md).
+REASON = "slurmft: external_site: ERROR: site check: /scratch is read-only"
+
+
+def _allocation(run) -> dict:
+    return json.loads(RunDir(run).allocation.read_text())
+
+
+@pytest.mark.timeout(420)
+def test_a_node_the_sweeper_drains_is_replaced_by_the_spare_and_the_watcher_leaves_it(
+        slurm_cluster, tmp_path):
+    run = tmp_path / "run"
+    job = submit(slurm_cluster, run, ARGS, nodes=4, sbatch_options=["--no-kill"], env=INALLOC_ENV)
+    job.watch(slurm_cluster)
+    job.wait_for(lambda j: any(e.get("step") == 10 for e in job.events(["checkpoint_committed"])),
+                 150, "checkpoint of step 10")
+    job.wait_step(12, timeout=60)
+    alloc = _allocation(run)
+    batch, victim, spare = alloc["active"][0], alloc["active"][1], alloc["spares"][0]
+    job.wait_for(lambda j: RunDir(run).alive(spare).exists(), 60, f"spare {spare}'s beat")
+    job.client.drain(victim, REASON)
+
+    seen: list[JobState] = []
+    final = job.wait_for(lambda j: (seen.append(j.state) if not seen or seen[-1] is not j.state
+                                    else None) or j.state.finished, 300, "the job's end")
+    assert seen[0] is JobState.RUNNING and final.state is JobState.COMPLETED, job.context()
+    assert set(seen) == {JobState.RUNNING, JobState.COMPLETED} and final.restart_count == 0
+
+    alloc = _allocation(run)
+    assert [(f["node"], f["cause"]) for f in alloc["fenced"]] == [(victim, "node_unhealthy")]
+    assert victim not in alloc["active"] and spare in alloc["active"] and batch in alloc["active"]
+    faults = [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
+    assert [(e.get("cause"), e.get("nodes")) for e in faults] == [("node_unhealthy", [victim])]
+    assert REASON in faults[0].get("evidence")[0]
+    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    assert [(a.get("action"), a.get("nodes"), a.get("spare")) for a in actions] == \
+        [("replace_node", [victim], spare)]
+    # The watcher journaled no fault and no action of its own: the launcher's to handle.
+    own = [e for e in job.events([journal.FAULT_DETECTED, journal.RECOVERY_ACTION])
+           if not journal.in_allocation(e)]
+    assert own == [], own
+
+    starts = job.events([journal.SEGMENT_START])
+    assert len(starts) == 2 and all(e.get("world_size") == 3 for e in starts)
+    assert starts[1].get("restored_step") >= 10
+    ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
+    seen_losses = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
+    assert {s for s, _, _ in seen_losses} == set(ref)
+    for step, loss, samples in seen_losses:
+        assert (loss, samples) == ref[step], f"step {step}"
