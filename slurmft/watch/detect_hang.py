@@ -82,6 +82,12 @@ def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fin
     if not deadlines:
         return None
     deadline = max(deadlines)
+    # In-allocation mode a hang in training is the job's own first: the ranks' step watchdog
+    # ends the hung step and torchrun restarts the world in place (its launcher journals it).
+    # The watcher recovers only what they did not within allocation_grace_s (a restart that
+    # never trains is judged from its start, above).
+    in_job = config.allocation_grace_s if view is not None and not starting else 0.0
+    deadline += in_job
     if obs.now <= deadline:
         return None
     timeout = hang_timeout(memory, config)
@@ -108,6 +114,9 @@ def detect_hang(obs: RunObservation, memory: Memory, config: WatchConfig) -> Fin
                 f"(start-up grace {config.startup_grace_s:.0f} s + hang timeout {timeout:.0f} s)")
     else:
         what = f"newest heartbeat is {obs.now - newest:.0f} s old > hang timeout {timeout:.0f} s"
+    if in_job:
+        what += (f", and the job's own step watchdog and launcher did not restart it within "
+                 f"allocation_grace_s {in_job:.0f} s")
     return Finding(HANG, RECOVER, what + where, (), fault_time)
 
 

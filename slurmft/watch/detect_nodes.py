@@ -15,8 +15,8 @@ from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect_hang import _beat_deadline, hang_timeout
 from slurmft.watch.detect_alloc import AllocView, allocation_view, batch_host
 from slurmft.watch.findings import (
-    DOWN_FENCED, NODE_DOWN, NODE_DRAINED, NOT_RESPONDING, RECOVER, SET_DOWN, WARN, Finding,
-    Memory, RunObservation, bad_nodes, node_problem,
+    DOWN_FENCED, NODE_DOWN, NODE_DRAINED, NODE_UNHEALTHY, NOT_RESPONDING, RECOVER, SET_DOWN, WARN,
+    Finding, Memory, RunObservation, bad_nodes, node_problem,
 )
 from slurmft.watch.runview import JournalSummary
 
@@ -56,9 +56,10 @@ def _in_allocation(obs: RunObservation, memory: Memory, config: WatchConfig, vie
     """The node trouble of an in-allocation job that is the watcher's to act on, and a warning
     for what it leaves to the launcher: a fenced node's (expected: the launcher recovered from
     it), a spare's (it trains nothing: the launcher has one spare fewer), and, for
-    ``allocation_grace_s`` from when it was first seen DOWN, an active node's that the launcher
-    has not fenced yet. The batch host's trouble is always the watcher's (its death ends the
-    job), and so is a drain (the launcher does not read Slurm's node states)."""
+    ``allocation_grace_s`` from when it was first seen DOWN or drained, an active node's that the
+    launcher has not fenced yet (it polls Slurm's node states and fences such a node itself,
+    ``launch/nodestate.py``). The batch host's trouble is always the watcher's (its death ends
+    the job, and it cannot be replaced inside the allocation)."""
     batch = batch_host(obs)
     kept, left = [], []
     for name, cause, evidence in troubled:
@@ -69,7 +70,7 @@ def _in_allocation(obs: RunObservation, memory: Memory, config: WatchConfig, vie
         elif name in view.spares and cause != NOT_RESPONDING:
             left.append((name, f"{evidence}: a spare, which trains nothing (the launcher has one "
                                "spare fewer)"))
-        elif cause == NODE_DOWN:
+        elif cause in (NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED):
             waited = obs.now - memory.down_since.get(name, obs.now)
             if waited < config.allocation_grace_s:
                 left.append((name, f"{evidence}: left to the in-allocation launcher to fence "

@@ -98,8 +98,8 @@ class Memory:
     silent_since: Mapping[str, float] = field(default_factory=dict)
     drained_since: Mapping[str, float] = field(default_factory=dict)
     drained_after_step: Mapping[str, int | None] = field(default_factory=dict)
-    # When each node of the allocation was first seen DOWN (in-allocation mode: the launcher's
-    # grace to fence it before the watcher recovers the job itself).
+    # When each node of the allocation was first seen DOWN or drained (in-allocation mode: the
+    # launcher's grace to fence it before the watcher recovers the job itself).
     down_since: Mapping[str, float] = field(default_factory=dict)
 
 

@@ -290,7 +290,7 @@ class RunWatch(Recovering, Resubmission):
                   and not node.responding and not node.down}
         drained = {n for n, p in problems.items() if p is not None and p[0] == detect.NODE_DRAINED}
         st.silent_since = {n: st.silent_since.get(n, now) for n in silent}
-        down = {n for n in mine if (node := nodes.get(n)) is not None and node.down}
+        down = {n for n in mine if (node := nodes.get(n)) is not None and (node.down or node.drained)}
         st.down_since = {n: st.down_since.get(n, now) for n in down}
         st.drained_since = {n: st.drained_since.get(n, now) for n in drained}
         st.drained_after_step = {n: st.drained_after_step.get(n, newest_step) for n in drained}

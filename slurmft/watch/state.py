@@ -121,8 +121,8 @@ class RunState:
     # as "after the drain" by its place in the journal, never by the compute node's clock.
     drained_after_step: dict[str, int | None] = field(default_factory=dict)
     clean_since: dict[str, UnixTime] = field(default_factory=dict)
-    # In-allocation mode: per node of the running allocation, when first seen DOWN (the
-    # launcher's grace to fence it: ``allocation_grace_s``).
+    # In-allocation mode: per node of the running allocation, when first seen DOWN or drained
+    # (the launcher's grace to fence it: ``allocation_grace_s``).
     down_since: dict[str, UnixTime] = field(default_factory=dict)
     epochs: list[Epoch] = field(default_factory=list)  # oldest first; the last is job_id's
 

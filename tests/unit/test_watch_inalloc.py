@@ -242,15 +242,54 @@ def test_an_active_node_the_launcher_does_not_fence_is_recovered_after_the_grace
     assert "did not fence it in 61 s" in fault.get("evidence")
 
 
-def test_a_node_drained_by_the_sweeper_still_recovers_the_job(run):
-    """The launcher does not read Slurm's node states: a node the sweeper found unhealthy is
-    the watcher's, in-allocation mode or not."""
+def test_a_node_drained_by_the_sweeper_is_left_to_the_launcher_for_the_grace(run):
+    """The launcher polls Slurm's node states and fences an active node the sweeper drained
+    (``launch/nodestate.py``): the watcher leaves it to the launcher for allocation_grace_s
+    from when it first saw the drain, then recovers the job itself. The old watcher requeued
+    at once, racing the launcher's spare."""
     client = Client()
-    w = watcher(run, client)
+    w = watcher(run, client, allocation_grace_s=60)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for t in (80, 110, 139):
+        for node in ("n1", "n2", "n3"):
+            beat(run, node, T0 + t - 1)
+        w.step(job(), table(n2="slurmft: gpu: xid 79"), T0 + t)
+    assert client.calls == []
+    assert load_state(run, "7").down_since == {"n2": T0 + 80}
+    beat(run, "n1", T0 + 140)
+    w.step(job(), table(n2="slurmft: gpu: xid 79"), T0 + 141)
+    assert client.calls == [("requeue", "7")]
+    fault = [e for e in watcher_faults(run) if e.kind == journal.FAULT_DETECTED][0]
+    assert fault.get("cause") == "node_unhealthy" and "did not fence it in 61 s" in fault.get("evidence")
+
+
+def test_a_drained_node_the_launcher_fenced_is_left_alone(run):
+    """The launcher fenced the sweeper-drained n2 and its spare took over: nothing to do, ever."""
+    client = Client()
+    w = watcher(run, client, allocation_grace_s=60)
+    launcher_event(run, journal.FAULT_DETECTED, T0 + 85, cause="node_unhealthy", nodes=["n2"],
+                   evidence=["Slurm shows n2 ALLOCATED+DRAIN (slurmft: gpu: xid 79)"],
+                   fault_time=T0 + 85, detected_by="launcher")
+    launcher_event(run, journal.RECOVERY_ACTION, T0 + 85.1, action=journal.ALLOC_REPLACE, nodes=["n2"],
+                   spare="n4", world_nodes=3, generation=1, cause="node_unhealthy", ok=True)
+    allocation.write(run, Allocation(job_id="7", generation=1, active=("n1", "n4", "n3"), spares=(),
+                                     fenced=(Fence("n2", "node_unhealthy", T0 + 85, ("drained",)),),
+                                     min_nodes=3))
+    for t in (90, 150, 250):
+        for node in ("n1", "n3", "n4"):
+            beat(run, node, T0 + t - 1)
+        w.step(job(), table(n2="slurmft: gpu: xid 79"), T0 + t)
+    assert client.calls == []
+
+
+def test_the_batch_hosts_drain_is_still_recovered_at_once(run):
+    """The batch host cannot be replaced inside the allocation: its drain is the watcher's."""
+    client = Client()
+    w = watcher(run, client, allocation_grace_s=60)
     write_allocation(run, fenced=(), spares=("n4",))
     for node in ("n1", "n2", "n3"):
         beat(run, node, T0 + 79)
-    w.step(job(), table(n2="slurmft: gpu: xid 79"), T0 + 80)
+    w.step(job(), table(n1="slurmft: gpu: xid 79"), T0 + 80)
     assert client.calls == [("requeue", "7")]
 
 
@@ -281,7 +320,8 @@ def test_a_world_restarting_in_the_allocation_is_judged_from_its_restart(run):
 
 def test_the_new_worlds_beats_are_judged_as_usual_after_the_restart(run):
     """Once the restarted world beats (its segment_start with attempt 1, then steps), a stall
-    is found from those beats, as in any segment."""
+    is found from those beats, as in any segment of the mode: after the hang timeout and the
+    allocation_grace_s left to the job's own watchdog."""
     client = Client()
     w = watcher(run, client, hang_min_s=60, clock_skew_s=0, startup_grace_s=300)
     node_death(run, T0 + 60)
@@ -291,7 +331,50 @@ def test_the_new_worlds_beats_are_judged_as_usual_after_the_restart(run):
     w.step(job(), table(n3="DOWN"), T0 + 100)
     assert client.calls == []
     w.step(job(), table(n3="DOWN"), T0 + 80 + 10 * 1.0 + 1.0 + 60 + 5)  # gap + timeout passed
+    assert client.calls == []
+    w.step(job(), table(n3="DOWN"), T0 + 80 + 10 * 1.0 + 1.0 + 60 + 60 + 5)  # and the grace
     assert client.calls == [("requeue", "7")]
+
+
+def test_a_hang_while_training_is_left_to_the_jobs_own_watchdog_for_the_grace(run):
+    """In-allocation mode the ranks' step watchdog and torchrun restart a hung world in place;
+    the watcher requeues only a hang they did not end within allocation_grace_s. The old watcher
+    requeued at the hang timeout (30 s), before the job's watchdog could fire."""
+    client = Client()
+    w = watcher(run, client, hang_timeout_s=30, clock_skew_s=0, allocation_grace_s=60)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 79)
+    for t in (100, 112, 140, 168):
+        w.step(job(), table(), T0 + t)
+    assert client.calls == []
+    w.step(job(), table(), T0 + 79 + 30 + 60 + 1)
+    assert client.calls == [("requeue", "7")]
+    fault = [e for e in watcher_faults(run) if e.kind == journal.FAULT_DETECTED][0]
+    assert fault.get("cause") == "hang" and "allocation_grace_s 60 s" in fault.get("evidence")
+
+
+def test_a_hang_the_job_restarted_in_place_is_never_the_watchers(run):
+    """The hang as the job journals it: the watchdog fires (rank 1's ``hang``), the launcher
+    journals the fault and the restart in place, the new world beats: never requeued."""
+    client = Client()
+    w = watcher(run, client, hang_timeout_s=30, clock_skew_s=0, allocation_grace_s=60,
+                startup_grace_s=120)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 79)
+    w.step(job(), table(), T0 + 100)
+    rank_event(run, journal.HANG, T0 + 95, rank=0, node="n1", reason="step 40 ran 15 s")
+    launcher_event(run, journal.FAULT_DETECTED, T0 + 96, cause="hang", nodes=["n1"],
+                   evidence=["rank 0: step 40 ran 15 s"], fault_time=T0 + 79, detected_by="launcher")
+    rank_event(run, journal.SEGMENT_START, T0 + 105, attempt=1, world_size=3, restored_step=35)
+    launcher_event(run, journal.RECOVERY_ACTION, T0 + 105.5, action="restart_in_place", nodes=["n1"],
+                   spare=None, world_nodes=3, generation=0, cause="hang", ok=True)
+    for t in (120, 150, 200, 260):
+        for node in ("n1", "n2", "n3"):
+            beat(run, node, T0 + t - 1)
+        w.step(job(), table(), T0 + t)
+    assert client.calls == [] and watcher_faults(run) == []
 
 
 # -- operator mode: a fenced node DOWN, on two witnesses ------------------------------------------
