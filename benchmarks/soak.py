@@ -62,8 +62,12 @@ NODES, JOB_NODES, RANKS = 4, "3-4", 3
 # The model's own step takes ~0.1 s here; the sleep stands for a bigger model's compute, so that
 # a step costs what it does on a real cluster relative to a restart. It changes no number.
 STEP_SLEEP_S = 0.5
-BASE_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5",
-             "--watchdog-timeout", "600"]
+BASE_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5"]
+# The ranks' step watchdog. On the requeue path a hang is the watcher's (its 30 s hang timeout):
+# the watchdog stays out of its way. In the allocation the job restarts a hang in place itself:
+# its watchdog fires at 20 steps (a user with 30 s steps would set 10 minutes; the adaptive
+# default, 10 x the median step, has a 60 s floor that is sized for real steps, not 0.5 s ones).
+WATCHDOG_S = {False: 600.0, True: 10.0}
 WATCH_ARGS = ["--poll", "1", "--hang-timeout", "30"]
 JOB_ENV = {"OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
            "SLURMFT_JOURNAL_FLUSH_EVERY_EVENTS": "1"}
@@ -94,6 +98,7 @@ def standalone(run_dir: Path, args: list[str], timeout: float) -> list[journal.E
 def calibrate(work: Path, fault_every: float) -> dict:
     """Step time and checkpoint cost from a short uninterrupted run; the interval from them."""
     events = standalone(work / "calibration", [*BASE_ARGS, "--steps", "40", "--ckpt-every", "5",
+                                               "--watchdog-timeout", str(WATCHDOG_S[False]),
                                                "--step-sleep", str(STEP_SLEEP_S)], 300)
     times = [e.time for e in events if e.kind == journal.LOSS]
     gaps = [b - a for a, b in zip(times[5:], times[6:])]
@@ -145,7 +150,8 @@ class Soak:
     def run(self) -> dict:
         calib = calibrate(self.work, self.fault_every)
         steps = int(self.minutes * 60 / calib["step_s"])
-        args = [*BASE_ARGS, "--steps", str(steps), "--ckpt-every", str(calib["ckpt_every"])]
+        args = [*BASE_ARGS, "--watchdog-timeout", str(WATCHDOG_S[self.spares > 0]),
+                "--steps", str(steps), "--ckpt-every", str(calib["ckpt_every"])]
         log(f"calibrated: {calib['step_s']:.3f} s/step, checkpoint cost {calib['ckpt_cost_s']:.3f} s "
             f"-> every {calib['ckpt_every']} steps; {steps} steps")
         nodes, job_nodes, options, settings = job_shape(self.spares)

@@ -120,13 +120,18 @@ def active_nodes(run_dir: RunDir) -> list[str]:
     return [] if record is None else list(record.active)
 
 
-def node_death(target: Target) -> str:
+def training_victim(target: Target) -> str:
+    """The node a node fault hits: in the allocation, a training node other than the batch host
+    (whose loss ends the job: that is the requeue path's, measured apart); a spare's would test
+    nothing. Else the job's last node, which is never the batch host either."""
     nodes = target.nodes()
-    # In the allocation, a training node other than the batch host (whose death ends the job:
-    # that is the requeue path's); a spare's death would test nothing. Else the job's last node.
     batch = target.client.job(target.job_id).batch_host or nodes[0]
     training = [n for n in active_nodes(target.run_dir) if n in nodes and n != batch]
-    victim = target.victim = training[-1] if training else nodes[-1]
+    return training[-1] if training else nodes[-1]
+
+
+def node_death(target: Target) -> str:
+    victim = target.victim = training_victim(target)
     target.cluster.kill_node(victim)
     target.repairs.append(lambda: target.cluster.start_node(victim, wait_timeout=60))
     return f"node {victim} died: its slurmd and every process on it SIGKILLed"
@@ -196,7 +201,11 @@ def run_sweeper(target: Target, node: str, config: Path) -> subprocess.Completed
 
 
 def unhealthy_node(target: Target) -> str:
-    victim = target.victim = target.nodes()[0]
+    # In the allocation, a training node other than the batch host, as a node death (the
+    # launcher replaces it with a spare). On the requeue path the job's first node, as before:
+    # any node's drain is a requeue there (the demo's and the requeue soak's figures keep it).
+    victim = target.victim = (training_victim(target) if active_nodes(target.run_dir)
+                              else target.nodes()[0])
     work = target.work_dir / "sweep"
     work.mkdir(parents=True, exist_ok=True)
     flag = work / "scratch-broken"

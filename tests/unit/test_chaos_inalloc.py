@@ -103,3 +103,22 @@ def test_a_new_segment_that_journals_the_old_key_is_found_by_its_time(run):
                                 timeout=5)
     assert (outcome.where, outcome.resumed_step, outcome.last_step) == ("allocation", 10, 12)
     assert outcome_problems(outcome) == []
+
+
+def test_a_node_fault_in_the_allocation_hits_a_training_node_never_the_batch_host_or_a_spare(run):
+    """The soak's node death and failing health check hit a training node other than the batch
+    host (whose loss is the requeue path's) and never a spare; outside the mode, the job's last
+    node. The job as Slurm reports it: nodes n[1-4], batch host n1."""
+    from slurmft.slurm.client import Job, JobState
+
+    class Client:
+        def job(self, job_id):
+            return Job(job_id=job_id, name="train", state=JobState.RUNNING,
+                       nodes=("n1", "n2", "n3", "n4"), node_count=4, batch_host="n1")
+    target = Target(cluster=None, client=Client(), job_id="7", run_dir=run,  # type: ignore[arg-type]
+                    script=Path("train.py"), work_dir=run.root)
+    assert faults.training_victim(target) == "n3"
+    write_alloc(run, 1, ["n1", "n2", "n4"], [], fenced=["n3"])
+    assert faults.training_victim(target) == "n4"
+    run.allocation.unlink()
+    assert faults.training_victim(target) == "n4"
