@@ -61,26 +61,80 @@ class Fault:
     inject: Callable[[Target], str]         # does it; returns what it did, in words
 
 
-def rank_pids(cluster: str, job_id: str, script: Path, rank: int | None = None) -> list[int]:
-    """The training processes of ``job_id`` of devcluster ``cluster`` on this machine:
-    ``python -u SCRIPT`` with the job's SLURM_JOB_ID and SLURM_CLUSTER_NAME in their environment
-    (another cluster on this machine may have a job of the same number; torchrun and the
-    launcher name the script later in their argv); with ``rank``, only that global rank's."""
-    job_mark = f"SLURM_JOB_ID={job_id}".encode()
-    cluster_mark = f"SLURM_CLUSTER_NAME={cluster}".encode()
-    rank_mark = f"RANK={rank}".encode() if rank is not None else None
+def _proc(pid: str) -> tuple[list[bytes], list[bytes]] | None:
+    """(environ, argv) of a process, None when it is gone or not ours to read."""
+    try:
+        return ((Path("/proc") / pid / "environ").read_bytes().split(b"\0"),
+                (Path("/proc") / pid / "cmdline").read_bytes().split(b"\0"))
+    except OSError:
+        return None
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _fd_target(pid: int, fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return None
+
+
+def warm_workers(client_pid: int, environ: list[bytes]) -> list[int]:
+    """The worker a warm client (``launch/warmclient.py``) stands for: a child of its node's warm
+    server (``-m slurmft.launch.warm --socket PATH``, PATH the client's ``SLURMFT_WARM_SOCKET``)
+    with the client's stderr (the server hands the worker the client's stdio). A forked worker's
+    /proc environ and cmdline are its server's: the rank cannot be read from them."""
+    sock = next((v.split(b"=", 1)[1] for v in environ if v.startswith(b"SLURMFT_WARM_SOCKET=")), None)
+    if not sock:
+        return []
+    stderr = _fd_target(client_pid, 2)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+        seen = _proc(entry.name)
+        if seen is None or b"slurmft.launch.warm" not in seen[1] or sock not in seen[1]:
             continue
-        if job_mark in environ and cluster_mark in environ and str(script).encode() in argv[1:3] and (
-                rank_mark is None or rank_mark in environ):
+        pid = int(entry.name)
+        parent = _ppid(pid)
+        parent_seen = _proc(str(parent)) if parent else None
+        if parent_seen is not None and sock in parent_seen[1] and _fd_target(pid, 2) == stderr:
+            found.append(pid)  # forked by the server (its parent has the same socket)
+    return found
+
+
+def rank_pids(cluster: str, job_id: str, script: Path, rank: int | None = None) -> list[int]:
+    """The training processes of ``job_id`` of devcluster ``cluster`` on this machine:
+    ``python -u SCRIPT`` with the job's SLURM_JOB_ID and SLURM_CLUSTER_NAME in their environment
+    (another cluster on this machine may have a job of the same number; torchrun and the
+    launcher name the script later in their argv); with ``rank``, only that global rank's.
+    With warm workers (``SLURMFT_WARM_WORKERS``), torchrun's rank is the warm client
+    (``python -I -S .../warmclient.py -- SCRIPT ...``): it and the worker it stands for."""
+    job_mark = f"SLURM_JOB_ID={job_id}".encode()
+    cluster_mark = f"SLURM_CLUSTER_NAME={cluster}".encode()
+    rank_mark = f"RANK={rank}".encode() if rank is not None else None
+    script_mark = str(script).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        seen = _proc(entry.name)
+        if seen is None:
+            continue
+        environ, argv = seen
+        if job_mark not in environ or cluster_mark not in environ or (
+                rank_mark is not None and rank_mark not in environ):
+            continue
+        if script_mark in argv[1:3]:
             found.append(int(entry.name))
+        elif len(argv) > 4 and argv[3].endswith(b"warmclient.py") and script_mark in argv[4:8]:
+            found += [int(entry.name), *warm_workers(int(entry.name), environ)]
     return found
 
 
