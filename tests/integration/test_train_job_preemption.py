@@ -55,16 +55,17 @@ def test_usr2_twice_requeues_and_resumes_bit_for_bit(slurm_cluster, tmp_path, re
     assert len(beats) == 2 and all(name in slurm_cluster.node_names for name in beats)
 
 
-@pytest.mark.timeout(470)
+@pytest.mark.timeout(1100)
 def test_time_limit_signal_saves_requeues_and_finishes(slurm_cluster, tmp_path, reference):
-    # USR2 60 s before a 2 min limit: Slurm sends it at its next periodic limit check, 60-75 s
-    # after the start. 40 steps x 2 s outlast that window, so at least one segment is cut short,
-    # and each segment trains for ~60 s minus its start-up. (With a 1 min limit and USR2@50 the
-    # window was ~10 s: on a loaded box the start-up took longer, the signal came before training
-    # and every segment was requeued without a step: no progress until the test's timeout.)
-    job = submit(slurm_cluster, tmp_path / "run", [*ARGS[:-1], "2.0"], nodes=2, watch=True,
-                 sbatch_options=["--time=2", "--signal=B:USR2@60"])
-    final = job.wait_finished(timeout=440)
+    # USR2 60 s before a 3 min limit: Slurm sends it at its next periodic limit check, 120-150 s
+    # after the start. 40 steps x 4 s outlast that window on a quiet box, so at least one segment
+    # is cut short, and a segment that starts up in 80 s (load 27: a fresh-clone run beside five
+    # engineers' tests) still trains 40 s. With a 2 min limit and USR2@60 a start-up over 60 s
+    # left no training before the signal: every segment was requeued without a step, and the test
+    # made no progress until its timeout (it failed so at load 27).
+    job = submit(slurm_cluster, tmp_path / "run", [*ARGS[:-1], "4.0"], nodes=2, watch=True,
+                 sbatch_options=["--time=3", "--signal=B:USR2@60"])
+    final = job.wait_finished(timeout=1000)
     assert final.state is JobState.COMPLETED, job.log_text()[-4000:]
     assert final.restart_count >= 1 and _preemptions(job)
     got = losses(job.events())
