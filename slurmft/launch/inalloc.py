@@ -1,10 +1,10 @@
 """In-allocation mode: the launcher supervises one training step per node and recovers from a
 node's death inside the allocation, without Slurm.
 
-  start every node's step (``nodesteps``; a spare's task waits, started, without torchrun until
-  ``allocation.json`` makes it active: ``spare``) -> every ``POLL_S``: forward signals, read the
-  nodes' beats (``liveness``), reap ended steps ->
-  a node silent for ``SLURMFT_NODE_SILENT_S``, or whose step ended without training having ended,
+  open the TCP beat listener (``beatnet``) -> start every node's step (``nodesteps``; a spare's
+  task waits, started, without torchrun until ``allocation.json`` makes it active: ``spare``)
+  -> every ``POLL_S``: forward signals, read the nodes' beats on both channels (``liveness``),
+  reap ended steps -> a node silent for ``SLURMFT_NODE_SILENT_S`` on both channels, or whose step ended without training having ended,
   is fenced: ``allocation.json`` gets the new generation first (the ranks exit on it), then the
   journal's ``fault_detected``/``recovery_action`` (``"where": "allocation"``), then its step is
   killed (its srun here, its tasks through ``scancel --signal=KILL JOB.STEP``). An active node
@@ -34,12 +34,13 @@ from typing import Callable, Mapping, Sequence
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import nodesteps, nodestate, orphan
+from slurmft.launch import beatnet, nodesteps, nodestate, orphan
 from slurmft.launch import spare as spare_task
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
 from slurmft.launch.identity import JobIdentity
 from slurmft.launch.journaling import Voice
+from slurmft.launch import liveness
 from slurmft.launch.liveness import Liveness
 from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.settings import LaunchSettings
@@ -98,6 +99,7 @@ class Supervisor:
         self._termed_at: float | None = None
         self._next_send: float | None = None
         self._started = time.monotonic()
+        self.net: beatnet.Listener | None = None
         self.process_faults = ProcessFaults(self.run_dir.events, {ident.slurm_id, ident.raw_job_id},
                                             ident.restart_count)
         self.node_states = nodestate.NodeStates(client, self._watched, voice.log)
@@ -109,6 +111,7 @@ class Supervisor:
         """Supervise to the training's end; return the steps' exit status (0, or the batch
         host's / first failed active node's). Raises GoRequeue."""
         self._publish()
+        self._open_net()
         for node in (*self.alloc.active, *self.alloc.spares):
             self._start(node)
         for name in pending:
@@ -143,6 +146,8 @@ class Supervisor:
             host, self.run_dir.alive(host), self.settings.node_silent_s, others.index(node))
         if node in self.alloc.spares:
             extra[spare_task.SPARE_ENV] = node
+        if self.net is not None:
+            extra.update(self.net.environ_for(node))
         self.steps[node] = nodesteps.start(node, argv, self.env, self.run_dir, extra)
         self.liveness.expect(node)
         role = "spare" if node in self.alloc.spares else "active"
@@ -215,8 +220,8 @@ class Supervisor:
             how = "since its last beat" if self.liveness.has_beaten(node) else \
                 "since its step was started, without a first beat"
             faults.append(Fault(node, "node_silent", [
-                f"no beat from its task for {self.liveness.silent_s(node):.1f} s {how} "
-                f"(SLURMFT_NODE_SILENT_S={bound:g})"]))
+                f"no beat from its task for {self.liveness.silent_s(node):.1f} s {how}: "
+                f"{self.liveness.describe(node)} (SLURMFT_NODE_SILENT_S={bound:g})"]))
         return faults
 
     def _fence_found(self) -> None:
@@ -370,6 +375,21 @@ class Supervisor:
                     pass
             self.voice.log(f"stopped the step on {step.node} (training ended)")
         self.steps.clear()
+        if self.net is not None:  # only now: the other nodes' tasks watch it (``orphan``)
+            self.net.close()
+            self.net = None
+
+    def _open_net(self) -> None:
+        """The nodes' second beat channel; without it a node's file is judged alone (longer)."""
+        try:
+            self.net = beatnet.Listener(self.rdzv.host, self.ident.nodes)
+        except beatnet.BeatNetError as exc:
+            self.voice.log(f"WARNING: no TCP beat channel ({exc}): a node's silence is judged on "
+                           f"its alive file alone, at least {liveness.FILE_ALONE_S:g} s")
+            return
+        self.liveness.net = self.net
+        self.voice.log("the nodes' tasks beat over TCP to this host too (an ephemeral port, a "
+                       "per-run token in their steps' environment)")
 
     def stop_all(self) -> None:
         self._stop_rest()

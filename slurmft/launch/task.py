@@ -9,7 +9,9 @@ of its own one-node step).
 In in-allocation mode (``SLURMFT_ALIVE_FILE`` set by the launcher) the task stays torchrun's
 parent and beats: every ``ALIVE_PERIOD_S`` it replaces that file (node, Slurm step id, a
 sequence number) from a thread that no collective can block, so the launcher tells a dead or
-frozen node (no beat) from a node whose ranks wait on a dead peer (beats go on). TERM and INT
+frozen node (no beat) from a node whose ranks wait on a dead peer (beats go on); from another
+thread it beats over TCP to the launcher too (``beatsend``: a stalled shared filesystem blocks
+only the file's thread). TERM and INT
 are passed to torchrun, which stops its workers; the task exits with torchrun's status. On the
 other nodes than the batch host it also watches the batch host's beat (``orphan``): the batch
 host dead, it requeues the job (Slurm keeps a ``--no-kill`` job running without its batch script).
@@ -28,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from slurmft.launch import orphan, spare, warm
+from slurmft.launch import beatsend, orphan, spare, warm
 from slurmft.launch.warmclient import SOCKET_ENV
 from slurmft.rundir import atomic_write_json
 
@@ -80,6 +82,7 @@ def _warm_server(argv: list[str]) -> tuple[subprocess.Popen, str] | None:
 def supervise(argv: list[str], alive: Path) -> int:
     """Run torchrun as a child while beating; return its exit status (128+N for signal N). A
     spare's task (``spare.SPARE_ENV``) starts torchrun only once the launcher made it active."""
+    sender = beatsend.take_from(os.environ)  # first: nothing started below sees the token
     server = _warm_server(argv)
     env = None if server is None else {**os.environ, SOCKET_ENV: server[1]}
     stop, stopping = threading.Event(), threading.Event()
@@ -95,11 +98,15 @@ def supervise(argv: list[str], alive: Path) -> int:
     beater = threading.Thread(target=beat_forever, args=(alive, stop), daemon=True,
                               name="slurmft-alive")
     beater.start()
-    watch = orphan.from_environ(os.environ)
+    net = None if sender is None else threading.Thread(
+        target=sender.run, args=(stop, ALIVE_PERIOD_S), daemon=True, name="slurmft-alive-tcp")
+    if net is not None:
+        net.start()
+    watch = orphan.from_environ(os.environ, None if sender is None else sender.acked)
     if watch is not None:  # not the batch host: requeue the job if the batch host dies
 
         def lost(silent_s: float) -> None:
-            orphan.requeue_job(os.environ, silent_s)
+            orphan.requeue_job(os.environ, silent_s, watch.describe())
             forward(signal.SIGTERM, None)
 
         threading.Thread(target=orphan.watch_forever, args=(watch, stop, lost), daemon=True,
@@ -121,6 +128,10 @@ def supervise(argv: list[str], alive: Path) -> int:
     beater.join(timeout=5 * ALIVE_PERIOD_S)
     rc = rc if rc >= 0 else 128 - rc
     # The last beat says the task ended by itself: its node is alive (not a node death).
+    if sender is not None and net is not None:
+        net.join(timeout=2 * beatsend.CONNECT_S + ALIVE_PERIOD_S)
+        if not net.is_alive():
+            sender.finish(rc)
     write_beat(alive, 1 << 40, ended=rc)
     return rc
 

@@ -123,7 +123,10 @@ def test_a_dead_spare_is_fenced_without_moving_the_generation(tmp_path):
 def test_silence_past_the_bound_is_a_fault_but_not_on_the_batch_host(tmp_path):
     sup, client, run = _supervisor(tmp_path, SLURMFT_SPARE_NODES="1", SLURMFT_NODE_SILENT_S="2")
     try:
-        sup.liveness.clock = lambda: time.monotonic() + 3  # every node silent for 3 s
+        # The file is the only channel here: alone, it needs FILE_ALONE_S (10 s), not 2 s.
+        sup.liveness.clock = lambda: time.monotonic() + 3
+        assert sup._silent() == []
+        sup.liveness.clock = lambda: time.monotonic() + 11
         faults = sup._silent()
         assert [(f.node, f.cause) for f in faults] == [("n2", "node_silent"), ("n3", "node_silent"),
                                                        ("n4", "node_silent")]

@@ -119,8 +119,10 @@ def test_silence_is_measured_from_the_last_change_seen_on_our_clock(tmp_path):
     live.poll()
     assert live.has_beaten("n2") and not live.silent("n2", 5) and live.step_id("n2") == "4"
     clock.now += 5.5
-    live.poll()  # the same beat again is no beat
-    assert live.silent("n2", 5) and live.silent_s("n2") == pytest.approx(5.5)
+    live.poll()  # the same beat again is no beat; but the file alone needs FILE_ALONE_S
+    assert not live.silent("n2", 5) and live.silent_s("n2") == pytest.approx(5.5)
+    clock.now += liveness.FILE_ALONE_S - 5
+    assert live.silent("n2", 5) and live.silent_s("n2") == pytest.approx(10.5)
 
 
 @pytest.mark.parametrize("content", ['{"seq": "1", "pid": 1}', "[]", "garbage", '{"seq": 1}'])

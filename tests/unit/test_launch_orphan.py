@@ -32,15 +32,15 @@ def _beat(path, seq, **extra):
 def test_the_batch_host_counts_as_dead_after_its_silence_plus_this_nodes_stagger(tmp_path):
     path, clock = tmp_path / "n1.json", Clock()
     _beat(path, 1)  # there before: not a beat of this run
-    watch = orphan.BatchWatch(path, silent_s=5, place=2, clock=clock)
+    watch = orphan.BatchWatch(path, silent_s=10, place=2, clock=clock)
     clock.now += orphan.STARTUP_S - 1
     assert watch.silent_s() is None  # no beat yet: the start-up grace
     _beat(path, 2)
     assert watch.silent_s() is None
-    clock.now += 5 + 2 * orphan.STAGGER_S - 0.5
+    clock.now += 10 + 2 * orphan.STAGGER_S - 0.5
     assert watch.silent_s() is None
     clock.now += 1
-    assert watch.silent_s() == pytest.approx(5 + 2 * orphan.STAGGER_S + 0.5)
+    assert watch.silent_s() == pytest.approx(10 + 2 * orphan.STAGGER_S + 0.5)
 
 
 def test_a_batch_task_that_ended_by_itself_is_no_death(tmp_path):
@@ -74,7 +74,8 @@ def test_a_task_whose_batch_host_goes_silent_requeues_and_stops_its_torchrun(tmp
     monkeypatch.setattr(orphan, "STARTUP_S", 0.5)
     monkeypatch.setattr(orphan, "POLL_S", 0.1)
     asked = []
-    monkeypatch.setattr(orphan, "requeue_job", lambda env, silent: asked.append(silent))
+    monkeypatch.setattr(orphan, "FILE_ALONE_S", 0.5)
+    monkeypatch.setattr(orphan, "requeue_job", lambda env, silent, detail: asked.append(silent))
     for key, value in orphan.environ_for("n1", batch, 0.5, 0).items():
         monkeypatch.setenv(key, value)
     code = "import time; time.sleep(60)"
