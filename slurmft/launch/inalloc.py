@@ -23,6 +23,7 @@ code from the recorded outcome exactly as for the default launch shape.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -388,8 +389,10 @@ class Supervisor:
                            f"its alive file alone, at least {liveness.FILE_ALONE_S:g} s")
             return
         self.liveness.net = self.net
-        self.voice.log("the nodes' tasks beat over TCP to this host too (an ephemeral port, a "
-                       "per-run token in their steps' environment)")
+        alone = " (a loopback address: another host's task cannot reach it, its file is judged " \
+            "alone)" if ipaddress.ip_address(self.net.address.split("%")[0]).is_loopback else ""
+        self.voice.log(f"the nodes' tasks beat over TCP to {self.net.address} too (an ephemeral "
+                       f"port, a per-run token in their steps' environment){alone}")
 
     def stop_all(self) -> None:
         self._stop_rest()

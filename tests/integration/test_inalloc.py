@@ -83,6 +83,8 @@ def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_p
     faults = [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
     assert [(e.get("cause"), e.get("nodes")) for e in faults] in (
         [("node_silent", [victim])], [("node_death", [victim])])
+    if faults[0].get("cause") == "node_silent":  # both channels had beaten: the TCP one too
+        assert "TCP " in faults[0].get("evidence")[0] and "no TCP" not in faults[0].get("evidence")[0]
     actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
     assert [(a.get("action"), a.get("nodes"), a.get("world_nodes")) for a in actions] == \
         [("replace_node", [victim], 3)]
