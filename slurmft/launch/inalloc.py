@@ -23,7 +23,6 @@ code from the recorded outcome exactly as for the default launch shape.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import signal
 import subprocess
@@ -381,18 +380,8 @@ class Supervisor:
             self.net = None
 
     def _open_net(self) -> None:
-        """The nodes' second beat channel; without it a node's file is judged alone (longer)."""
-        try:
-            self.net = beatnet.Listener(self.rdzv.host, self.ident.nodes)
-        except beatnet.BeatNetError as exc:
-            self.voice.log(f"WARNING: no TCP beat channel ({exc}): a node's silence is judged on "
-                           f"its alive file alone, at least {liveness.FILE_ALONE_S:g} s")
-            return
+        self.net = liveness.open_channel(self.rdzv.host, self.ident.nodes, self.voice.log)
         self.liveness.net = self.net
-        alone = " (a loopback address: another host's task cannot reach it, its file is judged " \
-            "alone)" if ipaddress.ip_address(self.net.address.split("%")[0]).is_loopback else ""
-        self.voice.log(f"the nodes' tasks beat over TCP to {self.net.address} too (an ephemeral "
-                       f"port, a per-run token in their steps' environment){alone}")
 
     def stop_all(self) -> None:
         self._stop_rest()

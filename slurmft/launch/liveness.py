@@ -16,15 +16,16 @@ names is used only when it is digits.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from slurmft import safeio
-from slurmft.launch.beatnet import Listener
+from slurmft.launch.beatnet import BeatNetError, Listener
 from slurmft.rundir import RunDir
 
 MAX_BYTES = 4096
@@ -60,6 +61,22 @@ def read_beat(path: Path) -> tuple[tuple[int, int], str | None, int | None] | No
     ended = raw.get("ended")
     return ((pid, seq), step if isinstance(step, str) and _STEP_RE.fullmatch(step) else None,
             ended if isinstance(ended, int) and not isinstance(ended, bool) else None)
+
+
+def open_channel(host: str, nodes: Iterable[str], log: Callable[[str], None]) -> Listener | None:
+    """The launcher's TCP listener on ``host`` (the batch host) for ``nodes``' beats; None, said
+    in one line, when it cannot be opened: every node's file is then judged alone."""
+    try:
+        net = Listener(host, nodes)
+    except BeatNetError as exc:
+        log(f"WARNING: no TCP beat channel ({exc}): a node's silence is judged on its alive file "
+            f"alone, at least {FILE_ALONE_S:g} s")
+        return None
+    alone = " (a loopback address: another host's task cannot reach it, its file is judged " \
+        "alone)" if ipaddress.ip_address(net.address.split("%")[0]).is_loopback else ""
+    log(f"the nodes' tasks beat over TCP to {net.address} too (an ephemeral port, a per-run "
+        f"token in their steps' environment){alone}")
+    return net
 
 
 class Liveness:

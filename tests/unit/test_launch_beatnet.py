@@ -236,3 +236,18 @@ def test_the_sender_thread_beats_every_period_until_stopped(listener):
     stop.set()
     thread.join(5)
     assert not thread.is_alive() and sender.acks >= 3 and sender.status == "connected"
+
+
+def test_a_listener_that_cannot_be_opened_is_one_line_and_the_file_alone_longer():
+    said = []
+    assert liveness.open_channel("no-such-host.invalid", NODES, said.append) is None
+    [line] = said
+    assert line.startswith("WARNING: no TCP beat channel (cannot resolve the batch host "
+                           "no-such-host.invalid") and "at least 10 s" in line
+    said.clear()
+    net = liveness.open_channel("127.0.0.1", NODES, said.append)
+    try:
+        assert net is not None and str(net.port) not in said[0] and net.token not in said[0]
+        assert "loopback" in said[0]
+    finally:
+        net.close()
