@@ -13,11 +13,13 @@ spare active (``spare``): its agent then joins the round that follows the fence,
 as soon as ACTIVE nodes are in (no last call), and with fewer (a shrink) ``last_call_timeout``
 after MIN joined.
 
-The agents' keep-alive expiry (interval x attempts) is set just above the launcher's own
-``SLURMFT_NODE_SILENT_S``: torchrun drops a dead participant only after the launcher has fenced it
-and moved the generation, so the round that follows starts ranks under the new generation (with
-a shorter expiry, survivors whose collective failed at once re-form without the dead node before
-the fence, a shrunk world, and the fence's new generation ends those ranks again).
+The agents' keep-alive expiry (interval x attempts) is the launcher's own
+``SLURMFT_NODE_SILENT_S``: torchrun cannot close a round while a dead participant is in it, so
+the expiry is on a node death's critical path, and it needs no margin past the launcher's fence.
+torchrun may re-form without the dead node just before the launcher fences it (a shrink, whose
+round needs no newcomer); the ranks of that world leave on a new generation only when it fences
+a node of their world or re-forms it on other nodes (``slurmft.train.alloc_watch``), so the
+fence that follows does not end them again.
 """
 
 from __future__ import annotations
@@ -37,13 +39,13 @@ from slurmft.launch.task import ALIVE_ENV
 from slurmft.rundir import RunDir
 
 KEEP_ALIVE_INTERVAL_S = 1
-KEEP_ALIVE_MARGIN_S = 3         # beats missed by the launcher's poll and the task's period
 LAST_CALL_S = 3                 # a shrunk world's round completes this long after MIN joined
 MAX_RESTARTS = 1000             # torchrun's own bound: the launcher's progress rule decides
 
 
 def keep_alive_attempts(node_silent_s: float) -> int:
-    return int(math.ceil(node_silent_s / KEEP_ALIVE_INTERVAL_S)) + KEEP_ALIVE_MARGIN_S
+    """torchrun's keep-alive attempts: its expiry is the launcher's silence bound, no more."""
+    return int(math.ceil(node_silent_s / KEEP_ALIVE_INTERVAL_S))
 
 
 def rdzv_conf(is_host: bool, alloc: AllocSettings) -> str:

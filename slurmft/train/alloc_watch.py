@@ -8,10 +8,18 @@ until the process-group timeout (600 s by default). So every rank runs :class:`A
 a daemon thread that looks at the file every ``poll_s`` (0.5 s) and ends the process with
 ``os._exit(slurmft.exitcodes.REFORM)`` (88) when
 
-* the generation is newer than the first one this rank saw (its start generation), or
-* a node of this rank's world is fenced. This closes the window in which the generation moved
-  between torchrun's rendezvous and this rank's first look: the start generation is then the new
-  one, but the world still holds the node the launcher fenced.
+* a node of this rank's world is fenced (whatever the generation: this also closes the window in
+  which the generation moved between torchrun's rendezvous and this rank's first look), or
+* the generation is newer than the first one this rank saw (its start generation) and the
+  launcher decided a restart for this world: its ``active`` nodes are not this world's nodes
+  (a spare took a place, or a node came in), or this rank does not know its world yet (before
+  ``Run``'s all-gather: any new generation counts, as a dead peer may block that all-gather).
+
+A newer generation that fences no node of this world and whose ``active`` nodes are this
+world's is no reason: torchrun re-formed the world without the dead node before the launcher
+fenced it (its agents drop a participant whose keep-alive expired, and the launcher's silence
+bound is the same length), and the fence only confirms the world these ranks are. So torchrun's
+keep-alive expiry needs no margin past the launcher's bound (``launch/nodesteps.py``).
 
 Where the dead peer's sockets were closed (its processes killed, or every node on one host), gloo
 raises at once instead of blocking, before the launcher has said anything: ``Run`` then calls
@@ -217,12 +225,17 @@ class AllocationWatch:
             self.start_generation = record.generation
         self._fenced_now = frozenset(record.fenced_nodes)
         fenced = sorted(self.world.intersection(record.fenced_nodes))
-        if record.generation > self.start_generation:
-            moved = f"the allocation's generation moved from {self.start_generation} to {record.generation}"
-            return moved + (f" (fenced: {', '.join(fenced)})" if fenced else "")
+        moved = f"the allocation's generation moved from {self.start_generation} to {record.generation}"
         if fenced:
-            return f"node(s) of this rank's world were fenced by the launcher: {', '.join(fenced)}"
-        return None
+            return moved + f" (fenced: {', '.join(fenced)})" if record.generation > self.start_generation \
+                else f"node(s) of this rank's world were fenced by the launcher: {', '.join(fenced)}"
+        if record.generation <= self.start_generation:
+            return None
+        if not self.world:
+            return moved
+        if set(record.active) != self.world:
+            return moved + f" (the world is re-formed on {', '.join(record.active)})"
+        return None  # this world is the re-formed one already (torchrun re-formed it first)
 
     def _report(self, reason: str) -> None:
         if self.on_reform is not None:

@@ -95,6 +95,48 @@ def test_a_fenced_spare_or_a_node_of_another_world_is_no_reason(tmp_path):
     w.stop()
 
 
+def test_a_world_torchrun_reformed_before_the_fence_is_not_ended_by_it(tmp_path):
+    """torchrun's keep-alive expiry is the launcher's silence bound: the survivors' agents may form
+    a shrunk world without the dead n2 just before the launcher fences it. The fence's generation
+    fences no node of that world and its active nodes are that world's: no restart."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 0, spares=())
+    w = watch(run, exits)
+    assert w is not None and w.start_generation == 0
+    w.set_world(["n0", "n1"])
+    write(run, 1, active=("n0", "n1"), spares=(), fenced=("n2",))
+    assert w.check() is None and exits.codes == []
+    w._read_at -= 10   # read again later: still nothing
+    assert w.check() is None and exits.codes == []
+    write(run, 2, active=("n0", "n1"), spares=(), fenced=("n2", "n1"))   # then n1 dies too
+    assert w.check() == "the allocation's generation moved from 0 to 2 (fenced: n1)"
+    assert exits.codes == [exitcodes.REFORM]
+
+
+def test_a_new_generation_that_re_forms_this_world_on_other_nodes_ends_it(tmp_path):
+    """The launcher decided a restart for this world: a spare takes the fenced node's place (the
+    world torchrun formed without it must restart to take the spare in)."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 0)
+    w = watch(run, exits)
+    assert w is not None
+    w.set_world(["n0", "n1"])
+    write(run, 1, active=("n0", "n1", "n3"), spares=(), fenced=("n2",))
+    assert w.check() == "the allocation's generation moved from 0 to 1 (the world is re-formed on n0, n1, n3)"
+    assert exits.codes == [exitcodes.REFORM]
+
+
+def test_before_its_world_is_known_a_rank_leaves_on_any_new_generation(tmp_path):
+    """Before Run's all-gather (which a dead peer may block) the rank cannot tell: it leaves."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 0)
+    w = watch(run, exits)
+    assert w is not None
+    write(run, 1, active=("n0", "n1"), spares=(), fenced=("n2",))
+    assert w.check() == "the allocation's generation moved from 0 to 1"
+    assert exits.codes == [exitcodes.REFORM]
+
+
 def test_no_file_or_another_jobs_file_turns_the_watch_off(tmp_path):
     run, exits = RunDir(tmp_path), Exits()
     assert watch(run, exits) is None  # the default (requeue) mode: no thread, no cost
