@@ -20,10 +20,11 @@ launcher, which owns the orchestration as small, unit-tested modules:
   ``alloc_settings`` its settings; ``allocation`` ``<run_dir>/allocation.json``; ``nodesteps``
   one srun step per node; ``liveness`` the nodes' task beats; ``inalloc`` the supervising loop;
   ``inplace`` restarts in place learned from the journal, bounded by progress; ``spare`` a
-  spare's task waiting for its place; ``orphan`` the batch host's death seen from the others;
-  ``warm``/``warmworker``/``warmclient`` ranks forked from a warm per-node server (opt-in)
+  spare's task waiting for its place, its torchrun started ahead (``pretorchrun``); ``orphan``
+  the batch host's death seen from the others; ``warm``/``warmworker``/``warmclient`` ranks
+  forked from a warm per-node server (on by default in this mode)
   ``main``       the order of the above, and the one place that exits
 
-Torch-free: torch is imported only by the training ranks and by the per-node torch check, each
-in its own process.
+Torch-free: torch is imported only by the training ranks, by the per-node torch check, by the
+warm server and by a spare's torchrun started ahead, each in its own process.
 """

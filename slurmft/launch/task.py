@@ -115,9 +115,19 @@ def supervise(argv: list[str], alive: Path) -> int:
     try:
         node = spare.waiting_node(os.environ)
         run_dir = os.environ.get("SLURMFT_RUN_DIR")
-        if node is None or run_dir is None or spare.wait_until_active(
-                Path(run_dir), node, spare.job_ids(os.environ), stopping):
+        if node is None or run_dir is None:
             child.append(subprocess.Popen(argv, env=env))  # inherits USR2 ignored
+        else:   # a spare: torchrun waits, imported, until the launcher makes this node active
+            ready, active = spare.ReadyTorchrun.start(argv, env), False
+            try:
+                active = spare.wait_until_active(Path(run_dir), node, spare.job_ids(os.environ),
+                                                 stopping)
+            finally:
+                if ready is not None and not active:
+                    ready.cancel()
+            if active:
+                child.append(ready.go(env) if ready is not None else subprocess.Popen(argv, env=env))
+        if child:
             if stopping.is_set():  # a TERM that came as it started
                 child[0].send_signal(signal.SIGTERM)
             rc = child[0].wait()
