@@ -6,7 +6,8 @@ launcher gives up with 86 before anything is started).
   SLURMFT_SPARE_NODES=K     K >= 0 nodes wait as hot spares; K >= 1 turns the mode on
   SLURMFT_IN_ALLOCATION=1   turns it on with K = 0 (shrink only)
   SLURMFT_MIN_NODES=M       smallest world in nodes (default: the active node count: no shrink)
-  SLURMFT_NODE_SILENT_S     a node whose task has not beaten for this long is fenced (10)
+  SLURMFT_NODE_SILENT_S     a node whose task beat on neither channel (its alive file, TCP to
+                            the launcher: ``liveness``) for this long is fenced (5)
   SLURMFT_ALLOC_RESTARTS    restarts in place without checkpoint progress before exit 86 (3)
   SLURMFT_WARM_WORKERS      1 (the default): ranks forked from each node's warm server
                             (``warm``); 0: every rank starts cold. 1 without the mode: refused
@@ -25,7 +26,9 @@ from slurmft.launch.identity import JobIdentity
 from slurmft.launch.settings import SettingsError, _number
 
 MIN_NODE_SILENT_S = 2.0   # the node task beats every second: less would fence a busy node
-DEFAULT_NODE_SILENT_S = 10.0
+# Two channels (file and TCP): a filesystem's stall alone fences nobody, so the bound can be
+# short; the file alone (no TCP beat from a node yet) still needs liveness.FILE_ALONE_S.
+DEFAULT_NODE_SILENT_S = 5.0
 DEFAULT_ALLOC_RESTARTS = 3
 
 

@@ -114,6 +114,8 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     env["SLURMFT_RUN_DIR"] = str(cfg.run_dir)
     env["SLURMFT_JOB_ID"] = ident.slurm_id  # the array-aware id, for the ranks
     env["SLURMFT_PG_TIMEOUT_S"] = str(cfg.pg_timeout_s)
+    if alloc is not None:  # the ranks wait on a re-forming by it: the value judged here, one place
+        env["SLURMFT_NODE_SILENT_S"] = f"{alloc.node_silent_s:g}"
     voice.template("launch", nodes=list(ident.nodes), scontrol=client is not None,
                    nproc_per_node=cfg.nproc_per_node)
     requeue.publish_run_dir(client, ident, str(cfg.run_dir), voice)

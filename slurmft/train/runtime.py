@@ -45,7 +45,7 @@ class JobEnv:
     slurm_id: the launcher's array-aware job id (``$SLURMFT_JOB_ID``, else ``job_id``): the one
     ``allocation.json`` and the launcher's journal lines name.
     node_silent_s: in-allocation mode, how long the launcher lets a node be silent before it fences
-    it (``$SLURMFT_NODE_SILENT_S``, 10; the launcher validates it, a rank only reads it).
+    it (``$SLURMFT_NODE_SILENT_S``, which the launcher sets on every node's step; 5 without it).
     """
 
     rank: int
@@ -60,7 +60,7 @@ class JobEnv:
     pg_timeout_s: float = 600.0
     attempt: int = 0
     slurm_id: str | None = None
-    node_silent_s: float = 10.0
+    node_silent_s: float = 5.0
 
     @property
     def is_rank0(self) -> bool:
@@ -108,7 +108,7 @@ class JobEnv:
             pg_timeout_s=float(integer(("SLURMFT_PG_TIMEOUT_S",), 600, 1)),
             attempt=integer(("TORCHELASTIC_RESTART_COUNT",), 0, 0),
             slurm_id=env.get("SLURMFT_JOB_ID") or env.get("SLURM_JOB_ID") or None,
-            node_silent_s=_seconds(env.get("SLURMFT_NODE_SILENT_S"), 10.0),
+            node_silent_s=_seconds(env.get("SLURMFT_NODE_SILENT_S"), 5.0),
         )
 
 

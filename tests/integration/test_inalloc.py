@@ -20,7 +20,7 @@ from train_job_support import TINY_ARGS, TrainJob, kill_ranks, reference_losses,
 pytestmark = pytest.mark.integration
 
 ARGS = [*TINY_ARGS, "--steps", "40", "--ckpt-every", "5", "--step-sleep", "0.2"]
-# A 4 s silence bound keeps the test short; the default (10 s) is the unit tests'.
+# A 4 s silence bound keeps the test short (the default is 5 s).
 INALLOC_ENV = {"SLURMFT_NODE_SILENT_S": "4", "SLURMFT_PG_TIMEOUT_S": "60"}
 
 

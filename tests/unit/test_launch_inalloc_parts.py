@@ -35,7 +35,7 @@ def test_the_mode_is_off_unless_spares_or_the_flag_turn_it_on():
 def test_spares_are_the_last_nodes_and_the_batch_host_always_trains():
     a = _alloc(SLURMFT_SPARE_NODES="1")
     assert (a.active, a.spares, a.min_nodes) == (("n1", "n2", "n3"), ("n4",), 3)
-    assert (a.node_silent_s, a.alloc_restarts) == (10.0, 3)
+    assert (a.node_silent_s, a.alloc_restarts) == (5.0, 3)
     # A batch host that is not the first node stays active and is never a spare.
     b = _alloc(SLURMFT_SPARE_NODES="2", SLURMD_NODENAME="n4")
     assert (b.active, b.spares) == (("n4", "n1"), ("n2", "n3"))

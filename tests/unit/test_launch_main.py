@@ -25,6 +25,10 @@ FAKE_SRUN = textwrap.dedent(f"""\
     if "slurmft.launch.nodecheck" in sys.argv:
         print(os.environ["FAKE_PREFLIGHT"].replace(";", "\\n"))
         sys.exit(0)
+    if os.environ.get("FAKE_ENV_OUT") and os.environ.get("SLURMFT_ALIVE_FILE"):  # a node's step
+        node = os.path.basename(os.environ["SLURMFT_ALIVE_FILE"])
+        with open(os.path.join(os.environ["FAKE_ENV_OUT"], node), "w") as out:
+            out.write(os.environ.get("SLURMFT_NODE_SILENT_S", "unset"))
     code = int(os.environ["FAKE_CODE"])
     journal.append_event(os.path.join(os.environ["SLURMFT_RUN_DIR"], "events.jsonl"),
                          journal.SEGMENT_END, job_id=os.environ["SLURM_JOB_ID"],
@@ -132,3 +136,14 @@ def test_a_bad_in_allocation_setting_gives_up_before_anything_starts(tmp_path, c
     assert len(lines) == 1 and named in lines[0]
     assert not (tmp_path / "run" / "allocation.json").exists()
     assert [e.get("action") for e in _events(tmp_path, journal.TEMPLATE)] == ["give_up"]
+
+
+@pytest.mark.parametrize("extra, bound", [({}, "5"), ({"SLURMFT_NODE_SILENT_S": "7.5"}, "7.5")])
+def test_every_node_step_gets_the_silence_bound_the_launcher_judges_by(tmp_path, extra, bound):
+    """The ranks wait on a re-forming for this bound (``alloc_watch``): the launcher's own value,
+    its default included, never a default spelled again on the ranks' side."""
+    out = tmp_path / "env-out"
+    out.mkdir()
+    extra = {"SLURMFT_IN_ALLOCATION": "1", "FAKE_ENV_OUT": str(out), **extra}
+    assert _launch(tmp_path, extra=extra) == exitcodes.OK
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"n1.json": bound, "n2.json": bound}
