@@ -14,6 +14,7 @@ The address, port and token come from the step's environment and are taken out o
 from __future__ import annotations
 
 import os
+import re
 import select
 import socket
 import sys
@@ -29,7 +30,7 @@ END_ACK_S = 1.0      # the launcher's OK to the END line, so it has read it befo
 class Sender:
     def __init__(self, host: str, port: int, token: str, node: str, step_id: str) -> None:
         self.host, self.port, self.token, self.node = host, port, token, node
-        self.step_id = step_id if step_id.isdigit() and len(step_id) <= 10 else "-"
+        self.step_id = step_id if re.fullmatch(r"[0-9]{1,10}", step_id) else "-"
         self.acks = 0                      # OK lines read from the launcher
         self.status = "not connected yet"  # for the evidence of a batch host's death
         self._sock: socket.socket | None = None

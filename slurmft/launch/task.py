@@ -106,7 +106,8 @@ def supervise(argv: list[str], alive: Path) -> int:
     if watch is not None:  # not the batch host: requeue the job if the batch host dies
 
         def lost(silent_s: float) -> None:
-            orphan.requeue_job(os.environ, silent_s, watch.describe())
+            conn = "" if sender is None else f" ({sender.status})"
+            orphan.requeue_job(os.environ, silent_s, watch.describe() + conn)
             forward(signal.SIGTERM, None)
 
         threading.Thread(target=orphan.watch_forever, args=(watch, stop, lost), daemon=True,

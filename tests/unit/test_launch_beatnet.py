@@ -251,3 +251,42 @@ def test_a_listener_that_cannot_be_opened_is_one_line_and_the_file_alone_longer(
         assert "loopback" in said[0]
     finally:
         net.close()
+
+
+def test_a_task_requeues_only_once_the_launchers_connection_is_refused_too(tmp_path, monkeypatch):
+    """The batch host's file is silent from the start; the launcher's OKs keep its other-node
+    task from requeueing until the listener goes (a refused connection is the evidence)."""
+    import os
+    import signal
+
+    from slurmft.launch import task
+
+    net = beatnet.Listener("127.0.0.1", NODES)
+    batch = tmp_path / "alive" / "n1.json"
+    batch.parent.mkdir()
+    monkeypatch.setattr(orphan, "STARTUP_S", 0.5)
+    monkeypatch.setattr(orphan, "POLL_S", 0.1)
+    asked = []
+    monkeypatch.setattr(orphan, "requeue_job",
+                        lambda env, silent, detail: asked.append((time.monotonic(), detail)))
+    for key, value in {**orphan.environ_for("n1", batch, 2, 0), **net.environ_for("n2")}.items():
+        monkeypatch.setenv(key, value)
+    start = time.monotonic()
+    closed = []
+    closer = threading.Timer(4.0, lambda: (closed.append(time.monotonic()), net.close()))
+    closer.start()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = task.supervise([sys.executable, "-c", "import time; time.sleep(60)"],
+                            tmp_path / "alive" / "n2.json")
+    finally:
+        closer.cancel()
+        net.close()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert rc == 128 + 15 and closed and len(asked) == 1
+    when, detail = asked[0]
+    assert when >= closed[0] > start  # not while the OKs came, though the file said nothing
+    assert "no OK" not in detail and "the launcher's TCP OKs" in detail
+    assert "refused" in detail or "closed by the launcher" in detail
+    assert beatnet.TOKEN_ENV not in os.environ  # taken out of the task's environment
