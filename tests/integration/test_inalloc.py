@@ -1,11 +1,13 @@
 """In-allocation recovery on the real devcluster (issue 27): a 4-node job (3 active + 1 hot
 spare, ``sbatch --no-kill``) whose non-batch node is killed goes on inside its allocation, on
-the spare, without leaving RUNNING, every step's loss bit-identical to an uninterrupted run's;
-without a spare the world shrinks to 2 nodes at the same global sample."""
+the spare, without leaving RUNNING, every step's loss bit-identical to an uninterrupted run's,
+and a node whose beat file stalls meanwhile is not fenced (its TCP beats go on); without a spare
+the world shrinks to 2 nodes at the same global sample."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
@@ -60,6 +62,25 @@ def _kill_when_ready(cluster, job: TrainJob, run, *, spares: int) -> tuple[str, 
     return victim, committed
 
 
+def _stall_alive(run, node: str, seconds: float) -> None:
+    """A shared filesystem's stall of ``node``'s beat file, stood in for by a non-empty directory
+    in its place: every write of it fails for ``seconds`` (the node's TCP beats go on)."""
+    alive, held = RunDir(run).alive(node), RunDir(run).alive(node).with_name(f".{node}.stall")
+    held.mkdir()
+    (held / "x").write_text("")
+    for _ in range(50):  # the task may put the file back between the unlink and the rename
+        alive.unlink(missing_ok=True)
+        try:
+            held.rename(alive)
+            break
+        except OSError:
+            time.sleep(0.01)
+    else:
+        raise AssertionError(f"could not stall {alive}")
+    time.sleep(seconds)
+    shutil.rmtree(alive)
+
+
 def _segments(job: TrainJob) -> list:
     return job.events([journal.SEGMENT_START])
 
@@ -72,6 +93,9 @@ def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_p
     victim, committed = _kill_when_ready(slurm_cluster, job, run, spares=1)
     batch = _allocation(run)["active"][0]
     assert victim != batch
+    # Meanwhile the third node's beat file stalls past the bound, and past what the file alone
+    # is given (liveness.FILE_ALONE_S, 10 s): only its TCP beats keep it from being fenced.
+    _stall_alive(run, _allocation(run)["active"][2], 12)
 
     states = _wait_running_until_end(job, timeout=300)
     assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
