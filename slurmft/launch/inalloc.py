@@ -91,7 +91,7 @@ class Supervisor:
         self.run_dir = RunDir(cfg.run_dir)
         self.alloc = alloc_mod.initial(ident.slurm_id, alloc.active, alloc.spares, alloc.min_nodes)
         self.min_nodes = alloc.min_nodes
-        self.liveness = Liveness(self.run_dir, startup_s=STARTUP_S)
+        self.liveness = Liveness(self.run_dir, startup_s=STARTUP_S, log=voice.log)
         self.steps: dict[str, nodesteps.NodeStep] = {}
         self.done: dict[str, int] = {}          # active node -> its step's exit status at the end
         self.ending = False

@@ -30,6 +30,7 @@ from slurmft.rundir import RunDir
 
 MAX_BYTES = 4096
 FILE_ALONE_S = 10.0   # the file's bound while it is the only channel (it was the default alone)
+NO_TCP_WARN_S = 30.0  # a node that beats in its file this long without a TCP beat is said once
 _STEP_RE = re.compile(r"^[0-9]{1,10}$")
 
 
@@ -43,6 +44,7 @@ class _Seen:
     net_mark: tuple[int, int] | None = None   # (pid, lines) the listener last had from it
     net_changed: float | None = None          # monotonic: when that last changed
     net_connected: bool = False
+    warned: bool = False
 
 
 def read_beat(path: Path) -> tuple[tuple[int, int], str | None, int | None] | None:
@@ -81,11 +83,13 @@ def open_channel(host: str, nodes: Iterable[str], log: Callable[[str], None]) ->
 
 class Liveness:
     def __init__(self, run_dir: RunDir, *, startup_s: float,
-                 clock: Callable[[], float] = time.monotonic, net: Listener | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, net: Listener | None = None,
+                 log: Callable[[str], None] | None = None) -> None:
         self.run_dir = run_dir
         self.startup_s = startup_s
         self.clock = clock
         self.net = net
+        self.log = log
         self._seen: dict[str, _Seen] = {}
 
     def expect(self, node: str) -> None:
@@ -114,6 +118,13 @@ class Liveness:
                 seen.ended = heard.ended if heard.ended is not None else seen.ended
             if heard is not None:
                 seen.net_connected = heard.connected
+            if self.net is not None and self.log is not None and not seen.warned \
+                    and seen.net_changed is None and seen.changed is not None \
+                    and now - seen.since > NO_TCP_WARN_S:
+                seen.warned = True  # a firewall, or a name that resolves elsewhere there
+                self.log(f"WARNING: {node} beats in its alive file but not over TCP to "
+                         f"{self.net.address}: its file is judged alone (at least "
+                         f"{FILE_ALONE_S:g} s of silence before a fence)")
 
     def _ages(self, node: str) -> tuple[float, float | None]:
         """Seconds since the file's last beat (since expected, before the first) and since the

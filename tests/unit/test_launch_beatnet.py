@@ -290,3 +290,15 @@ def test_a_task_requeues_only_once_the_launchers_connection_is_refused_too(tmp_p
     assert "no OK" not in detail and "the launcher's TCP OKs" in detail
     assert "refused" in detail or "closed by the launcher" in detail
     assert beatnet.TOKEN_ENV not in os.environ  # taken out of the task's environment
+
+
+def test_a_node_that_beats_in_its_file_but_never_over_tcp_is_said_once(tmp_path, listener):
+    said = []
+    run, clock, live = _watching(tmp_path, listener)
+    live.log = said.append
+    for seq in range(1, 40):
+        clock.now += 1
+        _file_beat(run, "n2", seq)
+        live.poll()
+    assert len(said) == 1 and said[0].startswith("WARNING: n2 beats in its alive file but not over TCP")
+    assert str(listener.port) not in said[0] and not live.silent("n2", 5)
