@@ -3,7 +3,8 @@
 scontrol, and outside requeues followed at once by a restart; and two of its functions on real
 Slurm: a pre-flight that fails a node, and a heterogeneous job refused. The real template runs
 the real example; the test plays only the watcher's part it needs (``StartTime=now``), and only
-where it says why; elsewhere the real ``slurmft watch`` does."""
+where it says why; elsewhere the real ``slurmft watch`` does. A job has one node unless the test is
+about several (issue 28: each node is a torchrun and a rank importing torch, at every start)."""
 
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def test_job_without_scontrol_saves_and_asks_the_watcher_to_requeue(slurm_cluste
     bin_dir.mkdir()
     (bin_dir / "srun").symlink_to("/usr/bin/srun")
     args = [*TINY_ARGS, "--steps", "200", "--ckpt-every", "50", "--step-sleep", "0.1"]
-    job = submit(slurm_cluster, tmp_path / "run", args, nodes=2,
+    job = submit(slurm_cluster, tmp_path / "run", args, nodes=1,
                  sbatch_options=[f"--export=ALL,PATH={bin_dir}"])   # the job's PATH, not sbatch's
     job.wait_step(5, timeout=120)
     job.client.cancel(job.job_id, signal="USR2", batch_only=True)
@@ -130,7 +131,7 @@ def test_outside_requeue_then_start_now_five_times_every_run_trains_on(slurm_clu
     new run starting within seconds of the old one's end), where signals sent by job id used to
     land in the new run."""
     args = [*TINY_ARGS, "--steps", "60", "--ckpt-every", "5", "--step-sleep", "0.3"]
-    job = submit(slurm_cluster, tmp_path / "run", args, nodes=2)
+    job = submit(slurm_cluster, tmp_path / "run", args, nodes=1)
     requeued_at: dict[int, float] = {}
     for restart in range(5):
         _wait_loss_in_run(job, restart, timeout=120)
@@ -178,11 +179,11 @@ def test_a_later_run_trains_past_an_earlier_runs_done_and_survives_preemption(sl
     """Issue 13: a DONE left by an earlier run used to end every later run in the same
     directory at its first preemption (the template exited 0 when DONE existed)."""
     run = tmp_path / "run"
-    first = submit(slurm_cluster, run, [*TINY_ARGS, "--steps", "3", "--ckpt-every", "3"], nodes=2)
+    first = submit(slurm_cluster, run, [*TINY_ARGS, "--steps", "3", "--ckpt-every", "3"], nodes=1)
     assert first.wait_finished(timeout=120).state is JobState.COMPLETED, first.log_text()[-4000:]
     assert (run / "DONE").exists()
     args = [*TINY_ARGS, "--steps", "30", "--ckpt-every", "10", "--step-sleep", "0.2"]
-    second = submit(slurm_cluster, run, args, nodes=2, watch=True)
+    second = submit(slurm_cluster, run, args, nodes=1, watch=True)
     second.wait_step(6, timeout=120)
     second.client.cancel(second.job_id, signal="USR2", batch_only=True)
     final = second.wait_finished(timeout=180)

@@ -3,7 +3,13 @@ default hang settings (issue 25): nothing is detected, nothing is done to them. 
 examples/train_gpt.py with its default heartbeat cadence; slow steps come from the example's
 ``--step-sleep``, a slow save and a slow load from the checkpoint manager's slow-storage knob for
 tests (``SLURMFT_CKPT_FAULT_SLOW``: a sleep at that phase of that step, on every rank). The watcher
-polls every second (``WatcherProc``): more chances to misjudge, not fewer."""
+polls every second (``WatcherProc``): more chances to misjudge, not fewer.
+
+Each run here is also the suite's plain completing job under the watcher (issue 28 merged
+test_watch_recovery.py's test_a_job_that_completes_is_never_requeued into ``_finished_untouched``),
+and the slow-checkpoint run is its NaN rollback (test_train_job_faults.py's
+test_one_nan_rolls_back_and_training_continues, merged: the same guard trip, rollback and replayed
+steps, in a run that was started anyway)."""
 
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ def _finished_untouched(job, watcher, context, timeout: float):
     events = job.events()
     assert not of(events, "fault_detected") and not of(events, "recovery_action"), context()
     assert [e.get("how") for e in of(events, "run_finished")] == ["finished"], context()
+    assert "finished" in watcher.text()
     return events
 
 
@@ -69,7 +76,12 @@ def test_a_save_and_a_load_longer_than_hang_min_s_are_waited_for(slurm_cluster, 
         events = _finished_untouched(job, watcher, context, 420)
         trip, = of(events, "guard_trip")
         rollback, = of(events, "rollback")
-        assert rollback.get("to_step") == 4 and rollback.time - trip.time > HANG_MIN_S, context()
+        assert (trip.get("step"), trip.get("verdict")) == (6, "rollback"), context()
+        assert "non-finite loss" in trip.get("reason")
+        assert (rollback.get("from_step"), rollback.get("to_step")) == (6, 4), context()
+        assert rollback.time - trip.time > HANG_MIN_S, context()
+        # Step 5 redone after the rollback to 4, every other step once, training on to the end.
+        assert [e.get("step") for e in of(events, "loss")] == [*range(1, 6), *range(5, 11)], context()
         final = [e for e in of(events, "checkpoint_committed") if e.get("step") == 10]
         assert final and final[0].get("total_s") > HANG_MIN_S, context()
         last_step = [e for e in of(events, "loss") if e.get("step") == 10][-1]

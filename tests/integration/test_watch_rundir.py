@@ -56,7 +56,7 @@ def test_a_second_job_in_the_same_run_dir_is_a_new_epoch_watched_crashed_and_rec
             assert logs[0].wait(60) == 0, ctx()
         # The next sbatch in the same run dir continues the run (today: the watcher exits 2
         # until someone deletes watch/state.json; --all never lets the first run go).
-        second = submit(slurm_cluster, run, [*ARGS, "--steps", "30"], nodes=2)
+        second = submit(slurm_cluster, run, [*ARGS, "--steps", "30"], nodes=1)
         observe_until(second.client, second.job_id, lambda j: j.run_dir is not None, 90,
                       "run dir comment", context=second.log_text)
         if watcher == "one_per_job":
