@@ -134,9 +134,9 @@ def stop_server(proc: subprocess.Popen, path: str, timeout_s: float = 10.0) -> N
 class _BecomeWorker(BaseException):
     """Raised in a fresh fork: unwinds the server's frames to ``main``, which runs the rank."""
 
-    def __init__(self, request: dict, client_pid: int) -> None:
+    def __init__(self, request: dict, client_pid: int, mask: set) -> None:
         super().__init__()
-        self.request, self.client_pid = request, client_pid
+        self.request, self.client_pid, self.mask = request, client_pid, mask
 
 
 def _log(msg: str) -> None:
@@ -275,7 +275,15 @@ class Server:
             return
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        # The relayed signals stay blocked in the fork until it is in its own session with the
+        # rank's dispositions (warmworker): a signal its client relays at once (a TERM that came
+        # while it waited for the fork) is then the rank's, not lost to the server's handler.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, proto.RELAYED)
+        try:
+            pid = os.fork()
+        finally:
+            if os.getpid() == self.pid:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pid == 0:
             self.sel.close()
             for fd in (self.sock.fileno(), *(c.fileno() for c in self.workers.values())):
@@ -287,7 +295,7 @@ class Server:
                 if fd > 2:
                     os.close(fd)
             conn.close()   # the server's end only: the client sees EOF once the server is gone
-            raise _BecomeWorker(req, peer_pid)
+            raise _BecomeWorker(req, peer_pid, mask)
         for fd in fds:
             os.close(fd)
         env = req["env"]
@@ -373,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.close()
     if worker is not None:   # outside the handler: the rank's own errors carry no server context
-        warmworker.become_worker(worker.request, worker.client_pid)
+        warmworker.become_worker(worker.request, worker.client_pid, worker.mask)
     return 0
 
 

@@ -147,6 +147,18 @@ def _die_like(status: int) -> None:
     os._exit(status)
 
 
+def signal_worker(pid: int, signum: int) -> None:
+    """The worker's process group; the worker itself while it is not yet in its own session
+    (just forked: the server forks it with the relayed signals blocked until it is the rank)."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
 def _connect(sock: socket.socket, path: str) -> None:
     """The task starts the server just before torchrun: give it CONNECT_S to bind. A socket
     that refuses is a dead server's (nobody listens): no wait."""
@@ -175,10 +187,7 @@ def client(command: list[str], environ: dict[str, str]) -> None:
 
     def relay(signum: int, frame: object) -> None:
         if worker:
-            try:
-                os.killpg(worker[0], signum)
-            except ProcessLookupError:
-                pass
+            signal_worker(worker[0], signum)
         else:
             pending.append(signum)
 

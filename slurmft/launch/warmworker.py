@@ -12,7 +12,7 @@ import select
 import sys
 import threading
 import time
-from typing import Mapping
+from typing import Collection, Mapping
 
 from slurmft.launch import warmclient as proto
 
@@ -66,9 +66,11 @@ def _threads(env: Mapping[str, str]) -> None:
             return
 
 
-def become_worker(req: dict, client_pid: int) -> None:
+def become_worker(req: dict, client_pid: int, mask: Collection[int] | None = None) -> None:
     """In the fork: set up the rank's process as its own interpreter would be, and run it.
-    Whatever the script raises unwinds to the top of this interpreter, which ends as usual."""
+    Whatever the script raises unwinds to the top of this interpreter, which ends as usual.
+    ``mask``: the signal mask to restore once the rank's dispositions are set (the server forks
+    with the relayed signals blocked: one relayed meanwhile is delivered then, to the rank)."""
     import runpy
     import types
 
@@ -79,6 +81,8 @@ def become_worker(req: dict, client_pid: int) -> None:
             signal.signal(sig, signal.default_int_handler)
         else:
             signal.signal(sig, signal.SIG_IGN if int(sig) in ignored else signal.SIG_DFL)
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])

@@ -324,3 +324,33 @@ def test_the_cuda_driver_is_found_in_maps_and_the_runtime_is_not(tmp_path):
         assert warm.cuda_driver_mapped(str(maps)) == name
     assert "cannot read" in warm.cuda_driver_mapped(str(tmp_path / "absent"))
     assert warm.cuda_driver_mapped() is None   # this test process: torch's CPU build, no driver
+
+
+def test_a_term_that_came_while_the_client_waited_for_its_fork_ends_the_rank(tmp_path):
+    """torchrun stops a round's workers with TERM, also ones still waiting for their fork (the
+    server importing): the TERM is relayed as soon as the worker exists, and must be the rank's
+    (default action: it dies) even though the fork has not yet set the rank's dispositions or
+    its own session. It was lost: the rank trained on in a world torchrun had left, and
+    torchrun waited 30 s to KILL its client (benchmarks/recovery_bench.py, a shrink's start)."""
+    (tmp_path / "slowimport.py").write_text("import time\ntime.sleep(4)\n")
+    server = Srv("json,slowimport", env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    script = _script(tmp_path, "import time\ntime.sleep(60)\nprint('trained on')\n")
+    try:
+        proc = subprocess.Popen([*CLIENT, str(script)], cwd=tmp_path, env=server.env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def connected() -> bool:   # its handlers are installed before its socket exists
+            try:
+                return any(os.readlink(f"/proc/{proc.pid}/fd/{fd}").startswith("socket:")
+                           for fd in os.listdir(f"/proc/{proc.pid}/fd"))
+            except OSError:
+                return False
+
+        _until("the client's connection", connected)
+        assert server.proc.poll() is None   # the server still imports: no fork yet
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=WAIT_S)
+    finally:
+        log = server.stop()
+    assert "forked warm" in log          # the worker was forked after the TERM came...
+    assert proc.returncode == -signal.SIGTERM and "trained on" not in out, err   # ...and died of it
