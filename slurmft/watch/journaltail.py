@@ -33,6 +33,8 @@ class JournalSummary:
     commits: deque = field(default_factory=lambda: deque(maxlen=_KEEP_COMMITS))
     requeue_requests: dict[tuple[str, int], Event] = field(default_factory=dict)
     self_requeues: dict[tuple[str, int], str] = field(default_factory=dict)  # -> the launcher's reason
+    # -> the nodes the launcher excluded as it requeued itself (its template ``requeue`` event)
+    self_requeue_excludes: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
     preemptions: dict[tuple[str, int], Event] = field(default_factory=dict)  # the run saved on a signal
     gave_up: dict[tuple[str, int], str] = field(default_factory=dict)  # the launcher's exit 86: why
     last_loss_step: int | None = None
@@ -119,6 +121,9 @@ class JournalSummary:
             self.requeue_requests[key] = event
         elif kind == journal.TEMPLATE and event.get("action") == "requeue":
             self.self_requeues[key] = str(event.get("reason") or "")
+            said = event.get("exclude")
+            self.self_requeue_excludes[key] = tuple(
+                n for n in (said.split(",") if isinstance(said, str) else ()) if n)[:MAX_FENCED]
         elif kind == journal.TEMPLATE and event.get("action") == "give_up":
             self.gave_up[key] = event.text("reason") or "the launcher gave up"
         elif kind == journal.PREEMPTION:

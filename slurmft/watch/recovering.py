@@ -106,6 +106,11 @@ class Recovering:
             st.clean_since.pop(name, None)
             if name in obs.nodes:
                 st.node_faults[name] = st.node_faults.get(name, 0) + 1
+        # The nodes the launcher excluded as it requeued itself are slurmft's exclusions too:
+        # once repaired they may be readmitted when the job would not fit without them (over a
+        # long in-allocation run they piled up until the job could never start again).
+        own = obs.summary.find(obs.summary.self_requeue_excludes, job.ids, recovered) or ()
+        st.excluded = [*st.excluded, *(n for n in own if n in obs.nodes and n not in st.excluded)]
         if finding.cause in detect.FAULTS:
             giveup.record_fault_restart(st, finding.cause, newest)
         st.phase = RECOVERING

@@ -496,3 +496,26 @@ def test_the_launchers_crash_loop_give_up_is_never_requeued(run):
     assert ("requeue", "7") not in client.calls and ("requeue_hold", "7") in client.calls
     (gave_up,) = read_events(run.events, [journal.GAVE_UP])
     assert gave_up.get("cause") == "no_requeue" and "SLURMFT_ALLOC_RESTARTS=1" in gave_up.get("reason")
+
+
+def test_the_launchers_own_exclusions_are_readmitted_once_repaired_when_the_job_cannot_fit(run):
+    """An in-allocation job that lost its spare requeues itself, excluding the nodes it lost
+    (its template ``requeue`` event names them). Over a long run those exclusions piled up in
+    ExcNodeList until the job could never start again (the 30-minute soak of 2026-11-27: n[4-6]
+    excluded, 3 of the 6 nodes left, 4 needed, PENDING BadConstraints for ever). They are
+    slurmft's exclusions like the watcher's own: a repaired one is readmitted, oldest first,
+    when the job would not fit without it. The old watcher readmitted only its own."""
+    client = Client()
+    w = watcher(run, client)
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 79)
+    w.step(job(), table(), T0 + 80)
+    launcher_event(run, journal.TEMPLATE, T0 + 90, action="requeue", exclude="n3,n4",
+                   reason="n4 lost (node_silent) and no spare is left: 2 node(s) is below "
+                          "SLURMFT_MIN_NODES=3")
+    # n3 (fenced earlier) is back in service, n4 still DOWN: without n3, 3 usable nodes of 5.
+    pending = job(state=JobState.PENDING, nodes=(), restart=1, min_nodes=4,
+                  excluded_nodes=("n3", "n4"))
+    w.step(pending, table(n4="DOWN"), T0 + 110)
+    assert ("readmit", "7", ("n3",)) in client.calls
+    assert ("readmit", "7", ("n4",)) not in client.calls  # still DOWN: it would not help
