@@ -70,7 +70,11 @@ def test_a_scancel_at_every_point_of_a_recovery_leaves_the_job_cancelled(slurm_c
                           env={steppoint.HOOK_ENV: str(hook)})
     hosts = sorted({n for job in running.values() for n in job.nodes})
     try:
-        time.sleep(3)  # the watcher has seen every job running
+        # The watcher has taken on every job, each RUNNING, before the nodes are drained: a bound
+        # ended by its journaled watch_started (it was a fixed 3 s, short of a start at load 20).
+        for job_id, run in runs.items():
+            events_until(run, lambda ev: of(ev, "watch_started"), 90, f"job {job_id} watched",
+                         context=watcher.text)
         for node in hosts:  # what the sweeper does to a node that fails its health check
             client.drain(node, "slurmft: test: failing health check")
         for job_id, run in runs.items():
