@@ -2,12 +2,24 @@
 spare, ``sbatch --no-kill``) whose non-batch node is killed goes on inside its allocation, on
 the spare, without leaving RUNNING, every step's loss bit-identical to an uninterrupted run's,
 and a node whose beat file stalls meanwhile is not fenced (its TCP beats go on); without a spare
-the world shrinks to 2 nodes at the same global sample."""
+the world shrinks to 2 nodes at the same global sample.
+
+Ranks are forked from each node's warm server, the default in this mode: the spare and rank-crash
+cases assert it (every rank of every world forked warm, none cold); the shrink case opts out
+(``SLURMFT_WARM_WORKERS=0``) and checks the cold path. Issue 28 merged into the spare case, which
+runs under the real ``slurmft watch`` in operator mode, two tests that started the same job:
+test_watch_inalloc.py's test_the_watcher_leaves_a_recovery_in_the_allocation_alone and
+test_inalloc_warm.py's test_a_spare_replaces_a_killed_node_with_warm_workers; into the rank-crash
+case, test_inalloc_warm.py's test_a_warm_rank_killed_9_is_restarted_in_place."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -18,12 +30,17 @@ from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
 
 from train_job_support import TINY_ARGS, TrainJob, kill_ranks, reference_losses, submit
+from watch_support import WatcherProc
 
 pytestmark = pytest.mark.integration
 
 ARGS = [*TINY_ARGS, "--steps", "40", "--ckpt-every", "5", "--step-sleep", "0.2"]
 # A 4 s silence bound keeps the test short (the default is 5 s).
 INALLOC_ENV = {"SLURMFT_NODE_SILENT_S": "4", "SLURMFT_PG_TIMEOUT_S": "60"}
+# What a node's warm server logs for each rank it forks (launch/warm.py), and a client that could
+# not be served (launch/warmclient.py).
+FORKED = re.compile(r"slurmft warm server\[\d+\]: rank (\d+) \(attempt (\d+)\) forked warm as pid")
+COLD = "starting this rank cold"
 
 
 def _allocation(run) -> dict:
@@ -85,20 +102,29 @@ def _segments(job: TrainJob) -> list:
     return job.events([journal.SEGMENT_START])
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)
 def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_path):
+    """The launcher's recovery; beside it the real watcher, even in operator mode with a short
+    hang timeout, never requeues or holds the run (on the code before in-allocation mode it did:
+    its operator rule set the dead node DOWN and recovered the job, and its hang rule called the
+    restarting world hung 20 s after the last beat before the fault)."""
     run = tmp_path / "run"
     job = submit(slurm_cluster, run, ARGS, nodes=4, sbatch_options=["--no-kill"],
                  env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1"})
-    victim, committed = _kill_when_ready(slurm_cluster, job, run, spares=1)
-    batch = _allocation(run)["active"][0]
-    assert victim != batch
-    # Meanwhile the third node's beat file stalls past the bound, and past what the file alone
-    # is given (liveness.FILE_ALONE_S, 10 s): only its TCP beats keep it from being fenced.
-    _stall_alive(run, _allocation(run)["active"][2], 12)
-
-    states = _wait_running_until_end(job, timeout=300)
+    job.watcher = WatcherProc(slurm_cluster, [job.job_id], tmp_path / "watch.log", "--operator",
+                              "--hang-timeout", "20", run_dir=run)
+    try:
+        victim, committed = _kill_when_ready(slurm_cluster, job, run, spares=1)
+        batch = _allocation(run)["active"][0]
+        assert victim != batch
+        # Meanwhile the third node's beat file stalls past the bound, and past what the file alone
+        # is given (liveness.FILE_ALONE_S, 10 s): only its TCP beats keep it from being fenced.
+        _stall_alive(run, _allocation(run)["active"][2], 12)
+        states = _wait_running_until_end(job, timeout=300)
+    finally:
+        job.watcher.kill()
     assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
+    assert job.state().restart_count == 0  # never requeued
 
     alloc = _allocation(run)
     assert alloc["generation"] == 1 and victim not in alloc["active"]
@@ -125,6 +151,37 @@ def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_p
     assert not RunDir(run).alive(victim).exists() or \
         RunDir(run).alive(victim).stat().st_mtime <= fence_time
 
+    # The watcher's only act: the fenced node set DOWN (operator mode), when it saw Slurm's
+    # NOT_RESPONDING at two polls before Slurm's own SlurmdTimeout made it DOWN.
+    watcher = [e for e in job.events([journal.FAULT_DETECTED, journal.RECOVERY_ACTION,
+                                      journal.PLANNED_END, journal.GAVE_UP])
+               if not journal.in_allocation(e)]
+    assert all(e.kind == journal.RECOVERY_ACTION and e.get("action") == "set_down"
+               and e.get("nodes") == [victim] for e in watcher), (watcher, job.context())
+    node = slurm_cluster.nodes()[victim]
+    assert node.state == "DOWN", node.describe()
+    if watcher:  # set DOWN by the watcher: the launcher's evidence is the reason
+        assert node.reason.startswith(f"slurmft: watch: fenced by job {job.job_id}'s launcher"), node.reason
+
+    # slurmft status: the recovery is a fault recovered in the allocation, the spare used up.
+    out = subprocess.run([sys.executable, "-m", "slurmft.cli", "status", str(run), "--json"],
+                         env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    (fault,) = report["faults"]
+    assert (fault["where"], fault["nodes"], fault["recovered"]) == ("allocation", [victim], True)
+    assert fault["requeued"] is None and fault["acted"] is not None
+    assert report["restarts"] == 1 and report["allocation"]["spares"] == []
+    assert victim in [f["node"] for f in report["allocation"]["fenced"]]
+
+    # Every rank of both worlds was forked by its node's warm server, none started cold.
+    log = job.log_text()
+    forked = {(int(r), int(a)) for r, a in FORKED.findall(log)}
+    assert {(r, 0) for r in range(3)} <= forked, log[-4000:]
+    assert any(a >= 1 for _, a in forked), log[-4000:]     # the new world's ranks too
+    assert COLD not in log and "no warm workers" not in log
+
     # Every step's loss, the first time and when redone after the restore, equals an
     # uninterrupted 3-rank run's bit for bit.
     ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
@@ -137,8 +194,10 @@ def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_p
 @pytest.mark.timeout(420)
 def test_without_a_spare_the_world_shrinks_and_goes_on_at_the_same_global_sample(slurm_cluster, tmp_path):
     run = tmp_path / "run"
+    # Cold (the warm workers' opt-out): every rank a fresh torchrun child, before and after.
     job = submit(slurm_cluster, run, ARGS, nodes=3, sbatch_options=["--no-kill"],
-                 env={**INALLOC_ENV, "SLURMFT_IN_ALLOCATION": "1", "SLURMFT_MIN_NODES": "2"})
+                 env={**INALLOC_ENV, "SLURMFT_IN_ALLOCATION": "1", "SLURMFT_MIN_NODES": "2",
+                      "SLURMFT_WARM_WORKERS": "0"})
     victim, committed = _kill_when_ready(slurm_cluster, job, run, spares=0)
     killed_at = time.time()
 
@@ -159,6 +218,7 @@ def test_without_a_spare_the_world_shrinks_and_goes_on_at_the_same_global_sample
     assert after and all(e.get("world_size") == 2 for e in after)
     assert after[0].get("restored_step") >= committed and after[0].get("global_batch") == 12
     assert not [e for e in job.events() if e.time > actions[0].time and e.get("node") == victim]
+    assert not FORKED.search(job.log_text()), job.log_text()[-4000:]  # opted out: no rank forked
 
     # The 2-node world replays the steps after the checkpoint on the same samples: every step's
     # samples are an uninterrupted run's (the global batch is kept), the losses equal up to the
@@ -248,7 +308,9 @@ def test_a_crashed_rank_on_a_healthy_node_is_restarted_in_place(slurm_cluster, t
                  150, "checkpoint of step 10")
     job.wait_step(12, timeout=60)
     node = _allocation(run)["active"][1]
-    assert kill_ranks(slurm_cluster, job.job_id, node=node) == 1  # kill -9: no handler runs
+    # kill -9 of the rank's warm client (what a tool that finds the rank by its command line
+    # kills): its forked worker dies with it, no handler runs, torchrun sees a crashed rank.
+    assert kill_ranks(slurm_cluster, job.job_id, node=node) == 1
 
     states = _wait_running_until_end(job, timeout=300)
     assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
@@ -260,6 +322,8 @@ def test_a_crashed_rank_on_a_healthy_node_is_restarted_in_place(slurm_cluster, t
     assert [(a.get("action"), a.get("world_nodes")) for a in actions] == [("restart_in_place", 3)]
     starts = _segments(job)
     assert len(starts) == 2 and starts[1].get("world_size") == 3 and starts[1].get("restored_step") >= 10
+    log = job.log_text()  # both worlds forked warm (the restart in place warm again)
+    assert {a for _, a in FORKED.findall(log)} >= {"0", "1"} and COLD not in log, log[-4000:]
     ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)
     seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
     assert {s for s, _, _ in seen} == set(ref)

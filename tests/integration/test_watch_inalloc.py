@@ -1,23 +1,16 @@
-"""``slurmft watch`` beside a job in in-allocation mode, on the real devcluster (issue 27): a
-non-batch node killed under a 3 + 1-spare job is the launcher's to recover, and the watcher,
-even in operator mode with a short hang timeout, never requeues or holds the run for it; a fenced
-node that Slurm shows NOT_RESPONDING is set DOWN by the watcher with the launcher's evidence;
-``slurmft status`` counts the recovery as a fault recovered in the allocation and shows the
-allocation's nodes.
+"""``slurmft watch`` beside a job in in-allocation mode, on the real devcluster (issue 27): after a
+recovery in the allocation, a later requeue (the batch host's death, which Slurm leaves the job
+RUNNING through) avoids the fenced node.
 
-On the code before in-allocation mode, the watcher requeued this run: its operator rule set the
-dead node DOWN and recovered the job (beats older than the 20 s timeout), and its hang rule
-called the restarting world hung 20 s after the last beat before the fault. A later requeue (the
-batch host's death, which Slurm leaves the job RUNNING through) avoids the fenced node."""
+The watcher leaving a recovery in the allocation alone (even in operator mode with a short hang
+timeout), setting the fenced node DOWN with the launcher's evidence, and ``slurmft status``
+counting the recovery as one in the allocation are asserted in test_inalloc.py's spare case:
+issue 28 merged this module's test_the_watcher_leaves_a_recovery_in_the_allocation_alone there
+(it started the same 3 + 1-spare job and killed the same node)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-
 
 import pytest
 
@@ -25,8 +18,7 @@ from slurmft import journal
 from slurmft.rundir import RunDir
 from slurmft.slurm.client import JobState
 
-from train_job_support import TINY_ARGS, TrainJob, submit
-from watch_support import WatcherProc
+from train_job_support import TINY_ARGS, submit
 
 pytestmark = pytest.mark.integration
 
@@ -36,73 +28,6 @@ INALLOC_ENV = {"SLURMFT_NODE_SILENT_S": "4", "SLURMFT_PG_TIMEOUT_S": "60", "SLUR
 
 def _allocation(run) -> dict:
     return json.loads(RunDir(run).allocation.read_text())
-
-
-def _states_until_end(job: TrainJob, timeout: float) -> list[tuple[JobState, int]]:
-    """(state, restart count) the job was seen in, in order (deduplicated), until it ends."""
-    seen: list[tuple[JobState, int]] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        state = job.state()
-        now = (state.state, state.restart_count)
-        if not seen or seen[-1] != now:
-            seen.append(now)
-        if state.state.finished:
-            return seen
-        assert time.monotonic() < deadline, f"job {job.job_id} did not end in {timeout:.0f} s " \
-            f"(seen {seen})\n{job.context()}"
-        time.sleep(0.5)
-
-
-@pytest.mark.timeout(480)
-def test_the_watcher_leaves_a_recovery_in_the_allocation_alone(slurm_cluster, tmp_path):
-    run = tmp_path / "run"
-    job = submit(slurm_cluster, run, ARGS, nodes=4, sbatch_options=["--no-kill"], env=INALLOC_ENV)
-    job.watcher = WatcherProc(slurm_cluster, [job.job_id], tmp_path / "watch.log", "--operator",
-                              "--hang-timeout", "20", run_dir=run)
-    try:
-        job.wait_for(lambda j: any(e.get("step") == 10 for e in job.events(["checkpoint_committed"])),
-                     180, "checkpoint of step 10")
-        job.wait_step(12, timeout=90)
-        alloc = _allocation(run)
-        spare = alloc["spares"][0]
-        job.wait_for(lambda j: RunDir(run).alive(spare).exists(), 90, f"spare {spare}'s beat")
-        victim = alloc["active"][1]
-        assert victim != alloc["active"][0]  # never the batch host: its death ends the job
-        slurm_cluster.kill_node(victim)
-
-        states = _states_until_end(job, timeout=360)
-    finally:
-        job.watcher.kill()
-    # Never left RUNNING, never requeued (restart count 0), and finished.
-    assert states == [(JobState.RUNNING, 0), (JobState.COMPLETED, 0)], job.context()
-
-    launcher = [e for e in job.events([journal.FAULT_DETECTED, journal.RECOVERY_ACTION])
-                if journal.in_allocation(e)]
-    assert [e.get("action") for e in launcher if e.kind == journal.RECOVERY_ACTION] == ["replace_node"]
-    watcher = [e for e in job.events([journal.FAULT_DETECTED, journal.RECOVERY_ACTION,
-                                      journal.PLANNED_END, journal.GAVE_UP])
-               if not journal.in_allocation(e)]
-    # The watcher's only act: the fenced node set DOWN (operator mode), when it saw Slurm's
-    # NOT_RESPONDING at two polls before Slurm's own SlurmdTimeout made it DOWN.
-    assert all(e.kind == journal.RECOVERY_ACTION and e.get("action") == "set_down"
-               and e.get("nodes") == [victim] for e in watcher), (watcher, job.context())
-    node = slurm_cluster.nodes()[victim]
-    assert node.state == "DOWN", node.describe()
-    if watcher:  # set DOWN by the watcher: the launcher's evidence is the reason
-        assert node.reason.startswith(f"slurmft: watch: fenced by job {job.job_id}'s launcher"), node.reason
-
-    # slurmft status: the recovery is a fault recovered in the allocation, the spare used up.
-    out = subprocess.run([sys.executable, "-m", "slurmft.cli", "status", str(run), "--json"],
-                         env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
-    (fault,) = report["faults"]
-    assert (fault["where"], fault["nodes"], fault["recovered"]) == ("allocation", [victim], True)
-    assert fault["requeued"] is None and fault["acted"] is not None
-    assert report["restarts"] == 1 and report["allocation"]["spares"] == []
-    assert victim in [f["node"] for f in report["allocation"]["fenced"]]
 
 
 @pytest.mark.timeout(720)
