@@ -50,13 +50,14 @@ timeout_s = 15
 
 @pytest.mark.timeout(300)
 def test_watcher_killed_mid_recovery_is_carried_on_without_a_double_requeue(slurm_cluster, tmp_path):
-    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "300"], nodes=2,
+    # One node: the sweeper drains it, the watcher's requeue excludes it, the job runs elsewhere.
+    run, job, watcher = _start(slurm_cluster, tmp_path, [*ARGS, "--steps", "300"], nodes=1,
                                name="killed_watcher")
     ctx = _context(job, watcher)
     second = None
     try:
         events_until(run, lambda ev: 5 in _committed(ev), 120, "first checkpoint", context=ctx)
-        victim = job.client.job(job.job_id).nodes[1]
+        victim = job.client.job(job.job_id).nodes[0]
         subprocess.run([str(SLURMFT), "sweep", "--node", victim, "--config",
                         str(_failing_site_check(tmp_path))], env={**os.environ, **slurm_cluster.env},
                        capture_output=True, timeout=90)

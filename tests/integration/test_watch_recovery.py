@@ -53,7 +53,7 @@ def _assert_resumed_from_newest(events) -> None:
 @pytest.mark.timeout(240)
 def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_path):
     run = tmp_path / "run"
-    job = submit(slurm_cluster, run, [*ARGS, "--steps", "40"], nodes=2)
+    job = submit(slurm_cluster, run, [*ARGS, "--steps", "40"], nodes=1)  # one node: the crash is the watcher's to see
     client = job.client
     observe_until(client, job.job_id, lambda j: j.run_dir is not None, 60, "run dir comment",
                   context=job.log_text)
@@ -64,7 +64,7 @@ def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_p
     try:
         events_until(run, lambda ev: 10 in _committed(ev) and any(
             e.get("step", 0) >= 12 for e in of(ev, "loss")), 120, "step 12", context=ctx)
-        assert kill_ranks(slurm_cluster, job.job_id) >= 2  # an ordinary crash: torchrun reports exit 1
+        assert kill_ranks(slurm_cluster, job.job_id) >= 1  # an ordinary crash: torchrun reports exit 1
         killed_at = time.time()
         committed = _committed(job.events())
         events = events_until(run, lambda ev: of(ev, "job_running"), 90, "job running again",
