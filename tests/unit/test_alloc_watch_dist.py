@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -28,7 +29,12 @@ from slurmft.journal import read_events
 from slurmft.launch import nodecheck
 from slurmft.rundir import RunDir
 
-WORKER = Path(__file__).resolve().parents[1] / "helpers" / "run_worker.py"
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+sys.path.insert(0, str(HELPERS))  # the session fixture warm_ranks, below
+pytest_plugins = ("warm_ranks",)
+if TYPE_CHECKING:
+    from warm_ranks import WarmRanks
+WORKER = HELPERS / "run_worker.py"
 JOB = "77"
 
 
@@ -41,15 +47,16 @@ def write_allocation(run_dir: Path, generation: int, active: list[str], fenced: 
 
 
 class Ranks:
-    """3 ranks, rank r on node ``nodes[r]``; stderr of each kept for the assertions."""
+    """3 ranks, rank r on node ``nodes[r]``, forked warm; stderr of each kept for the assertions."""
 
-    def __init__(self, tmp_path: Path, run_dir: Path, nodes: list[str], args: list[str], *,
+    def __init__(self, warm: WarmRanks, tmp_path: Path, run_dir: Path, nodes: list[str], args: list[str], *,
                  attempt: int | list[int] = 0, env: dict[str, str] | None = None) -> None:
         """``attempt``: torchrun's restart count, one for all or one per rank (per agent)."""
         port = nodecheck.free_port()
         attempts = attempt if isinstance(attempt, list) else [attempt] * len(nodes)
         extra = env or {}
         self.out = tmp_path / f"out{max(attempts)}"
+        self.warm = warm
         self.errs, self.procs = [], []
         for rank, node in enumerate(nodes):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(len(nodes)), "LOCAL_RANK": "0",
@@ -60,9 +67,9 @@ class Ranks:
             env.update(extra)
             err = open(tmp_path / f"{port}-rank{rank}.err", "w+b")
             self.errs.append(err)
-            self.procs.append(subprocess.Popen(
+            self.procs.append(warm.popen(
                 [sys.executable, str(WORKER), "--run-dir", str(run_dir), "--out", str(self.out), *args],
-                env=env, stdout=subprocess.DEVNULL, stderr=err))
+                env=env, rank=rank, stdout=subprocess.DEVNULL, stderr=err))
 
     def steps_done(self, rank: int) -> int:
         path = Path(f"{self.out}.rank{rank}")
@@ -94,11 +101,12 @@ class Ranks:
                 texts.append(err.read().decode(errors="replace")[-3000:])
         return "\n----\n".join(texts)
 
+    def send_signal(self, rank: int, sig: int) -> None:
+        """``sig`` to the rank's own process (not its warm client)."""
+        self.warm.send_signal(self.procs[rank], sig)
+
     def kill(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
+        self.warm.kill_all(self.procs)
         for err in self.errs:
             err.close()
 
@@ -109,15 +117,15 @@ def journal_losses(run_dir: Path) -> dict[int, float]:
 
 
 @pytest.mark.timeout(300)
-def test_survivors_stuck_in_gloo_exit_88_within_seconds_of_the_new_generation(tmp_path):
+def test_survivors_stuck_in_gloo_exit_88_within_seconds_of_the_new_generation(tmp_path, warm_ranks):
     run = tmp_path / "run"
     run.mkdir()
     write_allocation(run, 1, ["n0", "n1", "n2"])
-    ranks = Ranks(tmp_path, run, ["n0", "n1", "n2"],
+    ranks = Ranks(warm_ranks, tmp_path, run, ["n0", "n1", "n2"],
                   ["--steps", "100000", "--ckpt-every", "1000", "--step-sleep", "0.2"])
     try:
         ranks.wait_for_step(3)
-        os.kill(ranks.procs[2].pid, signal.SIGSTOP)  # n2 stops answering mid-training
+        ranks.send_signal(2, signal.SIGSTOP)  # n2 stops answering mid-training
         time.sleep(2.0)  # the survivors enter the next all-reduce and block there
         assert ranks.procs[0].poll() is None and ranks.procs[1].poll() is None
         stuck_at = ranks.steps_done(0)
@@ -141,7 +149,7 @@ def test_survivors_stuck_in_gloo_exit_88_within_seconds_of_the_new_generation(tm
 
 
 @pytest.mark.timeout(300)
-def test_survivors_whose_collective_failed_at_once_wait_for_the_verdict_and_exit_88(tmp_path):
+def test_survivors_whose_collective_failed_at_once_wait_for_the_verdict_and_exit_88(tmp_path, warm_ranks):
     """A killed peer's sockets are closed (its processes died with the node's, or the network
     said so): gloo raises in the survivors at once, before the launcher has fenced anything.
     They wait for its verdict and leave the same way as from a blocked collective. Rank 0 is the
@@ -149,12 +157,12 @@ def test_survivors_whose_collective_failed_at_once_wait_for_the_verdict_and_exit
     run = tmp_path / "run"
     run.mkdir()
     write_allocation(run, 1, ["n0", "n1", "n2"])
-    ranks = Ranks(tmp_path, run, ["n0", "n1", "n2"],
+    ranks = Ranks(warm_ranks, tmp_path, run, ["n0", "n1", "n2"],
                   ["--steps", "100000", "--ckpt-every", "1000", "--step-sleep", "0.2"],
                   env={"SLURMFT_NODE_SILENT_S": "40"})
     try:
         ranks.wait_for_step(3)
-        os.kill(ranks.procs[0].pid, signal.SIGKILL)
+        ranks.send_signal(0, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while not all("waiting up to 45 s for the launcher" in ranks.stderr(r) for r in (1, 2)):
             assert ranks.procs[1].poll() is None and ranks.procs[2].poll() is None, ranks.stderr()
@@ -173,7 +181,7 @@ def test_survivors_whose_collective_failed_at_once_wait_for_the_verdict_and_exit
 
 
 @pytest.mark.timeout(420)
-def test_the_reformed_world_resumes_and_trains_what_an_uninterrupted_run_trains(tmp_path):
+def test_the_reformed_world_resumes_and_trains_what_an_uninterrupted_run_trains(tmp_path, warm_ranks):
     """3 ranks, one replaced by a spare. DDP with find_unused_parameters=True: a new DDP
     instance otherwise rebuilds its buckets and a 3-rank run is ~1e-7 off an uninterrupted one
     after any restart, the requeue path's included (docs/limitations.md); this is the recipe that
@@ -184,23 +192,23 @@ def test_the_reformed_world_resumes_and_trains_what_an_uninterrupted_run_trains(
         d.mkdir()
         write_allocation(d, 1, ["n0", "n1", "n2"])
     args = ["--steps", "12", "--ckpt-every", "4", "--find-unused"]
-    whole = Ranks(tmp_path / "ref-out", ref, ["n0", "n1", "n2"], args)
+    whole = Ranks(warm_ranks, tmp_path / "ref-out", ref, ["n0", "n1", "n2"], args)
     try:
         assert whole.wait([0, 1, 2], timeout=240) == [0, 0, 0], whole.stderr()
     finally:
         whole.kill()
 
-    first = Ranks(tmp_path, run, ["n0", "n1", "n2"], [*args, "--step-sleep", "0.3"])
+    first = Ranks(warm_ranks, tmp_path, run, ["n0", "n1", "n2"], [*args, "--step-sleep", "0.3"])
     try:
         first.wait_for_step(6)  # checkpoint 4 is committed
-        os.kill(first.procs[1].pid, signal.SIGSTOP)  # n1 stops answering
+        first.send_signal(1, signal.SIGSTOP)  # n1 stops answering
         write_allocation(run, 2, ["n0", "n3", "n2"], fenced=["n1"])  # the spare n3 takes its place
         assert first.wait([0, 2], timeout=60) == [exitcodes.REFORM] * 2, first.stderr()
     finally:
         first.kill()
     # torchrun's next attempt, the rendezvous puts rank 0 on the spare: its agent never restarted
     # (count 0), the survivors' did (1); the world agrees on 1.
-    second = Ranks(tmp_path, run, ["n3", "n0", "n2"], args, attempt=[0, 1, 1])
+    second = Ranks(warm_ranks, tmp_path, run, ["n3", "n0", "n2"], args, attempt=[0, 1, 1])
     try:
         assert second.wait([0, 1, 2], timeout=240) == [0, 0, 0], second.stderr()
     finally:

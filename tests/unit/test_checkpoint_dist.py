@@ -1,7 +1,9 @@
 """Multi-process checkpoint tests on gloo/CPU: resharding, bit-exact resume, kill -9 at every phase.
 
-Each test starts real ranks as subprocesses (tests/helpers/ckpt_worker.py) on a free 127.0.0.1
-port; every wait has a timeout and every process is killed (by pid) before the test returns.
+Each test starts real ranks (tests/helpers/ckpt_worker.py) on a free 127.0.0.1 port, forked from
+the pytest worker's warm servers (tests/helpers/warm_ranks.py: the cold start's argv, env and
+stdio; a SIGKILL goes to the rank itself); every wait has a timeout and every process is killed
+(by pid) before the test returns.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -24,7 +27,12 @@ from slurmft.checkpoint.tiers import local_checkpoints, read_tier_index
 from slurmft.checkpoint.writer import FAULT_DELAY_ENV, FAULT_ENV, FAULT_MARK_ENV, PHASES
 from slurmft.launch import nodecheck
 
-WORKER = Path(__file__).resolve().parents[1] / "helpers" / "ckpt_worker.py"
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+sys.path.insert(0, str(HELPERS))  # the session fixture warm_ranks, below
+pytest_plugins = ("warm_ranks",)
+if TYPE_CHECKING:
+    from warm_ranks import WarmRanks
+WORKER = HELPERS / "ckpt_worker.py"
 COMMITTED_AT = {"renamed", "committed"}  # phases at which the paused save is already committed
 # Liveness bound for two ranks to start (two `import torch`) and reach a mark: a trial missed 90 s
 # at load 29 (a fresh-clone run beside four engineers' tests).
@@ -37,7 +45,8 @@ def free_port() -> int:
     return nodecheck.free_port()
 
 
-def start(world: int, args: list[str], extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+def start(ranks: WarmRanks, world: int, args: list[str], extra_env: dict[str, str] | None = None
+          ) -> list[subprocess.Popen]:
     """Start ``world`` ranks; each one's output goes to a log file next to --out."""
     port = free_port()
     log_dir = Path(args[args.index("--out") + 1]).parent / "logs"
@@ -50,8 +59,8 @@ def start(world: int, args: list[str], extra_env: dict[str, str] | None = None) 
             env.pop(key, None)
         env.update(extra_env or {})
         with open(log_dir / f"{port}-rank{rank}.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, str(WORKER), *args], env=env, stdout=log,
-                                    stderr=subprocess.STDOUT)
+            proc = ranks.popen([sys.executable, str(WORKER), *args], env=env, rank=rank, stdout=log,
+                               stderr=subprocess.STDOUT)
         proc.log_path = log.name  # type: ignore[attr-defined]
         procs.append(proc)
     return procs
@@ -61,29 +70,21 @@ def logs(procs: list[subprocess.Popen]) -> str:
     return "\n----\n".join(Path(p.log_path).read_text(errors="replace")[-3000:] for p in procs)
 
 
-def kill(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-    for proc in procs:
-        proc.wait(timeout=30)
-
-
-def run(world: int, args: list[str], timeout: float = 120, expect_rc: int = 0,
+def run(ranks: WarmRanks, world: int, args: list[str], timeout: float = 120, expect_rc: int = 0,
         extra_env: dict[str, str] | None = None) -> None:
-    procs = start(world, args, extra_env)
+    procs = start(ranks, world, args, extra_env)
     deadline = time.monotonic() + timeout
     try:
         for proc in procs:
             try:
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                kill(procs)
+                ranks.kill_all(procs)
                 raise AssertionError(f"ranks did not finish in {timeout}s:\n{logs(procs)}") from None
         bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != expect_rc]
         assert not bad, f"ranks exited {bad}:\n{logs(procs)}"
     finally:
-        kill(procs)
+        ranks.kill_all(procs)
 
 
 def records(path: Path) -> list[dict]:
@@ -91,10 +92,10 @@ def records(path: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(300)
-def test_reshard_fsdp2_4_3_2_4(tmp_path):
+def test_reshard_fsdp2_4_3_2_4(tmp_path, warm_ranks):
     out = tmp_path / "out.jsonl"
     for world in (4, 3, 2, 4):
-        run(world, ["reshard", "--run-dir", str(tmp_path), "--out", str(out)])
+        run(warm_ranks, world, ["reshard", "--run-dir", str(tmp_path), "--out", str(out)])
     results = records(out)
     assert [(r["world"], r["loaded"], r["saved"]) for r in results] == [
         (4, None, 1), (3, 1, 2), (2, 2, 3), (4, 3, 4)]
@@ -106,14 +107,14 @@ def test_reshard_fsdp2_4_3_2_4(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_killed_and_resumed_run_has_identical_losses(tmp_path):
+def test_killed_and_resumed_run_has_identical_losses(tmp_path, warm_ranks):
     steps = 9
     ref, resumed = tmp_path / "ref.jsonl", tmp_path / "resumed.jsonl"
-    run(2, ["determinism", "--run-dir", str(tmp_path / "a"), "--out", str(ref), "--steps", str(steps)])
-    run(2, ["determinism", "--run-dir", str(tmp_path / "b"), "--out", str(resumed), "--steps", str(steps),
+    run(warm_ranks, 2, ["determinism", "--run-dir", str(tmp_path / "a"), "--out", str(ref), "--steps", str(steps)])
+    run(warm_ranks, 2, ["determinism", "--run-dir", str(tmp_path / "b"), "--out", str(resumed), "--steps", str(steps),
             "--kill-at", "7"], expect_rc=-signal.SIGKILL)
     killed_at = len(records(resumed))
-    run(2, ["determinism", "--run-dir", str(tmp_path / "b"), "--out", str(resumed), "--steps", str(steps)])
+    run(warm_ranks, 2, ["determinism", "--run-dir", str(tmp_path / "b"), "--out", str(resumed), "--steps", str(steps)])
     reference = {r["step"]: r for r in records(ref)}
     second = records(resumed)[killed_at:]
     assert killed_at == 7 and second[0]["step"] in (5, 7)  # resumed from step 4 or 6
@@ -123,9 +124,9 @@ def test_killed_and_resumed_run_has_identical_losses(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_busy_skip_is_agreed_by_all_ranks(tmp_path):
+def test_busy_skip_is_agreed_by_all_ranks(tmp_path, warm_ranks):
     out = tmp_path / "out.jsonl"
-    run(2, ["skip", "--run-dir", str(tmp_path), "--out", str(out), "--steps", "40"], timeout=90,
+    run(warm_ranks, 2, ["skip", "--run-dir", str(tmp_path), "--out", str(out), "--steps", "40"], timeout=90,
         extra_env={FAULT_DELAY_ENV: "0.01"})  # slow saves: most requests find one in flight
     rank0, rank1 = records(out)[0]["views"]
     assert rank0 == rank1
@@ -143,19 +144,19 @@ def _committed_state(run_dir: Path) -> int | None:
     return steps[-1] if steps else None
 
 
-def _wait_for(path: Path, procs: list[subprocess.Popen], timeout: float, *, nonempty: bool = False) -> None:
+def _wait_for(ranks: WarmRanks, path: Path, procs: list[subprocess.Popen], timeout: float, *, nonempty: bool = False) -> None:
     deadline = time.monotonic() + timeout
     # A fault mark is created, then its line is written: wait for the line (once seen empty).
     while not (path.exists() and (not nonempty or path.stat().st_size > 0)):
         dead = [p.returncode for p in procs if p.poll() is not None]
         if dead or time.monotonic() > deadline:
-            kill(procs)
+            ranks.kill_all(procs)
             raise AssertionError(f"{path.name} never appeared (exits {dead}):\n{logs(procs)}")
         time.sleep(0.02)
 
 
 @pytest.mark.timeout(1200)
-def test_kill_9_at_any_moment_leaves_newest_committed_loadable(tmp_path):
+def test_kill_9_at_any_moment_leaves_newest_committed_loadable(tmp_path, warm_ranks):
     rng = random.Random(7)
     run_dir, out = tmp_path / "run", tmp_path / "out.jsonl"
     # Every phase once (pausing there for the kill), plus kills at random moments (each trial
@@ -169,16 +170,16 @@ def test_kill_9_at_any_moment_leaves_newest_committed_loadable(tmp_path):
             env[FAULT_ENV] = phase
         else:
             env[FAULT_DELAY_ENV] = "0.02"
-        procs = start(2, ["crash", "--run-dir", str(run_dir), "--out", str(out), "--ready", str(ready)], env)
+        procs = start(warm_ranks, 2, ["crash", "--run-dir", str(run_dir), "--out", str(out), "--ready", str(ready)], env)
         try:
             if phase:
-                _wait_for(mark, procs, timeout=STARTUP_S, nonempty=True)
+                _wait_for(warm_ranks, mark, procs, timeout=STARTUP_S, nonempty=True)
                 paused_step = int(mark.read_text().split()[1])
             else:
-                _wait_for(ready, procs, timeout=STARTUP_S)
+                _wait_for(warm_ranks, ready, procs, timeout=STARTUP_S)
                 time.sleep(rng.uniform(0, 0.4))
         finally:
-            kill(procs)
+            warm_ranks.kill_all(procs)
         loaded_now = records(out)[i]
         assert loaded_now["loaded"] == expected_loaded, (i, phase, loaded_now)
         assert loaded_now["params_ok"] and loaded_now["offset_ok"], loaded_now
@@ -198,23 +199,23 @@ def test_kill_9_at_any_moment_leaves_newest_committed_loadable(tmp_path):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x40
     shard.write_bytes(bytes(data))
-    procs = start(2, ["crash", "--run-dir", str(run_dir), "--out", str(out), "--ready", str(tmp_path / "end")])
+    procs = start(warm_ranks, 2, ["crash", "--run-dir", str(run_dir), "--out", str(out), "--ready", str(tmp_path / "end")])
     try:
-        _wait_for(tmp_path / "end", procs, timeout=STARTUP_S)
+        _wait_for(warm_ranks, tmp_path / "end", procs, timeout=STARTUP_S)
     finally:
-        kill(procs)
+        warm_ranks.kill_all(procs)
     final = records(out)[len(trials)]
     assert final["loaded"] == steps[-2] and final["params_ok"], final
     assert _committed_state(run_dir) >= steps[-2] + 2  # and every committed checkpoint verifies
 
 
 @pytest.mark.timeout(300)
-def test_public_torch_paths_round_trip_fsdp2_across_world_sizes(tmp_path):
+def test_public_torch_paths_round_trip_fsdp2_across_world_sizes(tmp_path, warm_ranks):
     # Every private torch API replaced by its public path (slurmft.checkpoint.torch_compat), DTensor
     # staging included: a 2-rank FSDP2 checkpoint loads on 3 ranks and back, bit-exact.
     out = tmp_path / "out.jsonl"
     for world in (2, 3):
-        run(world, ["reshard", "--run-dir", str(tmp_path), "--out", str(out)],
+        run(warm_ranks, world, ["reshard", "--run-dir", str(tmp_path), "--out", str(out)],
             extra_env={"SLURMFT_TORCH_PUBLIC_ONLY": "1"})
     results = records(out)
     assert [(r["world"], r["loaded"], r["saved"]) for r in results] == [(2, None, 1), (3, 1, 2)]
@@ -224,9 +225,9 @@ def test_public_torch_paths_round_trip_fsdp2_across_world_sizes(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_overlapped_copy_holds_its_steps_state_while_the_next_step_runs_at_once(tmp_path):
+def test_overlapped_copy_holds_its_steps_state_while_the_next_step_runs_at_once(tmp_path, warm_ranks):
     out = tmp_path / "out.jsonl"
-    run(2, ["overlap", "--run-dir", str(tmp_path), "--out", str(out)], timeout=150)
+    run(warm_ranks, 2, ["overlap", "--run-dir", str(tmp_path), "--out", str(out)], timeout=150)
     result = records(out)[0]
     assert result["committed"] and result["loaded"] == 2
     assert result["moved"]  # the next step changed parameters and Adam state...
@@ -240,10 +241,10 @@ def test_overlapped_copy_holds_its_steps_state_while_the_next_step_runs_at_once(
 
 
 @pytest.mark.timeout(240)
-def test_incremental_fsdp2_saves_reference_the_frozen_base_and_reshard_2_to_3(tmp_path):
+def test_incremental_fsdp2_saves_reference_the_frozen_base_and_reshard_2_to_3(tmp_path, warm_ranks):
     out = tmp_path / "out.jsonl"
-    run(2, ["incremental", "--run-dir", str(tmp_path), "--out", str(out)])
-    run(3, ["incremental", "--run-dir", str(tmp_path), "--out", str(out)])
+    run(warm_ranks, 2, ["incremental", "--run-dir", str(tmp_path), "--out", str(out)])
+    run(warm_ranks, 3, ["incremental", "--run-dir", str(tmp_path), "--out", str(out)])
     first, second = records(out)
     assert (first["world"], first["loaded"], second["world"], second["loaded"]) == (2, None, 3, 2)
     assert first["mismatches"] == [] and second["mismatches"] == []
@@ -269,10 +270,10 @@ def _tier_records(out: Path, skip: int) -> tuple[dict, list[tuple[int, str]]]:
 
 
 @pytest.mark.timeout(300)
-def test_local_tier_resumes_newer_than_the_run_dir_after_losing_a_node_and_its_disk(tmp_path):
+def test_local_tier_resumes_newer_than_the_run_dir_after_losing_a_node_and_its_disk(tmp_path, warm_ranks):
     run_dir, out, local = tmp_path / "run", tmp_path / "out.jsonl", tmp_path / "local"
     # Three ranks on two nodes: a holds ranks 0 and 1, b rank 2.
-    run(3, _tiered(run_dir, out, local, "a,a,b", 6))
+    run(warm_ranks, 3, _tiered(run_dir, out, local, "a,a,b", 6))
     loaded, saves = _tier_records(out, 0)
     assert loaded["loaded"] is None
     # The first save, and one at least 4 steps after the last copied, reach the run dir.
@@ -285,7 +286,7 @@ def test_local_tier_resumes_newer_than_the_run_dir_after_losing_a_node_and_its_d
     # Node a dies with its disk; the job comes back on a new node c and on b. Step 6 exists only
     # on b (b's own shard and a's replica): c's ranks get what their load reads from b.
     shutil.rmtree(local / "a")
-    run(3, _tiered(run_dir, out, local, "c,c,b", 8))
+    run(warm_ranks, 3, _tiered(run_dir, out, local, "c,c,b", 8))
     loaded, saves = _tier_records(out, 7)
     assert (loaded["loaded"], loaded["mismatches"]) == (6, [])
     assert saves == [(7, "shared"), (8, "local")]  # a process's first save is copied
@@ -296,20 +297,20 @@ def test_local_tier_resumes_newer_than_the_run_dir_after_losing_a_node_and_its_d
 
 
 @pytest.mark.timeout(300)
-def test_node_killed_before_its_copy_to_the_run_dir_resumes_from_the_peer_replica(tmp_path):
+def test_node_killed_before_its_copy_to_the_run_dir_resumes_from_the_peer_replica(tmp_path, warm_ranks):
     run_dir, out, local, mark = tmp_path / "run", tmp_path / "out.jsonl", tmp_path / "local", tmp_path / "mark"
-    procs = start(2, _tiered(run_dir, out, local, "a,b", 8), {FAULT_ENV: "shared_copy@5", FAULT_MARK_ENV: str(mark)})
+    procs = start(warm_ranks, 2, _tiered(run_dir, out, local, "a,b", 8), {FAULT_ENV: "shared_copy@5", FAULT_MARK_ENV: str(mark)})
     try:
-        _wait_for(mark, procs, timeout=120, nonempty=True)  # step 5: committed locally, half copied
+        _wait_for(warm_ranks, mark, procs, timeout=120, nonempty=True)  # step 5: committed locally, half copied
     finally:
-        kill(procs)
+        warm_ranks.kill_all(procs)
     assert RunDir(run_dir).committed_steps() == [1]
     assert [p.name.split(".")[0] for p in (run_dir / "checkpoints").glob("*.tmp-*")] == ["step_000000005"]
     # Node b is gone with its disk; a restarts beside a new node c. Step 5 lives only on a:
     # a's own shard and its replica of b's.
     shutil.rmtree(local / "b")
     seen = len(records(out))
-    run(2, _tiered(run_dir, out, local, "a,c", 6))
+    run(warm_ranks, 2, _tiered(run_dir, out, local, "a,c", 6))
     loaded, saves = _tier_records(out, seen)
     assert (loaded["loaded"], loaded["mismatches"]) == (5, [])
     assert saves == [(6, "shared")]
@@ -318,11 +319,11 @@ def test_node_killed_before_its_copy_to_the_run_dir_resumes_from_the_peer_replic
 
 
 @pytest.mark.timeout(120)
-def test_a_local_dir_shared_by_two_nodes_is_refused_on_every_rank(tmp_path):
+def test_a_local_dir_shared_by_two_nodes_is_refused_on_every_rank(tmp_path, warm_ranks):
     out = tmp_path / "out.jsonl"
     args = ["tiered", "--run-dir", str(tmp_path / "run"), "--out", str(out), "--local-dir", str(tmp_path / "nvme"),
             "--nodes", "a,b", "--steps", "2"]
-    procs = start(2, args)
+    procs = start(warm_ranks, 2, args)
     try:
         for proc in procs:
             proc.wait(timeout=90)
@@ -330,4 +331,4 @@ def test_a_local_dir_shared_by_two_nodes_is_refused_on_every_rank(tmp_path):
         assert [p.returncode for p in procs] == [1, 1], text
         assert text.count("is one directory on nodes a, b: it must be node-local or contain {node}") == 2, text
     finally:
-        kill(procs)
+        warm_ranks.kill_all(procs)

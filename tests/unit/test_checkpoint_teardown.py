@@ -23,6 +23,7 @@ import textwrap
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -36,6 +37,10 @@ RUNS = 3
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
 sys.path.insert(0, str(HELPERS))
 from gloo_threads import gloo_threads  # noqa: E402  (also imported by the rank script)
+
+pytest_plugins = ("warm_ranks",)   # the session fixture: ranks forked from a warm server
+if TYPE_CHECKING:
+    from warm_ranks import WarmRanks
 
 RANK_SCRIPT = textwrap.dedent("""
     import os
@@ -76,33 +81,30 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run_ranks(script: Path, tmp: Path) -> tuple[list[int], str]:
+def _run_ranks(ranks: WarmRanks, script: Path, tmp: Path) -> tuple[list[int], str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     logs = [tmp / f"rank{rank}.log" for rank in range(2)]
     procs = []
     for rank, log in enumerate(logs):
         with open(log, "wb") as out:
-            procs.append(subprocess.Popen(
+            procs.append(ranks.popen(
                 [sys.executable, str(script), str(rank), str(tmp / "store"), str(tmp / "run"), str(HELPERS)],
-                env=env, stdout=out, stderr=subprocess.STDOUT))
+                env=env, rank=rank, stdout=out, stderr=subprocess.STDOUT))
     try:
         codes = [proc.wait(timeout=90) for proc in procs]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+        ranks.kill_all(procs)
     return codes, "\n----\n".join(log.read_text(errors="replace")[-2000:] for log in logs)
 
 
 @pytest.mark.timeout(300)
-def test_ranks_exit_zero_after_checkpointing_and_a_normal_interpreter_exit(tmp_path):
+def test_ranks_exit_zero_after_checkpointing_and_a_normal_interpreter_exit(tmp_path, warm_ranks):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     for attempt in range(RUNS):
         tmp = tmp_path / f"run{attempt}"
         tmp.mkdir()
-        codes, output = _run_ranks(script, tmp)
+        codes, output = _run_ranks(warm_ranks, script, tmp)
         assert codes == [0, 0], f"run {attempt}: ranks exited {codes}:\n{output}"
         assert "terminate called" not in output, output
         assert RunDir(tmp / "run").committed_steps() == [1, 2], output
@@ -158,7 +160,7 @@ DEAD_PEER_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_exits_within_its_exit_bound_while_its_save_waits_on_a_dead_peer(tmp_path):
+def test_a_rank_exits_within_its_exit_bound_while_its_save_waits_on_a_dead_peer(tmp_path, warm_ranks):
     script = tmp_path / "rank.py"
     script.write_text(DEAD_PEER_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
@@ -168,9 +170,9 @@ def test_a_rank_exits_within_its_exit_bound_while_its_save_waits_on_a_dead_peer(
     procs = []
     for rank, log in enumerate(logs):
         with open(log, "wb") as out:
-            procs.append(subprocess.Popen(
+            procs.append(warm_ranks.popen(
                 [sys.executable, str(script), str(rank), str(tmp_path / "store"), str(tmp_path / "run"),
-                 str(tmp_path / "mark")], env=env, stdout=out, stderr=subprocess.STDOUT))
+                 str(tmp_path / "mark")], env=env, rank=rank, stdout=out, stderr=subprocess.STDOUT))
     try:
         deadline = time.monotonic() + 60
         while not (tmp_path / "mark").exists() and time.monotonic() < deadline:
@@ -180,10 +182,7 @@ def test_a_rank_exits_within_its_exit_bound_while_its_save_waits_on_a_dead_peer(
         code = procs[0].wait(timeout=60)
         waited = time.monotonic() - t0
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+        warm_ranks.kill_all(procs)
     output = logs[0].read_text(errors="replace")
     assert code == 85, output
     assert waited < 30, output

@@ -26,6 +26,8 @@ from slurmft.checkpoint.manifest import FORMAT_VERSION, MANIFEST_NAME
 from slurmft.checkpoint.state import TrainState
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "helpers"))
+pytest_plugins = ("warm_ranks",)   # the session fixture: the FSDP2 writer's ranks forked warm
 
 
 def _model() -> torch.nn.Module:
@@ -328,21 +330,19 @@ FSDP_WRITER = textwrap.dedent("""
 
 
 @pytest.mark.timeout(120)
-def test_export_consolidates_an_fsdp2_checkpoint_from_two_ranks(tmp_path):
+def test_export_consolidates_an_fsdp2_checkpoint_from_two_ranks(tmp_path, warm_ranks):
     from safetensors.torch import load_file
 
     script = tmp_path / "writer.py"
     script.write_text(FSDP_WRITER)
     run_dir, reference = tmp_path / "run", tmp_path / "reference.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(run_dir),
-                               str(reference)], env=env) for r in range(2)]
+    procs = [warm_ranks.popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(run_dir),
+                               str(reference)], env=env, rank=r) for r in range(2)]
     try:
         assert [p.wait(timeout=100) for p in procs] == [0, 0]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        warm_ranks.kill_all(procs)
     out = tmp_path / "w.safetensors"
     result = ckpt("export", run_dir, "7", out)
     assert result.exit_code == 0, result.output

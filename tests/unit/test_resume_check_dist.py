@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -26,7 +27,12 @@ from slurmft.journal import read_events
 from slurmft.rundir import RunDir
 from slurmft.launch import nodecheck
 
-WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+sys.path.insert(0, str(HELPERS))  # the session fixture warm_ranks, below
+pytest_plugins = ("warm_ranks",)
+if TYPE_CHECKING:
+    from warm_ranks import WarmRanks
+WORKER = HELPERS / "trap_worker.py"
 PACKAGE = str(Path(slurmft.__file__).resolve().parent)
 # A liveness bound for two ranks to start (`import torch` each), run and exit: 120 s was missed at
 # load 29 (a fresh-clone run beside four engineers' tests).
@@ -44,7 +50,7 @@ def _free_port() -> int:
     return nodecheck.free_port()
 
 
-def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = STARTUP_S,
+def run_ranks(ranks: WarmRanks, tmp_path: Path, run_dir: Path, args: list[str], timeout: float = STARTUP_S,
               world: int = 2) -> list[tuple[int, str]]:
     """Start ``world`` ranks of the trap worker, wait for all: (exit code, stderr) per rank."""
     port = _free_port()
@@ -55,9 +61,9 @@ def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = S
                "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "77"}
         env.pop("SLURMFT_RUN_DIR", None)
         err = open(tmp_path / f"{port}-rank{rank}.err", "w+b")
-        proc = subprocess.Popen([sys.executable, str(WORKER), "--run-dir", str(run_dir),
-                                 "--out", str(tmp_path / run_dir.name), *args],
-                                env=env, stdout=subprocess.DEVNULL, stderr=err)
+        proc = ranks.popen([sys.executable, str(WORKER), "--run-dir", str(run_dir),
+                            "--out", str(tmp_path / run_dir.name), *args],
+                           env=env, rank=rank, stdout=subprocess.DEVNULL, stderr=err)
         procs.append((proc, err))
     deadline = time.monotonic() + timeout
     try:
@@ -66,10 +72,7 @@ def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = S
     except subprocess.TimeoutExpired:
         raise AssertionError(f"ranks did not finish in {timeout:.0f} s") from None
     finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
+        ranks.kill_all([proc for proc, _ in procs])
     results = []
     for proc, err in procs:
         err.seek(0)
@@ -78,14 +81,14 @@ def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], timeout: float = S
     return results
 
 
-def interrupt(tmp_path: Path, run_dir: Path, loop: str, how: str) -> int:
+def interrupt(ranks: WarmRanks, tmp_path: Path, run_dir: Path, loop: str, how: str) -> int:
     """Run ``loop`` until a preemption (emergency checkpoint at 5) or a kill -9 in step 5
     (checkpoint 3, steps 4-5 lost); returns the step the next start resumes from."""
     if how == "preempt":
-        results = run_ranks(tmp_path, run_dir, ["--loop", loop, "--signal-at", "4"])
+        results = run_ranks(ranks, tmp_path, run_dir, ["--loop", loop, "--signal-at", "4"])
         assert [code for code, _ in results] == [exitcodes.REQUEUE] * 2, results
         return 5
-    results = run_ranks(tmp_path, run_dir, ["--loop", loop, "--die-at", "5"])
+    results = run_ranks(ranks, tmp_path, run_dir, ["--loop", loop, "--die-at", "5"])
     assert any(code == -signal.SIGKILL for code, _ in results), results
     return 3
 
@@ -93,10 +96,10 @@ def interrupt(tmp_path: Path, run_dir: Path, loop: str, how: str) -> int:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("how", ["preempt", "kill9"])
 @pytest.mark.parametrize("loop, cause", [("before_loop", "rng_before_loop"), ("before_run", "stale_inputs")])
-def test_each_trap_is_journaled_at_the_first_resumed_step(tmp_path, loop, cause, how):
+def test_each_trap_is_journaled_at_the_first_resumed_step(warm_ranks, tmp_path, loop, cause, how):
     run_dir = tmp_path / "run"
-    restored = interrupt(tmp_path, run_dir, loop, how)
-    results = run_ranks(tmp_path, run_dir, ["--loop", loop])
+    restored = interrupt(warm_ranks, tmp_path, run_dir, loop, how)
+    results = run_ranks(warm_ranks, tmp_path, run_dir, ["--loop", loop])
     assert [code for code, _ in results] == [0, 0], results
     (diverged,) = read_events(RunDir(run_dir).events, ["resume_diverged"])
     assert (diverged.get("step"), diverged.get("cause")) == (restored + 1, cause), diverged.fields
@@ -116,18 +119,18 @@ def test_each_trap_is_journaled_at_the_first_resumed_step(tmp_path, loop, cause,
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("loop, how", [("eval", "preempt"), ("eval", "kill9"), ("clean", "kill9"),
                                        ("eval_before", "preempt"), ("eval_before", "kill9")])
-def test_a_bit_identical_resume_gets_no_warning(tmp_path, loop, how):
+def test_a_bit_identical_resume_gets_no_warning(warm_ranks, tmp_path, loop, how):
     # eval_before: a draw between `with Run` and the loop that the loop never reads (its batches
     # from run.rng(step), no dropout): the old code called it rng_before_loop at every resume
     run_dir, reference = tmp_path / "run", tmp_path / "ref"
-    interrupt(tmp_path, run_dir, loop, how)
-    results = run_ranks(tmp_path, run_dir, ["--loop", loop])
+    interrupt(warm_ranks, tmp_path, run_dir, loop, how)
+    results = run_ranks(warm_ranks, tmp_path, run_dir, ["--loop", loop])
     assert [code for code, _ in results] == [0, 0], results
     assert all("ResumeDivergenceWarning" not in err for _, err in results), results
     assert read_events(RunDir(run_dir).events, ["resume_diverged"]) == []
     # and it was bit-identical: every step's loss equals an uninterrupted run's (which, a fresh
     # start, is not warned about either)
-    results = run_ranks(tmp_path, reference, ["--loop", loop])
+    results = run_ranks(warm_ranks, tmp_path, reference, ["--loop", loop])
     assert [code for code, _ in results] == [0, 0], results
     assert all("ResumeDivergenceWarning" not in err for _, err in results), results
 
@@ -141,13 +144,13 @@ def test_a_bit_identical_resume_gets_no_warning(tmp_path, loop, how):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("loop", ["clean", "before_loop"])
-def test_on_another_world_size_only_what_can_be_compared_is(tmp_path, loop):
+def test_on_another_world_size_only_what_can_be_compared_is(warm_ranks, tmp_path, loop):
     # 2 ranks preempted at 5, resumed on 1: the restore reseeds the RNG (another rank's stream has
     # no meaning here) and the batches differ by design, so nothing is "diverged"; a draw between
     # the restore and the loop is still warned about at its line, as on a fresh start.
     run_dir = tmp_path / "run"
-    interrupt(tmp_path, run_dir, loop, "preempt")
-    results = run_ranks(tmp_path, run_dir, ["--loop", loop], world=1)
+    interrupt(warm_ranks, tmp_path, run_dir, loop, "preempt")
+    results = run_ranks(warm_ranks, tmp_path, run_dir, ["--loop", loop], world=1)
     assert [code for code, _ in results] == [0], results
     assert read_events(RunDir(run_dir).events, ["resume_diverged"]) == []
     stderr = results[0][1]
@@ -164,12 +167,12 @@ def test_on_another_world_size_only_what_can_be_compared_is(tmp_path, loop):
                    "next prefetched after the forward pass, resumed after a preemption (no step redone): "
                    "nothing the interrupted run journaled shows what its step k+1 would have trained on "
                    "(docs/limitations.md)")
-def test_a_lazily_drawn_first_batch_with_a_prefetch_is_reported_after_a_preemption(tmp_path):
+def test_a_lazily_drawn_first_batch_with_a_prefetch_is_reported_after_a_preemption(warm_ranks, tmp_path):
     run_dir, reference = tmp_path / "run", tmp_path / "ref"
-    restored = interrupt(tmp_path, run_dir, "lazy_prefetch", "preempt")
-    results = run_ranks(tmp_path, run_dir, ["--loop", "lazy_prefetch"])
+    restored = interrupt(warm_ranks, tmp_path, run_dir, "lazy_prefetch", "preempt")
+    results = run_ranks(warm_ranks, tmp_path, run_dir, ["--loop", "lazy_prefetch"])
     assert [code for code, _ in results] == [0, 0], results
-    results = run_ranks(tmp_path, reference, ["--loop", "lazy_prefetch"])
+    results = run_ranks(warm_ranks, tmp_path, reference, ["--loop", "lazy_prefetch"])
     assert [code for code, _ in results] == [0, 0], results
 
     def losses(name: str) -> dict[int, float]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,7 +22,12 @@ from slurmft.journal import read_events
 from slurmft.rundir import RunDir, read_done
 from slurmft.launch import nodecheck
 
-WORKER = Path(__file__).resolve().parents[1] / "helpers" / "run_worker.py"
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+sys.path.insert(0, str(HELPERS))  # the session fixture warm_ranks, below
+pytest_plugins = ("warm_ranks",)
+if TYPE_CHECKING:
+    from warm_ranks import WarmRanks
+WORKER = HELPERS / "run_worker.py"
 # A liveness bound for two ranks to start (`import torch` each), run and exit: 120 s was missed at
 # load 29 (a fresh-clone run beside four engineers' tests).
 STARTUP_S = 300
@@ -34,7 +39,7 @@ def _free_port() -> int:
     return nodecheck.free_port()
 
 
-def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], *, timeout: float = STARTUP_S,
+def run_ranks(ranks: WarmRanks, tmp_path: Path, run_dir: Path, args: list[str], *, timeout: float = STARTUP_S,
               one_node_each: bool = False) -> list[tuple[int, str]]:
     """Start 2 ranks, wait for both; returns (exit code, stderr) per rank. ``one_node_each``:
     each rank is its node's only rank (nodes n0, n1), so each writes a heartbeat."""
@@ -48,9 +53,9 @@ def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], *, timeout: float 
             env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", SLURMD_NODENAME=f"n{rank}")
         env.pop("SLURMFT_RUN_DIR", None)
         err = open(tmp_path / f"{port}-rank{rank}.err", "w+b")
-        proc = subprocess.Popen([sys.executable, str(WORKER), "--run-dir", str(run_dir),
-                                 "--out", str(tmp_path / "out"), *args],
-                                env=env, stdout=subprocess.DEVNULL, stderr=err)
+        proc = ranks.popen([sys.executable, str(WORKER), "--run-dir", str(run_dir),
+                            "--out", str(tmp_path / "out"), *args],
+                           env=env, rank=rank, stdout=subprocess.DEVNULL, stderr=err)
         procs.append((proc, err))
     deadline = time.monotonic() + timeout
     try:
@@ -59,10 +64,7 @@ def run_ranks(tmp_path: Path, run_dir: Path, args: list[str], *, timeout: float 
     except subprocess.TimeoutExpired:
         raise AssertionError(f"ranks did not finish in {timeout:.0f} s") from None
     finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=30)
+        ranks.kill_all([proc for proc, _ in procs])
     results = []
     for proc, err in procs:
         err.seek(0)
@@ -89,12 +91,12 @@ def assert_exits(results, code: int) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_preempted_and_resumed_run_equals_uninterrupted_one(tmp_path):
+def test_preempted_and_resumed_run_equals_uninterrupted_one(warm_ranks, tmp_path):
     ref, run = tmp_path / "ref", tmp_path / "run"
     (tmp_path / "ref-out").mkdir()
-    assert_exits(run_ranks(tmp_path / "ref-out", ref, []), 0)
+    assert_exits(run_ranks(warm_ranks, tmp_path / "ref-out", ref, []), 0)
     # Rank 1 alone sees the signal in step 6: both ranks agree, save step 6 once and exit 85.
-    first = run_ranks(tmp_path, run, ["--signal-at", "6"])
+    first = run_ranks(warm_ranks, tmp_path, run, ["--signal-at", "6"])
     assert_exits(first, exitcodes.REQUEUE)
     ends = read_events(RunDir(run).events, ["segment_end"])
     assert [(e.get("exit_code"), e.get("step")) for e in ends] == [(exitcodes.REQUEUE, 6)]
@@ -106,7 +108,7 @@ def test_preempted_and_resumed_run_equals_uninterrupted_one(tmp_path):
     lines = [line for line in stderr.splitlines() if line.startswith("slurmft:")]
     assert lines == ["slurmft: 2 rank(s): preempted: emergency checkpoint at step 6 -> REQUEUE (85)"], stderr
 
-    assert_exits(run_ranks(tmp_path, run, []), 0)
+    assert_exits(run_ranks(warm_ranks, tmp_path, run, []), 0)
     starts = read_events(RunDir(run).events, ["segment_start"])
     assert [s.get("restored_step") for s in starts] == [None, 6]
     assert starts[1].get("load_bytes") > 0 and starts[1].get("load_s") > 0
@@ -117,9 +119,9 @@ def test_preempted_and_resumed_run_equals_uninterrupted_one(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_final_save_and_done_happen_once(tmp_path):
+def test_final_save_and_done_happen_once(warm_ranks, tmp_path):
     run = tmp_path / "run"
-    assert_exits(run_ranks(tmp_path, run, ["--steps", "6"]), 0)
+    assert_exits(run_ranks(warm_ranks, tmp_path, run, ["--steps", "6"]), 0)
     done = RunDir(run).done
     marker = read_done(RunDir(run))
     assert (marker.step, marker.total_steps) == (6, 6)
@@ -127,7 +129,7 @@ def test_final_save_and_done_happen_once(tmp_path):
     assert RunDir(run).committed_steps() == [4, 6]
     commits = len(read_events(RunDir(run).events, ["checkpoint_committed"]))
     # Started again after it finished (a requeue that raced the end): no step, no save, DONE kept.
-    assert_exits(run_ranks(tmp_path, run, ["--steps", "6"]), 0)
+    assert_exits(run_ranks(warm_ranks, tmp_path, run, ["--steps", "6"]), 0)
     assert done.stat().st_mtime_ns == stamp
     assert len(read_events(RunDir(run).events, ["checkpoint_committed"])) == commits
     assert sorted(journal_losses(run)) == list(range(1, 7))
@@ -136,10 +138,10 @@ def test_final_save_and_done_happen_once(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_guard_judges_identical_values_on_every_rank(tmp_path):
+def test_guard_judges_identical_values_on_every_rank(warm_ranks, tmp_path):
     # Only rank 1's loss and gradients are NaN in step 3: both ranks must skip that update.
     run = tmp_path / "run"
-    assert_exits(run_ranks(tmp_path, run, ["--steps", "8", "--nan-at", "3"]), 0)
+    assert_exits(run_ranks(warm_ranks, tmp_path, run, ["--steps", "8", "--nan-at", "3"]), 0)
     rank0, rank1 = rank_records(tmp_path, 0), rank_records(tmp_path, 1)
     assert len(rank0) == 8 and rank0 == rank1  # same loss, norm and verdict bits on both ranks
     assert [r["verdict"] for r in rank0] == ["ok", "ok", "skip", *["ok"] * 5]
@@ -149,9 +151,9 @@ def test_guard_judges_identical_values_on_every_rank(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_repeated_trouble_gives_up_with_86_journaled(tmp_path):
+def test_repeated_trouble_gives_up_with_86_journaled(warm_ranks, tmp_path):
     run = tmp_path / "run"
-    results = run_ranks(tmp_path, run, ["--steps", "8", "--nan-at", "2", "--nan-at", "3",
+    results = run_ranks(warm_ranks, tmp_path, run, ["--steps", "8", "--nan-at", "2", "--nan-at", "3",
                                         "--max-trips", "2"])
     assert_exits(results, exitcodes.NO_REQUEUE)
     end = read_events(RunDir(run).events, ["segment_end"])[-1]
@@ -161,9 +163,9 @@ def test_repeated_trouble_gives_up_with_86_journaled(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_rollback_reloads_the_last_checkpoint_and_replays(tmp_path):
+def test_rollback_reloads_the_last_checkpoint_and_replays(warm_ranks, tmp_path):
     run = tmp_path / "run"
-    assert_exits(run_ranks(tmp_path, run, ["--steps", "8", "--nan-at", "6",
+    assert_exits(run_ranks(warm_ranks, tmp_path, run, ["--steps", "8", "--nan-at", "6",
                                            "--guard-action", "rollback"]), 0)
     rolls = read_events(RunDir(run).events, ["rollback"])
     assert [(r.get("from_step"), r.get("to_step")) for r in rolls] == [(6, 4)]
@@ -171,13 +173,13 @@ def test_rollback_reloads_the_last_checkpoint_and_replays(tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]  # steps 5-6 replayed after the rollback
 
 
-def test_each_node_beats_its_own_forward_time_and_the_slow_one_stands_out(tmp_path):
+def test_each_node_beats_its_own_forward_time_and_the_slow_one_stands_out(warm_ranks, tmp_path):
     # Every rank's wall step time is the same (the DDP all-reduce waits for the slow one); the
     # forward time in each node's heartbeat is what tells the straggler apart.
     from slurmft.watch.runview import read_heartbeats
 
     run_dir = tmp_path / "run"
-    results = run_ranks(tmp_path, run_dir, ["--steps", "6", "--slow-rank", "1", "--slow-s", "0.3"],
+    results = run_ranks(warm_ranks, tmp_path, run_dir, ["--steps", "6", "--slow-rank", "1", "--slow-s", "0.3"],
                         one_node_each=True)
     assert [code for code, _ in results] == [0, 0], results
     beats = read_heartbeats(RunDir(run_dir))
