@@ -26,8 +26,9 @@ What the tests must not lose:
   from its peer still shows).
 
 One pool per pytest process (per xdist worker): the session fixture ``warm_ranks``, which test
-modules take in with ``pytest_plugins = ("warm_ranks",)``. A server is started on first use (the
-client waits for its imports, bounded by ``SLURMFT_WARM_WAIT_S``), dies with the thread that
+modules take in with ``pytest_plugins = ("warm_ranks",)``. A server is started on first use and
+waited for (its imports, ``READY_S``) before the ranks start; the usual environment's servers
+before the first test that takes the fixture, outside its timeout. A server dies with the thread that
 started it (``PR_SET_PDEATHSIG``: a killed pytest worker leaves no server behind), and is stopped
 at the session's end. A server that cannot warm refuses, and its clients run their rank cold with
 one line on stderr: slower, never wrong (``test_warm_ranks.py`` fails then).
@@ -64,6 +65,9 @@ LANES = 2
 IMPORTS = ("numpy", "torch.distributed.fsdp", "torch.distributed.checkpoint.state_dict",
            "torch.nn.parallel", "slurmft.checkpoint.manager")
 MAX_SERVERS = 6
+# A liveness bound for a server's imports (torch, DCP, dynamo...: 5-10 s on the quiet box, over a
+# minute at load 30), waited before the ranks start, so that their own bounds do not include it.
+READY_S = 600.0
 FIND_POLL_S = 0.02
 # The server dies with the thread that started it, before it imports anything of its own.
 _LAUNCH = ("import ctypes, os, signal, sys\n"
@@ -80,10 +84,31 @@ class _Server:
         _, defaults = warm.settings({})
         imports = ",".join(dict.fromkeys((*defaults, *IMPORTS)))
         self.log = os.path.join(log_dir, f"{name}.log")
+        self.env = dict(env)
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", _LAUNCH, str(os.getpid()), "--socket", self.path, "--imports", imports],
                 env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+        self.ready = False
+
+    def wait_ready(self, timeout: float = READY_S) -> None:
+        """Until the server has imported and forks: one empty rank (``/dev/null``) through it.
+        A server that cannot warm answers at once (its clients run cold): said on stderr."""
+        if self.ready:
+            return
+        probe = subprocess.Popen(warm.worker_command(["/dev/null"]), env={**self.env, warmclient.SOCKET_ENV: self.path},
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            _, err = probe.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait(timeout=30)
+            raise AssertionError(f"the warm server {self.log} did not start forking within {timeout:.0f} s "
+                                 "(importing torch on a loaded box?)") from None
+        if b"starting this rank cold" in err:
+            print(f"warm_ranks: {err.decode(errors='replace').strip()} (server log {self.log})", file=sys.stderr)
+        self.ready = True
 
     def stop(self) -> None:
         warm.stop_server(self.proc, self.path)
@@ -156,6 +181,7 @@ class WarmRanks:
         if not argv or argv[0] != sys.executable or len(argv) < 2 or argv[1].startswith("-") and argv[1] != "-m":
             raise ValueError(f"a warm rank is [sys.executable, SCRIPT | -m MODULE, ...], not {list(argv)!r}")
         server = self.server_for(env, rank)
+        server.wait_ready()
         client_env = {**env, warmclient.SOCKET_ENV: server.path}
         return subprocess.Popen(warm.worker_command(list(argv[1:])), env=client_env, **kwargs)  # type: ignore[call-overload]
 
@@ -203,6 +229,11 @@ class WarmRanks:
     def kill(self, proc: subprocess.Popen) -> None:
         self.kill_all([proc])
 
+    def prewarm(self, env: Mapping[str, str]) -> None:
+        """Start every lane's server for ``env`` (side by side) and wait until they fork."""
+        for server in [self.server_for(env, lane) for lane in range(LANES)]:
+            server.wait_ready()
+
     def close(self) -> None:
         for server in self.servers.values():
             server.stop()
@@ -210,10 +241,35 @@ class WarmRanks:
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
+_POOL: list[WarmRanks] = []   # this process's pool, once started
+_ERRORS: list[BaseException] = []
+
+
+def _pool() -> WarmRanks:
+    if not _POOL:
+        _POOL.append(WarmRanks())
+    return _POOL[0]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Before the first test that uses ranks, its servers are started outside that test's timeout
+    (this wrapper is outside pytest-timeout's, as tests/conftest.py's devcluster start): the
+    imports have their own bound, and a test's bound is for its ranks. The environment is the
+    one the rank tests start from (theirs plus per-rank variables read late)."""
+    del nextitem
+    if "warm_ranks" in getattr(item, "fixturenames", ()) and not _ERRORS:
+        try:
+            _pool().prewarm({**os.environ, "OMP_NUM_THREADS": "1"})
+        except Exception as exc:   # the test's own popen waits again and fails with it
+            _ERRORS.append(exc)
+    yield
+
+
 @pytest.fixture(scope="session")
 def warm_ranks() -> Iterator[WarmRanks]:
-    pool = WarmRanks()
     try:
-        yield pool
+        yield _pool()
     finally:
-        pool.close()
+        if _POOL:
+            _POOL.pop().close()
