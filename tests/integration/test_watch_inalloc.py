@@ -22,7 +22,11 @@ from train_job_support import TINY_ARGS, submit
 
 pytestmark = pytest.mark.integration
 
-ARGS = [*TINY_ARGS, "--steps", "40", "--ckpt-every", "5", "--step-sleep", "0.2"]
+# Training must outlast the whole test (it never waits for the job's end): Slurm taking the dead
+# node out of the job takes up to SlurmdTimeout plus its ping interval, and with 40 steps the
+# re-formed world finished training before the batch host was killed (a fresh-clone run at load
+# 38): the job then had nothing to requeue for.
+ARGS = [*TINY_ARGS, "--steps", "1000", "--ckpt-every", "5", "--step-sleep", "0.2"]
 INALLOC_ENV = {"SLURMFT_NODE_SILENT_S": "4", "SLURMFT_PG_TIMEOUT_S": "60", "SLURMFT_SPARE_NODES": "1"}
 
 
