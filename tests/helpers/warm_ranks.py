@@ -79,7 +79,7 @@ _LAUNCH = ("import ctypes, os, signal, sys\n"
 
 class _Server:
     def __init__(self, env: Mapping[str, str], log_dir: str, name: str) -> None:
-        self.dir = tempfile.mkdtemp(prefix="w", dir="/tmp")   # 0700, and short: sun_path is 108 bytes
+        self.dir = tempfile.mkdtemp(prefix="slurmft-wr-", dir="/tmp")   # 0700, short: sun_path is 108 bytes
         self.path = os.path.join(self.dir, "s")
         _, defaults = warm.settings({})
         imports = ",".join(dict.fromkeys((*defaults, *IMPORTS)))
