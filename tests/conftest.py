@@ -190,8 +190,16 @@ def devcluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
     finally:
         if keep:
             print(f"\ndevcluster kept running in {cluster.dir}:\n{cluster.exports()}")
-        else:
-            _down_quietly(cluster)
+        # else: stopped in pytest_sessionfinish, outside every test's timeout. Here it ran in the
+        # worker's last test's teardown, under that test's timeout: with two busy processes
+        # beside the suite, stopping the daemons took longer than a unit test's 10 s.
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    del exitstatus
+    cluster = _SESSION.get("cluster")
+    if cluster is not None and not session.config.getoption("--keep-devcluster"):
+        _down_quietly(cluster)
 
 
 @pytest.fixture
