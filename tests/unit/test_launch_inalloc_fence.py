@@ -4,15 +4,15 @@ sruns (the devcluster test kills a real node: tests/integration/test_inalloc.py)
 and a spare's death that moves no generation."""
 
 import json
-import sys
 import time
 
 import pytest
 
+from inalloc_support import start_beating_steps
 from launch_envs import recorded
 from slurmft import journal
 from slurmft.journal import read_events
-from slurmft.launch import alloc_settings, identity, inalloc, nodesteps, procs, settings
+from slurmft.launch import alloc_settings, identity, inalloc, procs, settings
 from slurmft.launch.journaling import Voice
 from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.signals import SignalLog
@@ -40,12 +40,7 @@ def _supervisor(tmp_path, **env):
                              SignalLog(), Voice(ident, tmp_path), client, lambda name: None,
                              lambda: None)
     run = RunDir(tmp_path)
-    for step_id, node in enumerate(ident.nodes, start=10):
-        proc = procs.start([sys.executable, "-c", "import time; time.sleep(60)"])
-        sup.steps[node] = nodesteps.NodeStep(node, proc, time.monotonic())
-        run.alive(node).parent.mkdir(exist_ok=True)
-        sup.liveness.expect(node)
-        run.alive(node).write_text(json.dumps({"seq": 1, "pid": 1, "step_id": str(step_id)}))
+    start_beating_steps(sup, run, ident.nodes)
     sup.liveness.poll()
     return sup, client, run
 

@@ -6,16 +6,16 @@ controller call is stood in for (the devcluster test drains a real node:
 tests/integration/test_inalloc_nodestate.py). The nodes' sruns are real local processes."""
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from inalloc_support import start_beating_steps
 from launch_envs import recorded
 from slurmft import journal
 from slurmft.journal import read_events
-from slurmft.launch import alloc_settings, identity, inalloc, nodesteps, nodestate, procs, settings
+from slurmft.launch import alloc_settings, identity, inalloc, nodestate, procs, settings
 from slurmft.launch.journaling import Voice
 from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.signals import SignalLog
@@ -67,12 +67,7 @@ def _supervisor(tmp_path, answer: Path | None, *, batch: str = "n1", **env):
     sup = inalloc.Supervisor(ident, cfg, alloc, Rendezvous(batch, 40001, "r"), ["train.py"], full,
                              SignalLog(), voice, client, lambda name: None, lambda: None)
     run = RunDir(tmp_path)
-    for step_id, node in enumerate(ident.nodes, start=10):
-        proc = procs.start([sys.executable, "-c", "import time; time.sleep(60)"])
-        sup.steps[node] = nodesteps.NodeStep(node, proc, time.monotonic())
-        run.alive(node).parent.mkdir(exist_ok=True)
-        sup.liveness.expect(node)
-        run.alive(node).write_text(json.dumps({"seq": 1, "pid": 1, "step_id": str(step_id)}))
+    start_beating_steps(sup, run, ident.nodes)
     sup.liveness.poll()  # every node beats: none is silent
     return sup, client, run, logged
 
