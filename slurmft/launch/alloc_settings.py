@@ -8,6 +8,9 @@ launcher gives up with 86 before anything is started).
   SLURMFT_MIN_NODES=M       smallest world in nodes (default: the active node count: no shrink)
   SLURMFT_NODE_SILENT_S     a node whose task beat on neither channel (its alive file, TCP to
                             the launcher: ``liveness``) for this long is fenced (5)
+  SLURMFT_NODE_POLL_S       how often the launcher asks Slurm for its nodes' states, to fence a
+                            node drained, DOWN or FAILed while its task still beats
+                            (``nodestate``; 10, at least 2: one query of the controller each)
   SLURMFT_ALLOC_RESTARTS    restarts in place without checkpoint progress before exit 86 (3)
   SLURMFT_WARM_WORKERS      1 (the default): ranks forked from each node's warm server
                             (``warm``); 0: every rank starts cold. 1 without the mode: refused
@@ -30,6 +33,8 @@ MIN_NODE_SILENT_S = 2.0   # the node task beats every second: less would fence a
 # short; the file alone (no TCP beat from a node yet) still needs liveness.FILE_ALONE_S.
 DEFAULT_NODE_SILENT_S = 5.0
 DEFAULT_ALLOC_RESTARTS = 3
+DEFAULT_NODE_POLL_S = 10.0
+MIN_NODE_POLL_S = 2.0     # every job's launcher asking more often loads a shared controller
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class AllocSettings:
     node_silent_s: float
     alloc_restarts: int
     warm_workers: bool = True   # ranks forked from a warm server (warm.py); SLURMFT_WARM_WORKERS=0: off
+    node_poll_s: float = DEFAULT_NODE_POLL_S
 
 
 def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings | None:
@@ -74,4 +80,6 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings
         alloc_restarts=int(_number(env, "SLURMFT_ALLOC_RESTARTS", DEFAULT_ALLOC_RESTARTS, minimum=0,
                                    maximum=1000, integer=True)),
         warm_workers=warm_asked is not False,
+        node_poll_s=_number(env, "SLURMFT_NODE_POLL_S", DEFAULT_NODE_POLL_S,
+                            minimum=MIN_NODE_POLL_S, maximum=3600),
     )

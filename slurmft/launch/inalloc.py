@@ -102,7 +102,8 @@ class Supervisor:
         self.net: beatnet.Listener | None = None
         self.process_faults = ProcessFaults(self.run_dir.events, {ident.slurm_id, ident.raw_job_id},
                                             ident.restart_count)
-        self.node_states = nodestate.NodeStates(client, self._watched, voice.log)
+        self.node_states = nodestate.NodeStates(client, self._watched, voice.log,
+                                                 poll_s=alloc.node_poll_s)
         self._warned_unfit: set[str] = set()
 
     # -- the loop ------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 A node can be unfit for training while its task still beats: the health sweeper drained it for
 a failing check (``slurmft: <check>: ...``), an admin drained it, Slurm set it DOWN or FAIL.
-Liveness (``liveness``) cannot see that; Slurm can. Every ``POLL_S`` a daemon thread asks for the
-allocation's nodes (``SlurmClient.nodes``: one ``scontrol show nodes`` / ``sinfo``, bounded by
-the client's timeout and retries) and keeps the newest answer; the supervisor's loop reads it
+Liveness (``liveness``) cannot see that; Slurm can. Every ``SLURMFT_NODE_POLL_S`` (``POLL_S`` by
+default) a daemon thread asks for the allocation's nodes (``SlurmClient.nodes``: one ``scontrol
+show nodes`` / ``sinfo``, bounded by the client's timeout and retries) and keeps the newest answer; the supervisor's loop reads it
 (``unfit``) and never waits on the controller itself.
 
   DOWN (base state), DRAIN (draining or drained), FAIL -> unfit, with Slurm's reason as evidence

@@ -19,9 +19,12 @@ from train_job_support import TINY_ARGS, reference_losses, submit
 
 pytestmark = pytest.mark.integration
 
-ARGS = [*TINY_ARGS, "--steps", "40", "--ckpt-every", "5", "--step-sleep", "0.2"]
+# The drain comes at step 12: the steps after it must outlast the launcher's next answer from
+# Slurm (SLURMFT_NODE_POLL_S) on a busy machine, or the run ends before anything is fenced (a CI
+# run at 40 steps and the default 10 s poll did just that).
+ARGS = [*TINY_ARGS, "--steps", "80", "--ckpt-every", "5", "--step-sleep", "0.2"]
 INALLOC_ENV = {"SLURMFT_NODE_SILENT_S": "4", "SLURMFT_PG_TIMEOUT_S": "60",
-               "SLURMFT_SPARE_NODES": "1"}
+               "SLURMFT_SPARE_NODES": "1", "SLURMFT_NODE_POLL_S": "2"}
 # What the sweeper writes (``slurmft: <check>: <detail>``, docs/sweeper.md).
 REASON = "slurmft: external_site: ERROR: site check: /scratch is read-only"
 

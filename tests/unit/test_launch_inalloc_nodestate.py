@@ -178,3 +178,14 @@ def test_no_answer_from_slurm_fences_nothing_and_says_so_once(tmp_path):
         assert [a.get("nodes") for a in _events(run, journal.RECOVERY_ACTION)] == [["n2"]]
     finally:
         _stop(sup)
+
+
+def test_the_poll_of_slurm_runs_at_the_users_interval(tmp_path):
+    sup, _, _, _ = _supervisor(tmp_path, None, SLURMFT_SPARE_NODES="1", SLURMFT_NODE_POLL_S="3")
+    (tmp_path / "d").mkdir()
+    default, _, _, _ = _supervisor(tmp_path / "d", None, SLURMFT_SPARE_NODES="1")
+    try:
+        assert (sup.node_states.poll_s, default.node_states.poll_s) == (3.0, nodestate.POLL_S)
+    finally:
+        _stop(sup)
+        _stop(default)

@@ -35,7 +35,7 @@ def test_the_mode_is_off_unless_spares_or_the_flag_turn_it_on():
 def test_spares_are_the_last_nodes_and_the_batch_host_always_trains():
     a = _alloc(SLURMFT_SPARE_NODES="1")
     assert (a.active, a.spares, a.min_nodes) == (("n1", "n2", "n3"), ("n4",), 3)
-    assert (a.node_silent_s, a.alloc_restarts) == (5.0, 3)
+    assert (a.node_silent_s, a.alloc_restarts, a.node_poll_s) == (5.0, 3, 10.0)
     # A batch host that is not the first node stays active and is never a spare.
     b = _alloc(SLURMFT_SPARE_NODES="2", SLURMD_NODENAME="n4")
     assert (b.active, b.spares) == (("n4", "n1"), ("n2", "n3"))
@@ -43,9 +43,9 @@ def test_spares_are_the_last_nodes_and_the_batch_host_always_trains():
 
 def test_the_flag_alone_is_shrink_only_down_to_min_nodes():
     a = _alloc(SLURMFT_IN_ALLOCATION="1", SLURMFT_MIN_NODES="2", SLURMFT_NODE_SILENT_S="5",
-               SLURMFT_ALLOC_RESTARTS="7")
-    assert (a.active, a.spares, a.min_nodes, a.node_silent_s, a.alloc_restarts) == \
-        (("n1", "n2", "n3", "n4"), (), 2, 5.0, 7)
+               SLURMFT_ALLOC_RESTARTS="7", SLURMFT_NODE_POLL_S="2.5")
+    assert (a.active, a.spares, a.min_nodes, a.node_silent_s, a.alloc_restarts, a.node_poll_s) == \
+        (("n1", "n2", "n3", "n4"), (), 2, 5.0, 7, 2.5)
 
 
 @pytest.mark.parametrize("env, named", [
@@ -57,6 +57,8 @@ def test_the_flag_alone_is_shrink_only_down_to_min_nodes():
     ({"SLURMFT_SPARE_NODES": "1", "SLURMFT_MIN_NODES": "0"}, "SLURMFT_MIN_NODES='0' must be between 1 and 3"),
     ({"SLURMFT_SPARE_NODES": "1", "SLURMFT_NODE_SILENT_S": "1"}, "SLURMFT_NODE_SILENT_S='1' must be between 2"),
     ({"SLURMFT_SPARE_NODES": "1", "SLURMFT_NODE_SILENT_S": "nan"}, "SLURMFT_NODE_SILENT_S='nan' must be"),
+    ({"SLURMFT_SPARE_NODES": "1", "SLURMFT_NODE_POLL_S": "1"}, "SLURMFT_NODE_POLL_S='1' must be between 2"),
+    ({"SLURMFT_SPARE_NODES": "1", "SLURMFT_NODE_POLL_S": "inf"}, "SLURMFT_NODE_POLL_S='inf' must be"),
     ({"SLURMFT_SPARE_NODES": "1", "SLURMFT_ALLOC_RESTARTS": "2.5"}, "SLURMFT_ALLOC_RESTARTS='2.5' must be"),
 ])
 def test_a_bad_value_is_one_error_naming_the_variable(env, named):
