@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import hostile  # noqa: E402
+import hostile
 
-from slurmft.checkpoint.checksum import hash_file  # noqa: E402
+from slurmft.checkpoint.checksum import hash_file
 
 HERE = Path(__file__).parent
 IDENTITIES = ("root", "user")

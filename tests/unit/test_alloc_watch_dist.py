@@ -30,7 +30,6 @@ from slurmft.launch import nodecheck
 from slurmft.rundir import RunDir
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-sys.path.insert(0, str(HELPERS))  # the session fixture warm_ranks, below
 pytest_plugins = ("warm_ranks",)
 if TYPE_CHECKING:
     from warm_ranks import WarmRanks

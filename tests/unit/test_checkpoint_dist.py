@@ -28,7 +28,6 @@ from slurmft.checkpoint.writer import FAULT_DELAY_ENV, FAULT_ENV, FAULT_MARK_ENV
 from slurmft.launch import nodecheck
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-sys.path.insert(0, str(HELPERS))  # the session fixture warm_ranks, below
 pytest_plugins = ("warm_ranks",)
 if TYPE_CHECKING:
     from warm_ranks import WarmRanks

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch
 import torch.distributed as dist
+from gloo_threads import gloo_threads  # also imported by the rank script
 
 from slurmft.rundir import RunDir
 from slurmft.checkpoint.manager import CheckpointManager
@@ -35,8 +36,6 @@ from slurmft.checkpoint.state import TrainState
 
 RUNS = 3
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-sys.path.insert(0, str(HELPERS))
-from gloo_threads import gloo_threads  # noqa: E402  (also imported by the rank script)
 
 pytest_plugins = ("warm_ranks",)   # the session fixture: ranks forked from a warm server
 if TYPE_CHECKING:

@@ -26,7 +26,6 @@ from slurmft.checkpoint.manifest import FORMAT_VERSION, MANIFEST_NAME
 from slurmft.checkpoint.state import TrainState
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "helpers"))
 pytest_plugins = ("warm_ranks",)   # the session fixture: the FSDP2 writer's ranks forked warm
 
 

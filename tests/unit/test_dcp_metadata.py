@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pickle
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ from slurmft.checkpoint.dcp_metadata import MetadataRefused, SafeMetadataReader,
 from slurmft.checkpoint.manifest import DCP_METADATA_NAME
 from slurmft.checkpoint.pickle_scan import metadata_pickle_problem
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "security"))
-import hostile  # noqa: E402
+import hostile
 
 pytestmark = pytest.mark.timeout(120)
 CLASS_STATE = (b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n"  # the class itself

@@ -23,7 +23,6 @@ from slurmft.rundir import RunDir, read_done
 from slurmft.launch import nodecheck
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-sys.path.insert(0, str(HELPERS))  # the session fixture warm_ranks, below
 pytest_plugins = ("warm_ranks",)
 if TYPE_CHECKING:
     from warm_ranks import WarmRanks

@@ -22,8 +22,6 @@ import pytest
 
 from slurmft.launch import warm
 
-HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-sys.path.insert(0, str(HELPERS))  # the session fixture warm_ranks, below
 pytest_plugins = ("warm_ranks",)
 
 REPORT = textwrap.dedent("""
