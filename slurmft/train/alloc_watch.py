@@ -27,6 +27,17 @@ raises at once instead of blocking, before the launcher has said anything: ``Run
 (``SLURMFT_NODE_SILENT_S`` + 5 s) for the new generation and ends the rank with 88 the same way;
 without one the exception goes on (a failure of this rank's own).
 
+A world that runs on fewer of the record's active nodes than it names (``missing``) was formed
+by torchrun before every agent joined: with ``SLURMFT_MIN_NODES`` below the active nodes its
+round closes ``last_call_timeout`` after the minimum joined, and a slow node's agent (or a
+spare's, after a fence) joins the running world later, at which torchrun stops every worker with
+SIGTERM to re-form it. Trained on, such a world would commit checkpoints of the wrong world size
+and read that TERM as a preemption (an emergency save and exit 85: the job requeued). So ``Run``
+calls :meth:`AllocationWatch.hold_while_partial` before its restore: the rank holds until the
+world is the record's (the missing node fenced: the launcher's word), leaves with 88 on the
+TERM (nothing trained, nothing journaled: the whole world's segment is the one that counts), or
+trains on a partial world after ``PARTIAL_WAIT_S`` (said as a warning).
+
 Before the exit, ``on_reform`` (``Run``'s: every rank says one line on stderr, and the lowest
 rank on a node not fenced, rank 0 unless it died with its node, journals ``segment_end`` with
 88) runs bounded by ``report_timeout_s``: the filesystem may be what hangs
@@ -50,6 +61,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -67,6 +79,9 @@ DEFAULT_POLL_S = 0.5
 # lstat from its attribute and name caches (seconds, up to a minute) while an open revalidates
 # (close-to-open), so a rename over the file is seen within this on any filesystem.
 FULL_READ_S = 5.0
+# Longest a partial world holds its first step for the active nodes it lacks: the launcher's own
+# start-up bound (``launch/inalloc.STARTUP_S``): a node whose task has not beaten by then is fenced.
+PARTIAL_WAIT_S = 120.0
 # What a collective with a dead peer raises: torch's DistError family, or a RuntimeError from the
 # backend (gloo's "Connection closed by peer", "Connection reset by peer", NCCL's errors).
 _WORLD_FAILURE = re.compile(r"gloo|nccl|connection (closed|reset|refused)|by peer|broken pipe", re.I)
@@ -109,6 +124,7 @@ class AllocationWatch:
         self.nodes_by_rank: list[str | None] = []  # rank r's node (watch_allocation)
         self._fenced_now: frozenset[str] = frozenset()  # fenced nodes in the record that fired
         self.world: frozenset[str] = frozenset()
+        self.active: tuple[str, ...] | None = None  # the newest record's active nodes
         self.fired: str | None = None  # the reason, once fired
         self._seen: tuple[int, ...] | None = None
         self._read_at = float("-inf")  # monotonic time of the last read
@@ -203,6 +219,60 @@ class AllocationWatch:
                   "the failure is this rank's own")
         return None
 
+    def missing(self) -> list[str]:
+        """The record's active nodes this rank's world does not run on (none before the world
+        is known or without a record)."""
+        with self._lock:
+            if not self.world or self.active is None:
+                return []
+            return sorted(set(self.active) - self.world)
+
+    def hold_while_partial(self, bound_s: float = PARTIAL_WAIT_S) -> bool:
+        """Hold a world that lacks active nodes (``missing``) before it trains, from the main
+        thread: True once it is whole (the missing nodes fenced) or was, False after ``bound_s``
+        (it then trains partial). A SIGTERM meanwhile is torchrun stopping this world to take
+        the late agent in: the rank ends with 88 at once (returns False only when ``_exit`` was
+        replaced, tests). Bounded; polls every 0.1 s at most."""
+        missing = self.missing()
+        if not missing:
+            return True
+        self._say(f"slurmft allocation watch: this world runs without active node(s) "
+                  f"{', '.join(missing)} (torchrun closed its round before their agents joined): "
+                  f"holding the first step until they join, are fenced, or {bound_s:g} s passed")
+        termed = threading.Event()
+        previous: object = None
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            previous = signal.signal(signal.SIGTERM, lambda signum, frame: termed.set())
+        try:
+            deadline = time.monotonic() + bound_s
+            while True:
+                if termed.is_set():
+                    why = (f"torchrun stopped this world (SIGTERM) to re-form it with "
+                           f"{', '.join(missing)}: leaving before any step")
+                    with self._lock:
+                        self.fired = why
+                    self._stop.set()
+                    exit_after_report(exitcodes.REFORM, lambda: self._say(f"slurmft allocation watch: {why}"),
+                                      report_timeout_s=self.report_timeout_s,
+                                      who="slurmft allocation watch", _exit=self._exit)
+                    return False
+                if self.check() is not None:  # a node of this world fenced: ended here (88)
+                    return False
+                missing = self.missing()
+                if not missing:
+                    self._say("slurmft allocation watch: the world is the allocation's active "
+                              "nodes now: training")
+                    return True
+                if time.monotonic() >= deadline:
+                    self._say(f"slurmft allocation watch: WARNING: still without {', '.join(missing)} "
+                              f"after {bound_s:g} s: training on a partial world")
+                    return False
+                termed.wait(min(self.poll_s, 0.1))
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+
     def _look(self) -> str | None:
         path = self.run_dir.allocation
         try:
@@ -223,6 +293,7 @@ class AllocationWatch:
             return None
         if self.start_generation is None:
             self.start_generation = record.generation
+        self.active = record.active
         self._fenced_now = frozenset(record.fenced_nodes)
         fenced = sorted(self.world.intersection(record.fenced_nodes))
         moved = f"the allocation's generation moved from {self.start_generation} to {record.generation}"
@@ -269,6 +340,8 @@ def watch_allocation(run_dir: RunDir, env: "JobEnv", process_group: Any, world_s
     The same all-gather agrees on the segment's ``attempt`` (the watch's ``attempt``): torchrun
     counts restarts per agent, and a spare's agent joins at 0 while the survivors' count on, so
     every rank takes the highest (the batch host's agent is in every world: it never goes back).
+    A world without some of the record's active nodes is held here before it trains
+    (:meth:`AllocationWatch.hold_while_partial`).
     """
     watch = AllocationWatch.start_for(run_dir, (env.slurm_id, env.job_id), on_reform=on_reform)
     if watch is None:
@@ -285,4 +358,5 @@ def watch_allocation(run_dir: RunDir, env: "JobEnv", process_group: Any, world_s
                            for g in gathered]
     watch.attempt = max([env.attempt, *(a for _, a in pairs if isinstance(a, int))])
     watch.set_world([n for n, _ in pairs if isinstance(n, str)])
+    watch.hold_while_partial()  # every rank of the world sees the same world and record
     return watch

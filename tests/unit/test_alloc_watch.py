@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import threading
 import time
 
@@ -307,3 +308,70 @@ def test_the_lowest_rank_on_a_node_not_fenced_journals_the_reform(tmp_path):
     w3.nodes_by_rank = ["n0", "n1", "n2"]
     write(RunDir(tmp_path / "b"), 2, active=("n0", "n1", "n3"), spares=(), fenced=("n2",))
     assert w3.check() is not None and [w3.reporter(r) for r in range(3)] == [True, False, False]
+
+
+def test_a_world_without_an_active_nodes_agent_holds_until_torchruns_term_and_leaves_with_88(tmp_path):
+    """The shrink-mode start-up race: torchrun's round closed with n0, n1 (MIN 2) before n2's agent
+    joined. The world must not train (it would checkpoint a 2-node world and read the TERM that
+    takes n2 in as a preemption): it holds, and torchrun's SIGTERM ends it with 88, nothing saved."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 0, spares=())
+    stream = io.StringIO()
+    w = AllocationWatch.start_for(run, ("77", None), _exit=exits, poll_s=3600, stream=stream)
+    assert w is not None
+    w.set_world(["n0", "n1"])
+    assert w.missing() == ["n2"]
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()  # torchrun's stop
+    started = time.monotonic()
+    assert w.hold_while_partial(bound_s=60) is False
+    assert exits.codes == [exitcodes.REFORM] and time.monotonic() - started < 30
+    assert "holding the first step" in stream.getvalue()
+    assert "torchrun stopped this world (SIGTERM) to re-form it with n2" in stream.getvalue()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the rank's own handler comes later
+
+
+def test_a_partial_world_trains_once_the_launcher_fences_the_missing_node(tmp_path):
+    """The late node died before its agent joined: the launcher's fence makes the held world the
+    allocation's (a shrink), and it trains; an unrelated TERM handler is put back."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 0, spares=())
+    stream = io.StringIO()
+    w = AllocationWatch.start_for(run, ("77", None), _exit=exits, poll_s=3600, stream=stream)
+    assert w is not None
+    w.set_world(["n0", "n1"])
+    threading.Timer(0.5, lambda: write(run, 1, active=("n0", "n1"), spares=(), fenced=("n2",))).start()
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert w.hold_while_partial(bound_s=60) is True
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert exits.codes == [] and w.missing() == []
+    assert "training" in stream.getvalue().splitlines()[-1]
+
+
+def test_a_whole_world_does_not_hold_and_a_partial_one_gives_up_after_its_bound(tmp_path):
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 0, spares=())
+    w = watch(run, exits)
+    assert w is not None
+    w.set_world(["n0", "n1", "n2"])
+    started = time.monotonic()
+    assert w.hold_while_partial(bound_s=60) is True and time.monotonic() - started < 5
+    w.set_world(["n0", "n1"])
+    assert w.hold_while_partial(bound_s=0.3) is False  # trains partial, said as a warning
+    assert exits.codes == []
+
+
+def test_a_spare_whose_agent_is_late_holds_the_survivors_world(tmp_path):
+    """After a fence the spare n3 is active; the survivors' round closed before its agent joined."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1, active=("n0", "n2", "n3"), spares=(), fenced=("n1",))
+    w = watch(run, exits)
+    assert w is not None
+    w.set_world(["n0", "n2"])
+    assert w.missing() == ["n3"]
