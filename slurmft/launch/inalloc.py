@@ -242,7 +242,7 @@ class Supervisor:
         holds the rendezvous store, so its trouble is the requeue path's (warned about once)."""
         alloc, faults = self.alloc, []
         order = [n for n in (*alloc.spares, *alloc.active) if n in self.steps and n not in alloc.fenced_nodes]
-        for why in self.node_states.unfit(order):
+        for why in self.node_states.unfit(order, committed=self.process_faults.newest_commit, waits=alloc.active):
             if why.node != self.rdzv.host:
                 faults.append(Fault(why.node, why.cause, [why.evidence]))
             elif why.node not in self._warned_unfit:

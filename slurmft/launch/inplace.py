@@ -105,6 +105,11 @@ class ProcessFaults(JournalFollower):
             seen.reformed, seen.hang, self.fences = False, None, 0
 
     @property
+    def newest_commit(self) -> int | None:
+        """The newest checkpoint step this segment's ranks journaled as committed."""
+        return self.seen.newest_commit
+
+    @property
     def ended(self) -> int | None:
         """The end the ranks recorded (0 / 85 / 86), None while they train."""
         return self.seen.ended

@@ -9,6 +9,15 @@ show nodes`` / ``sinfo``, bounded by the client's timeout and retries) and keeps
 
   DOWN (base state), DRAIN (draining or drained), FAIL -> unfit, with Slurm's reason as evidence
 
+A drain means "finish what runs": a node drained by anyone but slurmft's sweeper (an admin's
+maintenance, ``NODE_DRAINED``) that trains (``waits``: the active nodes) is reported unfit only
+once a checkpoint newer than the newest one at the drain's first sight has committed (the
+journal's ``checkpoint_committed``, read by ``inplace``), so the fence loses no step, or when none
+did within the bound: the watcher's own rule for the requeue path (``watch.detect_nodes.
+admin_drain``) with its defaults, twice the run's median checkpoint interval seen here, at least
+120 s, and 3600 s while fewer than two commits were seen. The sweeper's drain (a failing health
+check), DOWN and FAIL are unfit at once, and so is a drained spare (it trains nothing).
+
 An answer that cannot be had is "could not observe": nothing is fenced on it, one warning per
 streak of failures. A node absent from the answer is unknown, never unfit. Which unfit node is
 fenced (an active one other than the batch host, a spare), and how, is the supervisor's.
@@ -16,12 +25,14 @@ fenced (an active one other than the batch host, a spare), and how, is the super
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Collection, Mapping, Sequence
 
 from slurmft.slurm.client import Node, SlurmError
+from slurmft.watch.config import WatchConfig
 from slurmft.watch.findings import SWEEPER_PREFIX
 
 POLL_S = 10.0
@@ -64,6 +75,8 @@ class NodeStates:
         self._lock = threading.Lock()
         self._newest: Mapping[str, Node] = {}
         self._failing = False
+        self._drains: dict[str, tuple[float, int | None]] = {}  # node -> (first seen, newest commit then)
+        self._commits: list[tuple[float, int]] = []   # (monotonic, step) of the commits seen
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -99,14 +112,48 @@ class NodeStates:
         with self._lock:
             self._newest = dict(found)
 
-    def unfit(self, names: Sequence[str]) -> list[Unfit]:
-        """The nodes of ``names`` the newest answer says are unfit, in ``names``' order."""
+    def unfit(self, names: Sequence[str], *, committed: int | None = None,
+              waits: Collection[str] = ()) -> list[Unfit]:
+        """The nodes of ``names`` the newest answer says are unfit, in ``names``' order; an
+        admin's drain of a node of ``waits`` only after a checkpoint newer than the one
+        ``committed`` (the newest so far) at its first sight, or the bound (module docstring)."""
         with self._lock:
             newest = self._newest
+        now = time.monotonic()
+        if committed is not None and (not self._commits or committed > self._commits[-1][1]):
+            self._commits = [*self._commits[-19:], (now, committed)]
         found = []
         for name in names:
             node = newest.get(name)
             why = unfit(node) if node is not None else None
+            if why is not None and why.cause == NODE_DRAINED and name in waits:
+                why = self._after_checkpoint(why, committed, now)
+            elif why is None and node is not None:
+                self._drains.pop(name, None)  # undrained: a later drain waits afresh
             if why is not None:
                 found.append(why)
         return found
+
+    def drain_bound(self) -> float:
+        """Longest an admin-drained node trains on for its checkpoint (the watcher's rule)."""
+        times = [t for t, _ in self._commits]
+        gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
+        if not gaps:
+            return WatchConfig.admin_drain_wait_s
+        return max(WatchConfig.checkpoint_overdue_factor * statistics.median(gaps),
+                   WatchConfig.checkpoint_overdue_min_s)
+
+    def _after_checkpoint(self, why: Unfit, committed: int | None, now: float) -> Unfit | None:
+        if why.node not in self._drains:
+            self._drains[why.node] = (now, committed)
+            self.log(f"{why.evidence}: an admin's drain: {why.node} trains on until the next "
+                     f"checkpoint commits (at most {self.drain_bound():.0f} s), then it is fenced")
+        since, before = self._drains[why.node]
+        if committed is not None and (before is None or committed > before):
+            return replace(why, evidence=f"{why.evidence}: an admin's drain; checkpoint step "
+                           f"{committed} committed after it was seen: fenced at a fresh checkpoint")
+        waited, bound = now - since, self.drain_bound()
+        if waited > bound:
+            return replace(why, evidence=f"{why.evidence}: an admin's drain; no checkpoint "
+                           f"committed in the {waited:.0f} s since it was seen (bound {bound:.0f} s)")
+        return None

@@ -76,6 +76,13 @@ def _events(run, kind):
     return [e for e in read_events(run.events, [kind]) if e.get("where") == "allocation"]
 
 
+def _commit(sup, run, step: int) -> None:
+    """The ranks journal a committed checkpoint of this segment; the supervisor's loop reads it."""
+    journal.append_event(run.events, journal.CHECKPOINT_COMMITTED, job_id=sup.ident.slurm_id,
+                         restart_count=sup.ident.restart_count, step=step)
+    sup.process_faults.poll()
+
+
 def _stop(sup):
     for step in sup.steps.values():
         procs.stop(step.proc, kill_after_s=1)
@@ -92,13 +99,26 @@ def test_slurms_word_on_a_node_from_real_sinfo_output():
     assert prolog is not None and prolog.cause == "node_drained" and "Prolog error" in prolog.evidence
 
 
-def test_a_drained_active_node_that_still_beats_is_replaced_by_the_spare(tmp_path):
-    sup, client, run, _ = _supervisor(tmp_path, PROLOG_DRAIN, SLURMFT_SPARE_NODES="1")
+def test_a_drained_active_node_that_still_beats_is_replaced_by_the_spare_after_the_next_checkpoint(tmp_path):
+    """Not the sweeper's drain (Slurm's own, for a prolog error; an admin's is the same): a drain
+    lets what runs finish, so n2 trains on until a checkpoint newer than the one committed when
+    the drain was first seen commits; then it is fenced and the spare takes its place."""
+    sup, client, run, logged = _supervisor(tmp_path, PROLOG_DRAIN, SLURMFT_SPARE_NODES="1")
     try:
+        _commit(sup, run, 10)
         sup._fence_found()
         assert _events(run, journal.RECOVERY_ACTION) == []  # no answer yet: nothing fenced
         sup.node_states.poll_once()
         assert sorted(client.asked[0]) == ["n1", "n2", "n3", "n4"]
+        sup._fence_found()
+        sup._fence_found()
+        assert _events(run, journal.FAULT_DETECTED) == [] and "n2" in sup.steps  # it trains on
+        [said] = [line for line in logged if "an admin's drain" in line]
+        assert "n2 trains on until the next checkpoint commits (at most 3600 s)" in said
+        _commit(sup, run, 10)  # the same checkpoint again: still waits
+        sup._fence_found()
+        assert _events(run, journal.FAULT_DETECTED) == []
+        _commit(sup, run, 15)
         sup._fence_found()
         alloc = json.loads(run.allocation.read_text())
         assert (alloc["generation"], alloc["active"], alloc["spares"]) == (1, ["n1", "n4", "n3"], [])
@@ -106,6 +126,7 @@ def test_a_drained_active_node_that_still_beats_is_replaced_by_the_spare(tmp_pat
         assert (fault.get("cause"), fault.get("nodes"), fault.get("detected_by")) == \
             ("node_drained", ["n2"], "launcher")
         assert "Prolog error" in fault.get("evidence")[0]
+        assert "checkpoint step 15 committed after it was seen" in fault.get("evidence")[0]
         [action] = _events(run, journal.RECOVERY_ACTION)
         assert (action.get("action"), action.get("nodes"), action.get("spare")) == ("replace_node", ["n2"], "n4")
         assert "n2" not in sup.steps
@@ -139,6 +160,8 @@ def test_without_a_spare_or_room_to_shrink_a_drained_node_goes_the_requeue_path(
     sup, client, run, _ = _supervisor(tmp_path, PROLOG_DRAIN, SLURMFT_IN_ALLOCATION="1")
     try:
         sup.node_states.poll_once()
+        sup._fence_found()  # the drain was seen: it waits for the next checkpoint
+        _commit(sup, run, 5)
         with pytest.raises(inalloc.GoRequeue) as requeue:
             sup._fence_found()
         assert list(requeue.value.exclude) == ["n2"] and "Prolog error" in requeue.value.exclude["n2"]
@@ -175,6 +198,8 @@ def test_no_answer_from_slurm_fences_nothing_and_says_so_once(tmp_path):
         client.answer = PROLOG_DRAIN  # it answers again: the drain is acted on
         sup.node_states.poll_once()
         sup._fence_found()
+        _commit(sup, run, 5)
+        sup._fence_found()
         assert [a.get("nodes") for a in _events(run, journal.RECOVERY_ACTION)] == [["n2"]]
     finally:
         _stop(sup)
@@ -189,3 +214,42 @@ def test_the_poll_of_slurm_runs_at_the_users_interval(tmp_path):
     finally:
         _stop(sup)
         _stop(default)
+
+
+def test_a_drain_with_no_checkpoint_within_the_bound_is_fenced_anyway(tmp_path):
+    """No commit since the drain was seen: fenced once the bound (the watcher's rule: twice the
+    run's median checkpoint interval, at least 120 s; 3600 s with no interval known) passed."""
+    sup, client, run, _ = _supervisor(tmp_path, PROLOG_DRAIN, SLURMFT_SPARE_NODES="1")
+    try:
+        sup.node_states.poll_once()
+        sup._fence_found()
+        assert _events(run, journal.FAULT_DETECTED) == [] and sup.node_states.drain_bound() == 3600
+        since, before = sup.node_states._drains["n2"]
+        sup.node_states._drains["n2"] = (since - 3601, before)  # an hour went by
+        sup._fence_found()
+        [fault] = _events(run, journal.FAULT_DETECTED)
+        assert fault.get("nodes") == ["n2"] and "no checkpoint committed in the 3601 s" in fault.get("evidence")[0]
+    finally:
+        _stop(sup)
+
+
+def test_the_bound_follows_the_runs_checkpoint_interval(tmp_path):
+    states = nodestate.NodeStates(None, lambda: [], lambda line: None)
+    states._commits = [(0.0, 5), (100.0, 10), (200.0, 15)]
+    assert states.drain_bound() == 200.0   # 2 x the median interval of 100 s
+    states._commits = [(0.0, 5), (10.0, 10), (20.0, 15)]
+    assert states.drain_bound() == 120.0   # at least 120 s
+
+
+def test_a_drained_spare_is_fenced_at_once(tmp_path):
+    """Only a drain of a training node waits: a spare trains nothing (n2 is one here). The
+    sweeper's drain and DOWN are fenced on sight (test_a_down_spare_is_dropped_before...)."""
+    sup, client, run, _ = _supervisor(tmp_path, PROLOG_DRAIN, SLURMFT_SPARE_NODES="3")
+    try:
+        assert sup.alloc.spares == ("n2", "n3", "n4")
+        sup.node_states.poll_once()
+        sup._fence_found()
+        assert [(a.get("action"), a.get("nodes")) for a in _events(run, journal.RECOVERY_ACTION)] == \
+            [("fence", ["n2"])]
+    finally:
+        _stop(sup)
