@@ -5,11 +5,14 @@ examples/train_gpt.py with its default heartbeat cadence; slow steps come from t
 tests (``SLURMFT_CKPT_FAULT_SLOW``: a sleep at that phase of that step, on every rank). The watcher
 polls every second (``WatcherProc``): more chances to misjudge, not fewer.
 
-Each run here is also the suite's plain completing job under the watcher (issue 28 merged
-test_watch_recovery.py's test_a_job_that_completes_is_never_requeued into ``_finished_untouched``),
-and the slow-checkpoint run is its NaN rollback (test_train_job_faults.py's
-test_one_nan_rolls_back_and_training_continues, merged: the same guard trip, rollback and replayed
-steps, in a run that was started anyway)."""
+One run pays for all of it (issue 28 merged two tests that each started a 2-node job under the
+watcher: test_steps_of_several_seconds_with_the_default_heartbeat_cadence_are_left_alone and
+test_a_save_and_a_load_longer_than_hang_min_s_are_waited_for, every assertion of both kept): 20
+slow steps with nothing else beating, then a rollback whose load is slow, then a slow final save.
+It is also the suite's plain completing job under the watcher (test_watch_recovery.py's
+test_a_job_that_completes_is_never_requeued, merged into ``_finished_untouched``) and its NaN
+rollback (test_train_job_faults.py's test_one_nan_rolls_back_and_training_continues, merged: the
+same guard trip, rollback and replayed step)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.integration
 # The example at its defaults but for size: no --heartbeat-interval (10 s by default).
 SMALL = ["--tiny", "--global-batch", "12"]
 HANG_MIN_S = 60.0  # [watch] hang_min_s's default, which a blocking phase here outlasts
+STEPS = 22
 
 
 def _start(cluster, tmp_path, args, name, env=None):
@@ -49,42 +53,33 @@ def _finished_untouched(job, watcher, context, timeout: float):
     return events
 
 
-@pytest.mark.timeout(480)
-def test_steps_of_several_seconds_with_the_default_heartbeat_cadence_are_left_alone(slurm_cluster, tmp_path):
+@pytest.mark.timeout(900)
+def test_slow_steps_a_slow_load_and_a_slow_save_with_the_default_heartbeat_cadence_are_waited_for(
+        slurm_cluster, tmp_path):
     # 6.5 s steps: the old cadence (a beat every 10 steps, the first without a step time) called
-    # this run hung 61 s after its first beat, 131 s in, before the second beat at 130 s + load.
-    args = [*SMALL, "--steps", "21", "--ckpt-every", "100", "--step-sleep", "6.5"]
-    run, job, watcher, context = _start(slurm_cluster, tmp_path, args, "slow_steps")
+    # this run hung 61 s after its first beat, 131 s in, before the second beat at 130 s + load;
+    # nothing else beats before step 20 (the first checkpoint). A NaN at step 22 rolls back to
+    # step 20, whose load takes 65 s; the final save (blocking, the job ends with it) takes 65 s.
+    # Both announce themselves in the heartbeat with their bound.
+    args = [*SMALL, "--steps", str(STEPS), "--ckpt-every", "20", "--step-sleep", "6.5",
+            "--inject-nan-at", "22"]
+    slow = {"SLURMFT_CKPT_FAULT_SLOW": f"load@20=65,write@{STEPS}=65"}
+    run, job, watcher, context = _start(slurm_cluster, tmp_path, args, "slow", env=slow)
     try:
-        events = _finished_untouched(job, watcher, context, 420)
-        steps = sorted(e.get("step") for e in of(events, "loss"))
-        assert steps == list(range(1, 22)), context()
+        events = _finished_untouched(job, watcher, context, 780)
         beats = [read_json(p) for p in sorted(RunDir(run).heartbeat_dir.glob("*.json"))]
         assert len(beats) == 2 and all(b["interval_s"] == 10 and b["last_step_s"] >= 6.5 for b in beats), beats
-    finally:
-        watcher.kill()
-
-
-@pytest.mark.timeout(480)
-def test_a_save_and_a_load_longer_than_hang_min_s_are_waited_for(slurm_cluster, tmp_path):
-    # A NaN at step 6 rolls back to step 4, whose load takes 65 s; the final save (blocking, the
-    # job ends with it) takes 65 s. Both announce themselves in the heartbeat with their bound.
-    args = [*SMALL, "--steps", "10", "--ckpt-every", "4", "--step-sleep", "0.5", "--inject-nan-at", "6"]
-    slow = {"SLURMFT_CKPT_FAULT_SLOW": "load@4=65,write@10=65"}
-    run, job, watcher, context = _start(slurm_cluster, tmp_path, args, "slow_ckpt", env=slow)
-    try:
-        events = _finished_untouched(job, watcher, context, 420)
         trip, = of(events, "guard_trip")
         rollback, = of(events, "rollback")
-        assert (trip.get("step"), trip.get("verdict")) == (6, "rollback"), context()
+        assert (trip.get("step"), trip.get("verdict")) == (22, "rollback"), context()
         assert "non-finite loss" in trip.get("reason")
-        assert (rollback.get("from_step"), rollback.get("to_step")) == (6, 4), context()
+        assert (rollback.get("from_step"), rollback.get("to_step")) == (22, 20), context()
         assert rollback.time - trip.time > HANG_MIN_S, context()
-        # Step 5 redone after the rollback to 4, every other step once, training on to the end.
-        assert [e.get("step") for e in of(events, "loss")] == [*range(1, 6), *range(5, 11)], context()
-        final = [e for e in of(events, "checkpoint_committed") if e.get("step") == 10]
+        # Step 21 redone after the rollback to 20, every other step once, training on to the end.
+        assert [e.get("step") for e in of(events, "loss")] == [*range(1, 22), 21, 22], context()
+        final = [e for e in of(events, "checkpoint_committed") if e.get("step") == STEPS]
         assert final and final[0].get("total_s") > HANG_MIN_S, context()
-        last_step = [e for e in of(events, "loss") if e.get("step") == 10][-1]
+        last_step = [e for e in of(events, "loss") if e.get("step") == STEPS][-1]
         end, = of(events, "segment_end")
         assert end.time - last_step.time > HANG_MIN_S, context()  # the loop waited on the save
     finally:

@@ -1,8 +1,10 @@
 """Planned ends are not faults (issue 25, item 2), on the devcluster with the real template, the
-real example and the real ``slurmft watch``: a run cut three times in a row by its time limit's
+real example and the real ``slurmft watch``: a run cut twice in a row by its time limit's
 warning signal (USR2 to the batch script, what ``--signal=B:USR2@...`` sends) saves, requeues
 itself and finishes, with no ``fault_detected`` and no ``recovery_action``, under a watcher whose
-restart limits are 1: planned ends count toward none of them (before, the second end was held)."""
+restart limits are 1: planned ends count toward none of them (before, the second end was held).
+Two ends in a row are enough to pass every limit of 1 (issue 28: three cost a third start-up and
+proved nothing more)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 STEPS = 40
 ARGS = [*TINY_ARGS, "--steps", str(STEPS), "--ckpt-every", "10", "--step-sleep", "0.1"]
-ENDS = 3
+ENDS = 2  # one past every restart limit of the watcher below
 
 
 @pytest.mark.timeout(420)

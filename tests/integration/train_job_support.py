@@ -161,11 +161,24 @@ def losses(events: list[Event]) -> dict[int, tuple[float, int]]:
 _REFERENCES: dict[tuple, dict[int, tuple[float, int]]] = {}
 
 
+def without_step_sleep(train_args: list[str]) -> list[str]:
+    """``train_args`` less ``--step-sleep S`` (both examples' and the helper loops' only use of
+    it is a ``time.sleep`` in each step)."""
+    args = list(train_args)
+    while "--step-sleep" in args:
+        at = args.index("--step-sleep")
+        del args[at:at + 2]
+    return args
+
+
 def reference_losses(run_dir: Path, train_args: list[str], world_size: int, *,
                      script: Path = EXAMPLE, env: dict[str, str] | None = None) -> dict[int, tuple[float, int]]:
     """An uninterrupted run on ``world_size`` local ranks (torchrun --standalone, no Slurm).
     Deterministic: the same run is made once per test process and its losses handed out again
-    (seven in-allocation tests compare against the same 3-rank run)."""
+    (seven in-allocation tests compare against the same 3-rank run). Made without the job's
+    ``--step-sleep``: a sleep changes no loss, only how long the reference takes (a job's 4 s
+    steps made a 160 s reference)."""
+    train_args = without_step_sleep(train_args)
     key = (str(script), tuple(train_args), world_size, tuple(sorted((env or {}).items())))
     if key not in _REFERENCES:
         _REFERENCES[key] = _reference_run(run_dir, train_args, world_size, script, env)
