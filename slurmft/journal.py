@@ -78,6 +78,7 @@ RESUME_DIVERGED = "resume_diverged"
 # (unix s) process_start, torch_imported, run_started, checkpoint_loaded, first_step_done; their
 # differences as *_s; tier (where the checkpoint was read from), restored_step, load_bytes.
 RESTART_PHASES = "restart_phases"
+RANK_EXIT = "rank_exit"  # rank, node, exit_code, pid, how: a crash its node's warm server saw (in-allocation)
 # Written by the launcher when it wants a requeue it cannot do itself (no scontrol in the job):
 # reason, exclude (node names the pre-flight failed). `slurmft watch` carries it out.
 REQUEUE_REQUEST = "requeue_request"

@@ -100,8 +100,8 @@ class Supervisor:
         self._next_send: float | None = None
         self._started = time.monotonic()
         self.net: beatnet.Listener | None = None
-        self.process_faults = ProcessFaults(self.run_dir.events, {ident.slurm_id, ident.raw_job_id},
-                                            ident.restart_count)
+        self.process_faults = ProcessFaults(self.run_dir.events, {ident.slurm_id, ident.raw_job_id}, ident.restart_count,
+                                            lambda n, s: n in self.steps and self.liveness.silent_s(n) < s)
         self.node_states = nodestate.NodeStates(client, self._watched, voice.log,
                                                  poll_s=alloc.node_poll_s)
         self._warned_unfit: set[str] = set()

@@ -7,6 +7,9 @@ fault, and bounds it by progress. It follows the run's journal (``watch.follow``
 appended bytes, untrusted, bounded) for this job segment (job id, restart count):
 
   ``hang`` (the step watchdog fired)              -> ``fault_detected`` cause ``hang`` at once
+  ``rank_exit`` (a crash its node's warm server    -> ``fault_detected`` cause ``rank_crash`` once
+  saw, ``rankexit``)                                  the node beat ``BEAT_AFTER_S`` after it was
+                                                      read (none from a node that died: its fence's)
   a ``segment_start`` after the first one that no  -> ``fault_detected`` cause ``rank_crash``
   fence and no re-form (``segment_end`` 88) explains  (unless a hang explained it), and
                                                       ``recovery_action`` ``restart_in_place``
@@ -18,8 +21,10 @@ end the job with 86 (a crash loop: running again would fail the same way).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from slurmft import exitcodes, journal
 from slurmft.journal import Event
@@ -29,6 +34,11 @@ from slurmft.watch.follow import JournalFollower
 # What the ranks record when the run ends by intent (done, preempted and saved, do not requeue):
 # torchrun, whose restarts are left to the launcher, would start them again.
 ENDS = (exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE)
+# A crash's node must beat again at least this long after its ``rank_exit`` was read (a node's
+# task beats every second): a node killed whole may have had its ranks reaped a moment before it
+# died. Without such a beat within SETTLE_S the crash is dropped (the node's fence is the fault).
+BEAT_AFTER_S = 0.5
+SETTLE_S = 5.0
 
 
 @dataclass
@@ -50,14 +60,17 @@ class _Seen:
     reformed: bool = False           # a segment_end 88 since the last start
     ended: int | None = None         # the ranks recorded an end (0, 85, 86): no restart may follow
     hang: InPlace | None = None
+    crash: InPlace | None = None     # this segment's first rank_exit (pending until journaled)
+    crash_read: float = 0.0          # monotonic: when it was read
     found: list[InPlace] = field(default_factory=list)   # faults seen, in order
     restarts: list[InPlace] = field(default_factory=list)  # restarts in place, in order
 
 
 class ProcessFaults(JournalFollower):
-    def __init__(self, events: Path, job_ids: set[str], restart_count: int) -> None:
+    def __init__(self, events: Path, job_ids: set[str], restart_count: int,
+                 beat_within: Callable[[str, float], bool] = lambda node, s: False) -> None:
         super().__init__(events)
-        self.job_ids, self.restart_count = job_ids, restart_count
+        self.job_ids, self.restart_count, self.beat_within = job_ids, restart_count, beat_within
         try:  # what was journaled before this launch is no segment of it: read from here on
             info = os.lstat(events)
             self.identity, self.offset = (info.st_dev, info.st_ino), info.st_size
@@ -90,19 +103,27 @@ class ProcessFaults(JournalFollower):
             why = event.text("reason") or event.text("message") or "the step watchdog fired"
             seen.hang = InPlace("hang", [node] if node else [],
                                 [f"rank {event.get('rank')}: {why}"],
-                                seen.last_loss_t if seen.last_loss_t is not None else event.time)
+                                seen.last_loss_t if seen.last_loss_t is not None else event.time, True)
             seen.found.append(seen.hang)
+        elif event.kind == journal.RANK_EXIT and seen.crash is None and seen.hang is None \
+                and not seen.reformed and self.fences == 0:
+            node, rank = event.text("node"), event.get("rank")
+            seen.crash = InPlace("rank_crash", [node] if node else [], [
+                f"rank {rank} on {node or 'a node'} ended: {event.text('how') or event.get('exit_code')} "
+                "(seen by its node's warm server)"], event.time)
+            seen.crash_read = time.monotonic()
         elif event.kind == journal.SEGMENT_START:
             seen.starts += 1
             if seen.starts > 1 and not seen.reformed and self.fences == 0:
-                fault = seen.hang or InPlace(
+                fault = seen.hang or seen.crash or InPlace(
                     "rank_crash", [], ["the ranks started again without a fence or a re-form by "
                                        f"the launcher (torchrun attempt {event.get('attempt')})"],
                     seen.last_loss_t if seen.last_loss_t is not None else event.time)
-                if seen.hang is None:
+                if not fault.detected:
+                    fault.detected = True
                     seen.found.append(fault)
                 seen.restarts.append(fault)
-            seen.reformed, seen.hang, self.fences = False, None, 0
+            seen.reformed, seen.hang, seen.crash, self.fences = False, None, None, 0
 
     @property
     def newest_commit(self) -> int | None:
@@ -123,6 +144,15 @@ class ProcessFaults(JournalFollower):
     def poll(self) -> tuple[list[InPlace], list[InPlace]]:
         """(faults to journal as detected, restarts in place to journal), each once."""
         self._follow()
+        crash, age = self.seen.crash, time.monotonic() - self.seen.crash_read
+        if crash is not None and not crash.detected:
+            if self.fences or self.seen.reformed:   # the launcher's fence or re-form explains it
+                self.seen.crash = None
+            elif age > BEAT_AFTER_S and all(self.beat_within(n, age - BEAT_AFTER_S) for n in crash.nodes):
+                crash.detected = True
+                self.seen.found.append(crash)
+            elif age > SETTLE_S:   # no beat since: its node died with it (its fence tells)
+                self.seen.crash = None
         found, restarts = self.seen.found, self.seen.restarts
         self.seen.found, self.seen.restarts = [], []
         return found, restarts

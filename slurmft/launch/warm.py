@@ -50,6 +50,7 @@ import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from slurmft.launch import rankexit
 from slurmft.launch import warmclient as proto
 from slurmft.launch import warmworker
 
@@ -227,6 +228,8 @@ class Server:
         self.sock.listen(64)
         self.sel = selectors.DefaultSelector()
         self.workers: dict[int, socket.socket] = {}   # pid -> its client's connection
+        self.envs: dict[int, dict] = {}     # pid -> its rank's environment (``rankexit``)
+        self.killed: set[int] = set()       # killed here: their clients were gone
         self.stopping = False
         self.refusing: str | None = None   # why this node has no warm workers
 
@@ -301,7 +304,7 @@ class Server:
         env = req["env"]
         _log(f"rank {env.get('RANK', '?')} (attempt {env.get('TORCHELASTIC_RESTART_COUNT', '0')}) "
              f"forked warm as pid {pid}")
-        self.workers[pid] = conn
+        self.workers[pid], self.envs[pid] = conn, env
         try:
             conn.sendall(proto.reply(b"P", pid))
         except OSError:   # the client is gone already
@@ -328,6 +331,7 @@ class Server:
             self._kill(pid)
 
     def _kill(self, pid: int) -> None:
+        self.killed.add(pid)
         try:
             os.killpg(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -342,8 +346,12 @@ class Server:
             if pid == 0:
                 return
             conn = self.workers.pop(pid, None)
+            env = self.envs.pop(pid, None)
             if conn is None:
                 continue
+            if pid not in self.killed and env is not None:  # the moment a rank crashed (journaled)
+                rankexit.record(env, os.waitstatus_to_exitcode(status), pid, _log)
+            self.killed.discard(pid)
             try:
                 self.sel.unregister(conn)
             except (KeyError, ValueError):

@@ -25,7 +25,9 @@ Where the dead peer's sockets were closed (its processes killed, or every node o
 raises at once instead of blocking, before the launcher has said anything: ``Run`` then calls
 :meth:`AllocationWatch.await_verdict` with the exception, which waits up to a grace period
 (``SLURMFT_NODE_SILENT_S`` + 5 s) for the new generation and ends the rank with 88 the same way;
-without one the exception goes on (a failure of this rank's own).
+without one the exception goes on (a failure of this rank's own). A signal meanwhile (torchrun's
+agent stopping its workers after a peer crashed) ends the rank with 88 as well, journaling nothing:
+not an exit 1, which its node's warm server would journal as this rank's crash.
 
 A world that runs on fewer of the record's active nodes than it names (``missing``) was formed
 by torchrun before every agent joined: with ``SLURMFT_MIN_NODES`` below the active nodes its
@@ -198,9 +200,12 @@ class AllocationWatch:
         node's processes died, the peer's sockets are closed and gloo raises at once, before the
         launcher has fenced anything. Wait up to ``grace_s`` for its verdict: a new generation
         ends the rank with 88 here (the world is being re-formed: the failure was its symptom);
-        None when none came (the caller re-raises: a failure of this rank's own), or as soon as
+        None when none came (the caller re-raises: a failure of this rank's own). When
         ``interrupted()`` says a signal asked the rank to stop (torchrun's agent stopping its
-        workers for a restart of its own: no verdict may come)."""
+        workers after a peer's crash: no verdict comes), the rank ends with 88 too, journaling
+        nothing: its world is broken (nothing could be saved), and it did not crash (an exit 1
+        would be journaled as a crash of this rank by its node's warm server, ``launch/rankexit``).
+        Returns the reason only when ``_exit`` was replaced (tests)."""
         if not is_world_failure(failure):
             return None
         first = str(failure).strip().splitlines()[0][:300] if str(failure).strip() else ""
@@ -212,8 +217,7 @@ class AllocationWatch:
             if reason is not None:
                 return reason
             if interrupted():
-                self._say("slurmft allocation watch: a signal asked this rank to stop: not waiting")
-                return None
+                return self._leave("a signal asked this rank to stop its broken world: leaving")
             time.sleep(min(self.poll_s, 0.1))
         self._say(f"slurmft allocation watch: no new generation within {grace_s:g} s: "
                   "the failure is this rank's own")
@@ -248,14 +252,8 @@ class AllocationWatch:
             deadline = time.monotonic() + bound_s
             while True:
                 if termed.is_set():
-                    why = (f"torchrun stopped this world (SIGTERM) to re-form it with "
-                           f"{', '.join(missing)}: leaving before any step")
-                    with self._lock:
-                        self.fired = why
-                    self._stop.set()
-                    exit_after_report(exitcodes.REFORM, lambda: self._say(f"slurmft allocation watch: {why}"),
-                                      report_timeout_s=self.report_timeout_s,
-                                      who="slurmft allocation watch", _exit=self._exit)
+                    self._leave(f"torchrun stopped this world (SIGTERM) to re-form it with "
+                                f"{', '.join(missing)}: leaving before any step")
                     return False
                 if self.check() is not None:  # a node of this world fenced: ended here (88)
                     return False
@@ -272,6 +270,16 @@ class AllocationWatch:
         finally:
             if main:
                 signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)  # type: ignore[arg-type]
+
+    def _leave(self, why: str) -> str:
+        """End the rank with 88 after one line, journaling nothing (torchrun stops this world)."""
+        with self._lock:
+            self.fired = why
+        self._stop.set()
+        exit_after_report(exitcodes.REFORM, lambda: self._say(f"slurmft allocation watch: {why}"),
+                          report_timeout_s=self.report_timeout_s, who="slurmft allocation watch",
+                          _exit=self._exit)
+        return why
 
     def _look(self) -> str | None:
         path = self.run_dir.allocation

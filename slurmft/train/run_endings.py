@@ -104,7 +104,7 @@ class RunEndings:
         """An exception leaving ``with Run`` in in-allocation mode: a collective that failed
         because a peer died ends with 88 once the launcher's new generation comes (see
         ``AllocationWatch.await_verdict``); otherwise it goes on. A signal (torchrun's agent
-        stopping its workers) ends the wait."""
+        stopping its workers after a peer's crash) ends the wait and the rank with 88 too."""
         if isinstance(exc, Exception) and self._alloc_watch is not None:
             self._alloc_watch.await_verdict(
                 exc, self.env.node_silent_s + 5, lambda: bool(self._preemption and self._preemption.requested))

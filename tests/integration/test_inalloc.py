@@ -18,9 +18,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +31,7 @@ from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
 
-from train_job_support import TINY_ARGS, TrainJob, kill_ranks, reference_losses, submit
+from train_job_support import TINY_ARGS, TrainJob, reference_losses, submit
 from watch_support import WatcherProc
 
 pytestmark = pytest.mark.integration
@@ -96,6 +98,27 @@ def _stall_alive(run, node: str, seconds: float) -> None:
         raise AssertionError(f"could not stall {alive}")
     time.sleep(seconds)
     shutil.rmtree(alive)
+
+
+def _kill_warm_worker(cluster, job: TrainJob, node: str) -> int:
+    """kill -9 the rank that ``node``'s warm server forked (a crash of the rank process itself:
+    a segfault, the OOM killer), found as the child of that node's server, which is this job's
+    and cluster's (its environment says so); returns its pid."""
+    mine = [f"SLURM_JOB_ID={job.job_id}".encode(), f"SLURM_CLUSTER_NAME={cluster.cluster_name}".encode(),
+            f"SLURMD_NODENAME={node}".encode()]
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:3] == [b"-m", b"slurmft.launch.warm"] and all(v in environ for v in mine):
+            children = [int(p) for t in (entry / "task").iterdir()
+                        for p in (t / "children").read_text().split()]
+            assert len(children) == 1, f"{node}'s warm server has children {children}"
+            os.kill(children[0], signal.SIGKILL)
+            return children[0]
+    raise AssertionError(f"no warm server of job {job.job_id} on {node}")
 
 
 def _segments(job: TrainJob) -> list:
@@ -354,9 +377,10 @@ def test_a_crashed_rank_on_a_healthy_node_is_restarted_in_place(slurm_cluster, t
                  150, "checkpoint of step 10")
     job.wait_step(12, timeout=60)
     node = _allocation(run)["active"][1]
-    # kill -9 of the rank's warm client (what a tool that finds the rank by its command line
-    # kills): its forked worker dies with it, no handler runs, torchrun sees a crashed rank.
-    assert kill_ranks(slurm_cluster, job.job_id, node=node) == 1
+    # kill -9 of the rank process itself (its warm client passes the status on to torchrun): no
+    # handler runs, torchrun sees a crashed rank, and the node's warm server saw it end.
+    _kill_warm_worker(slurm_cluster, job, node)
+    killed_at = time.time()
 
     states = _wait_running_until_end(job, timeout=300)
     assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
@@ -364,10 +388,17 @@ def test_a_crashed_rank_on_a_healthy_node_is_restarted_in_place(slurm_cluster, t
     assert alloc["generation"] == 0 and alloc["fenced"] == [] and node in alloc["active"]
     faults = [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
     actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
-    assert [(e.get("cause"), e.get("detected_by")) for e in faults] == [("rank_crash", "launcher")]
+    assert [(e.get("cause"), e.get("detected_by"), e.get("nodes")) for e in faults] == \
+        [("rank_crash", "launcher", [node])]
+    assert "killed by SIGKILL (seen by its node's warm server)" in faults[0].get("evidence")[0]
     assert [(a.get("action"), a.get("world_nodes")) for a in actions] == [("restart_in_place", 3)]
     starts = _segments(job)
     assert len(starts) == 2 and starts[1].get("world_size") == 3 and starts[1].get("restored_step") >= 10
+    # Journaled when seen: the crash's own time is the fault's, and it was detected before the
+    # restarted world started (before: only once that start was read).
+    [crash] = job.events([journal.RANK_EXIT])
+    assert faults[0].when("fault_time") == pytest.approx(crash.time) and crash.time >= killed_at - 1
+    assert faults[0].time < starts[1].time, job.context()
     log = job.log_text()  # both worlds forked warm (the restart in place warm again)
     assert {a for _, a in FORKED.findall(log)} >= {"0", "1"} and COLD not in log, log[-4000:]
     ref = reference_losses(tmp_path / "reference", ARGS, world_size=3)

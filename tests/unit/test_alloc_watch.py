@@ -267,10 +267,22 @@ def test_a_failure_of_the_ranks_own_is_not_held(tmp_path):
     assert time.monotonic() - started < 5
     # A collective failure with no verdict within the grace: the rank's own after all.
     assert w.await_verdict(RuntimeError("Connection reset by peer"), grace_s=0.3) is None
-    # torchrun's agent SIGTERMs its workers for a restart of its own: no verdict may come.
+    assert exits.codes == []
+
+
+def test_a_signal_while_waiting_for_a_verdict_ends_the_rank_with_88_not_as_a_crash(tmp_path):
+    """torchrun's agent SIGTERMs its workers after a peer's crash: no verdict comes, and the
+    rank must not exit 1 (its node's warm server would journal that as a crash of its own)."""
+    run, exits = RunDir(tmp_path), Exits()
+    write(run, 1)
+    stream = io.StringIO()
+    w = AllocationWatch.start_for(run, ("77", None), _exit=exits, poll_s=3600, stream=stream)
+    assert w is not None
     started = time.monotonic()
-    assert w.await_verdict(RuntimeError("Connection reset by peer"), grace_s=60, interrupted=lambda: True) is None
-    assert time.monotonic() - started < 30 and exits.codes == []
+    reason = w.await_verdict(RuntimeError("Connection reset by peer"), grace_s=60, interrupted=lambda: True)
+    assert reason == "a signal asked this rank to stop its broken world: leaving"
+    assert exits.codes == [exitcodes.REFORM] and time.monotonic() - started < 30
+    assert "slurmft allocation watch: " + reason in stream.getvalue()
 
 
 @pytest.mark.parametrize("exc, world", [

@@ -5,6 +5,7 @@ use (``slurmft.journal``), and the progress rule that ends a crash loop with 86.
 import pytest
 
 from slurmft import exitcodes, journal
+from slurmft.launch import inplace
 from slurmft.launch.inplace import ProcessFaults
 from slurmft.rundir import RunDir
 
@@ -96,3 +97,57 @@ def test_an_end_the_ranks_recorded_is_seen_and_a_hang_or_reform_is_none(tmp_path
     _put(run, journal.SEGMENT_END, exit_code=code)
     pf.poll()
     assert pf.ended == code
+
+
+def _crash(run, node="n2", code=-9, how="killed by SIGKILL"):
+    """What a node's warm server journals when a rank of its node crashed (``launch/rankexit``)."""
+    _put(run, journal.RANK_EXIT, rank=1, node=node, exit_code=code, pid=4242, how=how, attempt=0)
+
+
+def test_a_crash_its_warm_server_saw_is_detected_when_seen_and_its_restart_is_not_a_second_fault(
+        tmp_path, monkeypatch):
+    """Before: the crash was journaled only when the next world started (seconds to tens of
+    seconds later). Now once its node beat again BEAT_AFTER_S after the rank_exit was read."""
+    run = RunDir(tmp_path)
+    _put(run, journal.SEGMENT_START, restart_count=1, attempt=0)
+    beating: list[str] = []
+    pf = ProcessFaults(run.events, {"7"}, 2, beat_within=lambda node, s: node in beating)
+    _put(run, journal.SEGMENT_START, attempt=0)
+    _put(run, journal.LOSS, step=3, loss=1.0)
+    _crash(run)
+    _crash(run, node="n1", code=1, how="exit code 1")  # a second rank's end: the same fault
+    assert pf.poll() == ([], [])                       # read now: no beat since
+    monkeypatch.setattr(inplace, "BEAT_AFTER_S", 0.0)
+    assert pf.poll() == ([], [])                       # n2 has not beaten since: still waits
+    beating.append("n2")
+    found, restarts = pf.poll()
+    assert [(f.cause, f.nodes) for f in found] == [("rank_crash", ["n2"])] and restarts == []
+    assert "rank 1 on n2 ended: killed by SIGKILL (seen by its node's warm server)" in found[0].evidence[0]
+    [exit_event] = [e for e in journal.read_events(run.events, [journal.RANK_EXIT]) if e.get("node") == "n2"]
+    assert found[0].fault_time == pytest.approx(exit_event.time)
+    assert pf.poll() == ([], [])
+    _put(run, journal.SEGMENT_START, attempt=1)
+    found, restarts = pf.poll()
+    assert found == [] and [(r.cause, r.nodes) for r in restarts] == [("rank_crash", ["n2"])]
+    _put(run, journal.SEGMENT_START, attempt=2)  # the next restart is a fault of its own again
+    found, restarts = pf.poll()
+    assert [f.nodes for f in found] == [[]] and restarts == found
+
+
+def test_a_crash_whose_node_stopped_beating_or_that_a_fence_explains_is_not_a_process_fault(
+        tmp_path, monkeypatch):
+    """A node killed whole: its server may reap a rank a moment before it dies too. Its fence is
+    the fault; the crash is dropped, and the fence's restart is no process fault either."""
+    monkeypatch.setattr(inplace, "SETTLE_S", 0.0)
+    monkeypatch.setattr(inplace, "BEAT_AFTER_S", 0.0)
+    run, pf = _faults(tmp_path)  # nothing beats
+    _put(run, journal.SEGMENT_START, attempt=0)
+    _crash(run)
+    assert pf.poll() == ([], [])
+    pf.fenced()
+    _put(run, journal.SEGMENT_START, attempt=1)
+    assert pf.poll() == ([], [])
+    pf2 = ProcessFaults(run.events, {"7"}, 2, beat_within=lambda node, s: True)
+    _crash(run)
+    pf2.fenced()                # fenced before the settle: dropped although its node beats
+    assert pf2.poll() == ([], [])
