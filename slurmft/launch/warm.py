@@ -24,7 +24,8 @@ torch-free client (``slurmft.launch.warmclient``); per client the server forks a
   kills the worker's process group. The server's death closes the client's socket: the client
   kills its worker (nobody could reap it and pass its status on) and exits 1.
 
-The server reaps each worker and sends its status to its client, which exits with it. What a
+The server reaps each worker and sends its status to its client, which exits with it; a crash
+(``rankexit``'s rule) it also journals as ``rank_exit`` at once, for the launcher. What a
 fork cannot give a rank: environment variables read by torch or the pre-imported modules *at
 import* take the task's values (torchrun's per-rank variables are all read later), and the
 modules are the ones on the node when the server started.
