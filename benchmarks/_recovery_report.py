@@ -53,13 +53,28 @@ def timeout_summary(results: list[dict], slurmd_timeout: int, cap: float) -> dic
 
 
 def issue_keys(runs: list[dict]) -> dict:
-    """Issue 27's keys, each {SlurmdTimeout (str): seconds or None}, present when measured."""
+    """Issue 27's keys, each {SlurmdTimeout (str): seconds or None}, present when measured. A
+    timeout run more than once (``--slurmd-timeout 10 10``) gives its worst trial (None, not
+    recovered, is the worst), and ``KEY_trials`` lists every trial's figure in run order."""
     out: dict = {}
-    for key in [*ISSUE_KEYS, "restart_phases"]:
-        values = {str(run["slurmd_timeout_s"]): run[key] for run in runs if key in run}
-        if values:
-            out[key] = values
+    for key in ISSUE_KEYS:
+        trials: dict[str, list] = {}
+        for run in runs:
+            if key in run:
+                trials.setdefault(str(run["slurmd_timeout_s"]), []).append(run[key])
+        if trials:
+            out[key] = {t: worst(v) for t, v in trials.items()}
+            if any(len(v) > 1 for v in trials.values()):
+                out[f"{key}_trials"] = trials
+    phases = {str(run["slurmd_timeout_s"]): run["restart_phases"] for run in runs
+              if "restart_phases" in run}
+    if phases:
+        out["restart_phases"] = phases
     return out
+
+
+def worst(values: list):
+    return None if any(v is None for v in values) else max(values)
 
 
 def merge(outputs: list[dict]) -> dict:

@@ -98,13 +98,26 @@ def cycle_with_many_jobs(cluster: DevCluster, root: Path, jobs: int) -> dict:
             "wall_s": wall}
 
 
-def run_timeout(slurmd_timeout: int, args, root: Path) -> dict:
-    """Every fault x mode on one devcluster with this SlurmdTimeout."""
+def run_names(timeouts: list[int]) -> list[str]:
+    """Each run's name in the work dir (its cluster's and its trials' run dirs): the timeout, and
+    for a timeout given again its occurrence, so that ``--slurmd-timeout 10 10 10`` repeats the
+    trials instead of reusing the first run's dirs (``10``, ``10-2``, ``10-3``)."""
+    seen: dict[int, int] = {}
+    names = []
+    for t in timeouts:
+        seen[t] = seen.get(t, 0) + 1
+        names.append(str(t) if seen[t] == 1 else f"{t}-{seen[t]}")
+    return names
+
+
+def run_timeout(slurmd_timeout: int, args, root: Path, name: str | None = None) -> dict:
+    """Every fault x mode on one devcluster with this SlurmdTimeout (``name``: see run_names)."""
+    name = name or str(slurmd_timeout)
     cap = args.cap if args.cap is not None else 240.0 + 2 * (slurmd_timeout - 10)
     load_start = os.getloadavg()[0]
     results = []
     try:
-        cluster = DevCluster.up(root / f"cluster-{slurmd_timeout}", nodes=CLUSTER_NODES,
+        cluster = DevCluster.up(root / f"cluster-{name}", nodes=CLUSTER_NODES,
                                 slurmd_timeout_s=slurmd_timeout)
     except DevClusterError as exc:
         raise SystemExit(f"recovery_bench: the devcluster did not start: {exc}") from None
@@ -121,7 +134,7 @@ def run_timeout(slurmd_timeout: int, args, root: Path) -> dict:
                                     "error": f"not run: {exc}"})
                     continue
                 log(f"SlurmdTimeout {slurmd_timeout}: {fault}, {MODES[mode]}")
-                trial = Trial(cluster, root, fault, mode, tag=f"-{slurmd_timeout}")
+                trial = Trial(cluster, root, fault, mode, tag=f"-{name}")
                 try:
                     results.append(trial.measure(cap))
                 except RuntimeError as exc:  # this trial could not be run: say so, go on
@@ -148,7 +161,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slurmd-timeout", type=int, nargs="+", default=[10, 120],
                         help="the devclusters' SlurmdTimeout in seconds, one run each (default: 10 "
-                             "120; real clusters: 300)")
+                             "120; real clusters: 300); a value given again repeats its run")
     parser.add_argument("--faults", nargs="+", default=["node_death", "hang", "crash"], choices=FAULTS,
                         help="default: node_death hang crash (node_freeze: a node's processes "
                              "SIGSTOPped, its sockets left open, as on a real network)")
@@ -188,9 +201,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="recovery-bench-") as tmp:
         work = Path(tmp) if args.dir is None else args.dir.absolute()
         work.mkdir(parents=True, exist_ok=True)
-        for i, slurmd_timeout in enumerate(args.slurmd_timeout):
+        for i, (slurmd_timeout, name) in enumerate(zip(args.slurmd_timeout,
+                                                       run_names(args.slurmd_timeout))):
             args.with_cycle = i == 0  # the watcher's cycle does not depend on the timeout
-            runs.append(run_timeout(slurmd_timeout, args, work))
+            runs.append(run_timeout(slurmd_timeout, args, work, name))
     cycle = runs[0].pop("cycle", None)
     for run in runs[1:]:
         run.pop("cycle", None)

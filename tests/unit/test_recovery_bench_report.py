@@ -68,3 +68,26 @@ def test_merging_outputs_joins_runs_of_one_timeout_and_keeps_the_later_trial():
     assert [(t["mode"], t["recover_s"]) for t in run["trials"]] == [
         ("watch", 1.5), ("slurm", None), ("inalloc", 9.0)]
     assert merged["inalloc_crash_s"] == {"10": 9.0} and merged["merged_from"] == 2
+
+
+def test_a_timeout_given_again_is_a_run_of_its_own_and_its_worst_trial_is_the_issue_key():
+    """``--slurmd-timeout 10 10 120 10``: each run gets its own cluster and run dirs (the second
+    10 s run reused the first's run dir and failed its pre-flight), and the issue's key at a timeout
+    run more than once is its worst trial, every trial listed beside it."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import recovery_bench
+        from _recovery_report import issue_keys, timeout_summary
+    finally:
+        sys.path.remove(str(BENCH))
+    assert recovery_bench.run_names([10, 10, 120, 10]) == ["10", "10-2", "120", "10-3"]
+    saved = json.loads((RESULTS / "recovery_bench_crash_loaded_2026-11-26.json").read_text())
+    watch = next(t for t in saved["runs"][0]["trials"] if t["mode"] == "watch")
+    runs = [timeout_summary([{**watch, "mode": "inalloc", "recover_s": s}], t, 240.0)
+            for t, s in ((10, 9.0), (10, 31.0), (120, 11.0), (10, 12.0))]
+    keys = issue_keys(runs)
+    assert keys["inalloc_crash_s"] == {"10": 31.0, "120": 11.0}
+    assert keys["inalloc_crash_s_trials"] == {"10": [9.0, 31.0, 12.0], "120": [11.0]}
+    runs.append(timeout_summary([{**watch, "mode": "inalloc", "recover_s": None,
+                                  "recovered": False}], 120, 240.0))
+    assert issue_keys(runs)["inalloc_crash_s"]["120"] is None  # not recovered is the worst
