@@ -3,7 +3,7 @@ running that node's task (``slurmft.launch.task``) around an elastic torchrun.
 
   srun --nodes=1 --ntasks=1 --nodelist=NODE --kill-on-bad-exit=0 ...
        python -m slurmft.launch.task python -m torch.distributed.run --nnodes=MIN:ACTIVE
-       --rdzv-conf=is_host=0|1,keep_alive_interval=1,keep_alive_max_attempt=A,last_call_timeout=L
+       --rdzv-conf=is_host=0|1,keep_alive_interval=I,keep_alive_max_attempt=A,last_call_timeout=L
        --max-restarts=R ...
 
 A node's death ends only its own step. torchrun's c10d store lives with the batch host's agent
@@ -14,8 +14,17 @@ as soon as ACTIVE nodes are in (no last call), and with fewer (a shrink) ``last_
 after MIN joined.
 
 The agents' keep-alive expiry (interval x attempts) is the launcher's own
-``SLURMFT_NODE_SILENT_S``: torchrun cannot close a round while a dead participant is in it, so
-the expiry is on a node death's critical path, and it needs no margin past the launcher's fence.
+``SLURMFT_NODE_SILENT_S``, rounded up to whole intervals: torchrun cannot close a round while a
+dead participant is in it, so the expiry is on a node death's critical path, and it needs no
+margin past the launcher's fence. The interval is about half the bound (whole seconds, at least
+1), not 1 s: every state change of torch's c10d rendezvous is one compare-and-set of the whole
+state, and a node waiting in a round writes its keep-alive every interval; the agent whose join
+completes the round must read, change and write the state between two of those writes. On a
+loaded node (a read-to-write window of 0.3-0.9 s) with the others writing every second, it lost
+that race 20 times in a row and the round took 17 s more (devcluster, load 14:
+``benchmarks/recovery_bench.py``; spare recoveries of 16.7-74.7 s before). Attempts are at least
+2, so that a live node waiting in a round, which refreshes its keep-alive once per loop of ~1 s
+after the interval, is never taken for dead.
 torchrun may re-form without the dead node just before the launcher fences it (a shrink, whose
 round needs no newcomer); the ranks of that world leave on a new generation only when it fences
 a node of their world or re-forms it on other nodes (``slurmft.train.alloc_watch``), so the
@@ -38,20 +47,23 @@ from slurmft.launch.settings import LaunchSettings
 from slurmft.launch.task import ALIVE_ENV
 from slurmft.rundir import RunDir
 
-KEEP_ALIVE_INTERVAL_S = 1
 LAST_CALL_S = 3                 # a shrunk world's round completes this long after MIN joined
 MAX_RESTARTS = 1000             # torchrun's own bound: the launcher's progress rule decides
+MIN_KEEP_ALIVE_ATTEMPTS = 2
 
 
-def keep_alive_attempts(node_silent_s: float) -> int:
-    """torchrun's keep-alive attempts: its expiry is the launcher's silence bound, no more."""
-    return int(math.ceil(node_silent_s / KEEP_ALIVE_INTERVAL_S))
+def keep_alive(node_silent_s: float) -> tuple[int, int]:
+    """torchrun's keep-alive (interval s, attempts): about half the silence bound, in whole seconds
+    (torch reads an int), and enough attempts that the expiry covers the bound (see above)."""
+    interval = max(1, int(node_silent_s // 2))
+    attempts = max(MIN_KEEP_ALIVE_ATTEMPTS, int(math.ceil(node_silent_s / interval)))
+    return interval, attempts
 
 
 def rdzv_conf(is_host: bool, alloc: AllocSettings) -> str:
-    return (f"--rdzv-conf=is_host={int(is_host)},keep_alive_interval={KEEP_ALIVE_INTERVAL_S},"
-            f"keep_alive_max_attempt={keep_alive_attempts(alloc.node_silent_s)},"
-            f"last_call_timeout={LAST_CALL_S}")
+    interval, attempts = keep_alive(alloc.node_silent_s)
+    return (f"--rdzv-conf=is_host={int(is_host)},keep_alive_interval={interval},"
+            f"keep_alive_max_attempt={attempts},last_call_timeout={LAST_CALL_S}")
 
 
 def node_argv(node: str, rdzv: Rendezvous, alloc: AllocSettings, settings: LaunchSettings,

@@ -1,0 +1,100 @@
+"""torch's own c10d rendezvous (``dynamic_rendezvous.py``, real TCPStore, in threads) with the
+keep-alive the in-allocation mode gives torchrun (``launch/nodesteps.py``), at the default silence
+bound: how often a node waiting in a round writes the shared state.
+
+Every change of the rendezvous state is one compare-and-set of the whole state, and the agent
+whose join completes a round must read, change and write it between two writes of the others; a
+node waiting in a round writes its keep-alive every ``keep_alive_interval``. With the interval at
+1 s, the spare's agent on a loaded devcluster node lost that race 20 times in a row and the round
+took 17 s longer (benchmarks/recovery_bench.py, 2026-11-27, torch's rendezvous debug log: "has a
+stale state and failed to sync"). No GPU or Slurm is involved: this is torch's code as torchrun
+runs it, with the product's ``--rdzv-conf``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from slurmft.launch import nodesteps
+from slurmft.launch.alloc_settings import DEFAULT_NODE_SILENT_S, AllocSettings
+
+torch = pytest.importorskip("torch")
+from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: E402
+from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as c10d  # noqa: E402
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler  # noqa: E402
+
+WATCH_S = 8.0        # two nodes wait this long in a round that needs three
+SETTLE_S = 2.0       # their first writes (leaving the last round, joining this one) not counted
+JOIN_WAIT_S = 60.0   # liveness bound for the round to complete once the third node joined
+
+
+def _conf(is_host: bool) -> dict[str, str]:
+    alloc = AllocSettings(active=("n1", "n2", "n3"), spares=(), min_nodes=3,
+                          node_silent_s=DEFAULT_NODE_SILENT_S, alloc_restarts=3)
+    flag = nodesteps.rdzv_conf(is_host, alloc)
+    return dict(item.split("=", 1) for item in flag.removeprefix("--rdzv-conf=").split(","))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _handler(port: int, is_host: bool):
+    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{port}", run_id="keepalive",
+                                  min_nodes=3, max_nodes=3, **_conf(is_host))
+    return get_rendezvous_handler(params)
+
+
+@pytest.mark.timeout(180)
+def test_nodes_waiting_in_a_round_write_the_rendezvous_state_at_most_every_two_seconds(monkeypatch):
+    writes: list[tuple[str, float]] = []
+    real_set_state = c10d.C10dRendezvousBackend.set_state
+
+    def counted(self, state, token=None):
+        writes.append((threading.current_thread().name, time.monotonic()))
+        return real_set_state(self, state, token)
+
+    monkeypatch.setattr(c10d.C10dRendezvousBackend, "set_state", counted)
+    port = _free_port()
+    handlers = {"host": _handler(port, True), "other": _handler(port, False)}
+    results: dict[str, object] = {}
+
+    def join(name: str) -> None:
+        try:
+            results[name] = handlers[name].next_rendezvous()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            results[name] = exc
+
+    threads = [threading.Thread(target=join, args=(name,), name=name, daemon=True)
+               for name in ("host", "other")]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(WATCH_S)
+    counted_from, counted_to = started + SETTLE_S, time.monotonic()
+    waiting = Counter(name for name, at in writes if counted_from <= at <= counted_to)
+
+    handlers["last"] = _handler(port, False)
+    last = threading.Thread(target=join, args=("last",), name="last", daemon=True)
+    last.start()
+    for t in (*threads, last):
+        t.join(JOIN_WAIT_S)
+    assert not any(t.is_alive() for t in (*threads, last)), \
+        f"the round did not complete within {JOIN_WAIT_S:g} s of the third node's join"
+    ranks = {name: getattr(info, "rank", info) for name, info in results.items()}
+    assert sorted(ranks.values()) == [0, 1, 2], ranks  # no waiting node was taken for dead
+
+    # At most one write per 2 s each (with one for the window's edges); at a 1 s interval each
+    # waiting node wrote on every loop of torch's join (~1 s): 5-6 in the same window.
+    window = counted_to - counted_from
+    bound = int(window // 2) + 1
+    assert waiting["host"] <= bound and waiting["other"] <= bound, (dict(waiting), window)
+    for handler in handlers.values():  # closes the rendezvous and stops each one's keep-alive
+        handler.shutdown()
