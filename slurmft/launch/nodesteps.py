@@ -14,17 +14,18 @@ as soon as ACTIVE nodes are in (no last call), and with fewer (a shrink) ``last_
 after MIN joined.
 
 The agents' keep-alive expiry (interval x attempts) is the launcher's own
-``SLURMFT_NODE_SILENT_S``, rounded up to whole intervals: torchrun cannot close a round while a
-dead participant is in it, so the expiry is on a node death's critical path, and it needs no
-margin past the launcher's fence. The interval is about half the bound (whole seconds, at least
-1), not 1 s: every state change of torch's c10d rendezvous is one compare-and-set of the whole
-state, and a node waiting in a round writes its keep-alive every interval; the agent whose join
-completes the round must read, change and write the state between two of those writes. On a
-loaded node (a read-to-write window of 0.3-0.9 s) with the others writing every second, it lost
-that race 20 times in a row and the round took 17 s more (devcluster, load 14:
-``benchmarks/recovery_bench.py``; spare recoveries of 16.7-74.7 s before). Attempts are at least
-2, so that a live node waiting in a round, which refreshes its keep-alive once per loop of ~1 s
-after the interval, is never taken for dead.
+``SLURMFT_NODE_SILENT_S`` rounded up to an even number of seconds: torchrun cannot close a round
+while a dead participant is in it, so the expiry is on a node death's critical path, and it
+needs no margin past the launcher's fence. It is two intervals of half the bound (3 s x 2 at the
+default 5 s), not 1 s x the bound: every state change of torch's c10d rendezvous is one
+compare-and-set of the whole state, and a node waiting in a round writes its keep-alive every
+interval; the agent whose join completes the round must read, change and write the state
+between two of those writes. On a loaded node (0.3-0.9 s from its read to its write) with two
+others writing every second, it lost that race 20 times in a row and the round took 17 s more
+(devcluster, load 14: ``benchmarks/recovery_bench.py``; the spare recoveries of 16.7-74.7 s
+before). Two attempts, not one: a live node waiting in a round refreshes its keep-alive once per
+loop of torch's join (~1 s) after the interval has passed, and must not be taken for dead. A dead
+node still leaves the rendezvous 1.5 intervals after its death on average, as at 1 s x 5.
 torchrun may re-form without the dead node just before the launcher fences it (a shrink, whose
 round needs no newcomer); the ranks of that world leave on a new generation only when it fences
 a node of their world or re-forms it on other nodes (``slurmft.train.alloc_watch``), so the
@@ -49,15 +50,13 @@ from slurmft.rundir import RunDir
 
 LAST_CALL_S = 3                 # a shrunk world's round completes this long after MIN joined
 MAX_RESTARTS = 1000             # torchrun's own bound: the launcher's progress rule decides
-MIN_KEEP_ALIVE_ATTEMPTS = 2
+KEEP_ALIVE_ATTEMPTS = 2
 
 
 def keep_alive(node_silent_s: float) -> tuple[int, int]:
-    """torchrun's keep-alive (interval s, attempts): about half the silence bound, in whole seconds
-    (torch reads an int), and enough attempts that the expiry covers the bound (see above)."""
-    interval = max(1, int(node_silent_s // 2))
-    attempts = max(MIN_KEEP_ALIVE_ATTEMPTS, int(math.ceil(node_silent_s / interval)))
-    return interval, attempts
+    """torchrun's keep-alive (interval s, attempts): half the silence bound rounded up to whole
+    seconds (torch reads an int), twice: the expiry covers the bound (see above)."""
+    return int(math.ceil(node_silent_s / KEEP_ALIVE_ATTEMPTS)), KEEP_ALIVE_ATTEMPTS
 
 
 def rdzv_conf(is_host: bool, alloc: AllocSettings) -> str:
