@@ -21,7 +21,7 @@ default 5 s), not 1 s x the bound: every state change of torch's c10d rendezvous
 compare-and-set of the whole state, and a node waiting in a round writes its keep-alive every
 interval; the agent whose join completes the round must read, change and write the state
 between two of those writes. On a loaded node (0.3-0.9 s from its read to its write) with two
-others writing every second, it lost that race 20 times in a row and the round took 17 s more
+others writing every second, it lost that race 23 times in a row and the round took 18.8 s, not 2.5 s
 (devcluster, load 14: ``benchmarks/recovery_bench.py``; the spare recoveries of 16.7-74.7 s
 before). Two attempts, not one: a live node waiting in a round refreshes its keep-alive once per
 loop of torch's join (~1 s) after the interval has passed, and must not be taken for dead. A dead

@@ -5,8 +5,8 @@ bound: how often a node waiting in a round writes the shared state.
 Every change of the rendezvous state is one compare-and-set of the whole state, and the agent
 whose join completes a round must read, change and write it between two writes of the others; a
 node waiting in a round writes its keep-alive every ``keep_alive_interval``. With the interval at
-1 s, the spare's agent on a loaded devcluster node lost that race 20 times in a row and the round
-took 17 s longer (benchmarks/recovery_bench.py, 2026-11-27, torch's rendezvous debug log: "has a
+1 s, the spare's agent on a loaded devcluster node lost that race 23 times in a row and the round
+took 18.8 s, not 2.5 s (benchmarks/recovery_bench.py, 2026-11-27, torch's rendezvous debug log: "has a
 stale state and failed to sync"). No GPU or Slurm is involved: this is torch's code as torchrun
 runs it, with the product's ``--rdzv-conf``.
 """
