@@ -14,18 +14,20 @@ as soon as ACTIVE nodes are in (no last call), and with fewer (a shrink) ``last_
 after MIN joined.
 
 The agents' keep-alive expiry (interval x attempts) is the launcher's own
-``SLURMFT_NODE_SILENT_S`` rounded up to an even number of seconds: torchrun cannot close a round
-while a dead participant is in it, so the expiry is on a node death's critical path, and it
-needs no margin past the launcher's fence. It is two intervals of half the bound (3 s x 2 at the
+``SLURMFT_NODE_SILENT_S`` rounded up to whole intervals: torchrun cannot close a round while a
+dead participant is in it, so the expiry is on a node death's critical path, and it needs no
+margin past the launcher's fence. It is three intervals of a third of the bound (2 s x 3 at the
 default 5 s), not 1 s x the bound: every state change of torch's c10d rendezvous is one
 compare-and-set of the whole state, and a node waiting in a round writes its keep-alive every
 interval; the agent whose join completes the round must read, change and write the state
 between two of those writes. On a loaded node (0.3-0.9 s from its read to its write) with two
-others writing every second, it lost that race 23 times in a row and the round took 18.8 s, not 2.5 s
-(devcluster, load 14: ``benchmarks/recovery_bench.py``; the spare recoveries of 16.7-74.7 s
-before). Two attempts, not one: a live node waiting in a round refreshes its keep-alive once per
-loop of torch's join (~1 s) after the interval has passed, and must not be taken for dead. A dead
-node still leaves the rendezvous 1.5 intervals after its death on average, as at 1 s x 5.
+others writing every second, it lost that race 23 times in a row and the round took 18.8 s, not
+2.5 s (devcluster, load 14: ``benchmarks/recovery_bench.py``; the spare recoveries of 16.7-74.7 s
+before). Three attempts, not two: a live node's keep-alive can be interval + ~1 s old when its
+join returns (torch refreshes it once per loop of its join, after the interval passed), and its
+next one comes an interval later (the agent's timer): at 3 s x 2 live agents were dropped from
+the rendezvous as dead 3 s after a round (devcluster, torch's debug log). So the expiry is at
+least 2 intervals + 2 s (four attempts at a 1 s interval).
 torchrun may re-form without the dead node just before the launcher fences it (a shrink, whose
 round needs no newcomer); the ranks of that world leave on a new generation only when it fences
 a node of their world or re-forms it on other nodes (``slurmft.train.alloc_watch``), so the
@@ -50,13 +52,13 @@ from slurmft.rundir import RunDir
 
 LAST_CALL_S = 3                 # a shrunk world's round completes this long after MIN joined
 MAX_RESTARTS = 1000             # torchrun's own bound: the launcher's progress rule decides
-KEEP_ALIVE_ATTEMPTS = 2
 
 
 def keep_alive(node_silent_s: float) -> tuple[int, int]:
-    """torchrun's keep-alive (interval s, attempts): half the silence bound rounded up to whole
-    seconds (torch reads an int), twice: the expiry covers the bound (see above)."""
-    return int(math.ceil(node_silent_s / KEEP_ALIVE_ATTEMPTS)), KEEP_ALIVE_ATTEMPTS
+    """torchrun's keep-alive (interval s, attempts): a third of the silence bound rounded up to
+    whole seconds (torch reads an int), three times; four at a 1 s interval (see above)."""
+    interval = int(math.ceil(node_silent_s / 3))
+    return interval, (4 if interval == 1 else 3)
 
 
 def rdzv_conf(is_host: bool, alloc: AllocSettings) -> str:
