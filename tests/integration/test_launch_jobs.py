@@ -174,7 +174,7 @@ def _wait_loss_in_run(job: TrainJob, restart: int, timeout: float) -> None:
         time.sleep(0.3)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_a_later_run_trains_past_an_earlier_runs_done_and_survives_preemption(slurm_cluster, tmp_path):
     """Issue 13: a DONE left by an earlier run used to end every later run in the same
     directory at its first preemption (the template exited 0 when DONE existed)."""
@@ -222,7 +222,7 @@ quick = true
     return config
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_preflight_failing_one_node_excludes_it_requeues_and_trains_without_it(slurm_cluster, tmp_path):
     """A 2-node job whose pre-flight sweep fails on n2 alone: the launcher journals n2's
     exclusion with the failing check's line, requeues itself with n2 in its ExcNodeList (the
@@ -236,7 +236,7 @@ def test_preflight_failing_one_node_excludes_it_requeues_and_trains_without_it(s
                           "the launcher's first run", context=job.context)
     [launch] = of(events, journal.TEMPLATE, action="launch")
     assert victim in launch.get("nodes"), f"Slurm did not give the job {victim}: {launch}"
-    final = job.wait_finished(timeout=90)
+    final = job.wait_finished(timeout=240)
     assert final.state is JobState.COMPLETED and final.exit_code == 0, job.context()
     assert final.restart_count == 1 and victim in final.excluded_nodes, final
     assert victim not in final.nodes and len(final.nodes) == 2, final
@@ -260,7 +260,7 @@ def test_preflight_failing_one_node_excludes_it_requeues_and_trains_without_it(s
     assert all(e.get("exit_code") != exitcodes.NO_REQUEUE for e in of(events, journal.SEGMENT_END))
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_heterogeneous_job_is_refused_with_one_line_and_exit_86(slurm_cluster, tmp_path):
     """The template submitted as a hetjob (``sbatch -N1 : -N1``) ends at once with one line
     naming the reason and exit 86 (bad input: do not requeue); Slurm does not requeue it and

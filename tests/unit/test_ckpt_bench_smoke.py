@@ -19,12 +19,14 @@ RATIOS = ("blocking_vs_dcp_best", "blocking_vs_memcpy", "total_vs_disk", "verify
           "overhead_vs_memcpy", "incremental_bytes_ratio", "local_total_vs_disk")
 
 
-@pytest.mark.timeout(150)
+# Liveness bounds, not budgets: ~40 s of CPU that took 30 s on a quiet box and over 140 s (the old
+# bound: it failed) beside a loaded fresh-clone run at load 18-30.
+@pytest.mark.timeout(660)
 def test_tiny_benchmark_prints_one_json_object(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--size-gb", "0.002", "--saves", "1", "--rss-saves", "2",
-         "--dir", str(tmp_path), "--evict", "fadvise", "--json", "--timeout", "120", "--collective-timeout", "60"],
-        capture_output=True, text=True, timeout=140, cwd=REPO,
+         "--dir", str(tmp_path), "--evict", "fadvise", "--json", "--timeout", "600", "--collective-timeout", "300"],
+        capture_output=True, text=True, timeout=630, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)

@@ -38,7 +38,7 @@ def _free_port() -> int:
     return nodecheck.free_port()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("world, signal_rank, signal_step, check_every, expect", [
     (2, 1, 5, 1, 5),
     (3, 2, 7, 4, 8),  # checked on calls 4, 8, ...: every rank stops at the same later step
