@@ -18,6 +18,12 @@ def test_idle_completing_and_drained_nodes() -> None:
     assert nodes["n3"].reason == "slurmft: test reason [root@2026-11-22T22:32:32]"
 
 
+def test_a_node_the_backfill_planned_for_a_job_that_has_ended_is_idle() -> None:
+    nodes = parse_nodes((FIXTURES / "scontrol_show_node.planned.txt").read_text())
+    assert [n.describe() for n in nodes.values()] == ["IDLE+PLANNED", "IDLE+PLANNED", "IDLE", "IDLE"]
+    assert all(n.idle for n in nodes.values())
+
+
 def test_killed_node_is_down_and_not_responding() -> None:
     nodes = parse_nodes((FIXTURES / "scontrol_show_node.down.txt").read_text())
     assert nodes["n1"].state == "DOWN" and nodes["n1"].flags == {"NOT_RESPONDING"}
