@@ -21,8 +21,8 @@ from train_job_support import TINY_ARGS, losses, reference_losses, submit
 pytestmark = pytest.mark.integration
 
 STEPS = 40
-# 4 s steps (a sleep: the losses are those of the uninterrupted run, made without it).
-ARGS = [*TINY_ARGS, "--steps", str(STEPS), "--ckpt-every", "10", "--step-sleep", "4.0"]
+# 3.5 s steps (a sleep: the losses are those of the uninterrupted run, made without it).
+ARGS = [*TINY_ARGS, "--steps", str(STEPS), "--ckpt-every", "10", "--step-sleep", "3.5"]
 BY_HAND_AT = 3  # the step after which the test sends USR2 itself
 
 
@@ -32,14 +32,14 @@ def _preemptions(job):
 
 @pytest.mark.timeout(1200)
 def test_usr2_by_hand_then_the_time_limit_signal_save_requeue_and_resume_bit_for_bit(slurm_cluster, tmp_path):
-    # USR2 60 s before a 3 min limit: Slurm sends it at its next periodic limit check, 120-150 s
-    # after a segment's start, so every segment that starts up in under ~100 s trains before it
-    # (a start-up took 80 s at load 27: a fresh-clone run beside five engineers' tests; with a
-    # 2 min limit and USR2@60 a start-up over 60 s left no training before the signal, every
-    # segment was requeued without a step, and the test made no progress until its timeout).
-    # The first segment is preempted by hand at step 3, long before its limit. The 37 steps x 4 s
-    # left outlast the next segment's window (its signal 120-150 s after its start, the start-up
-    # inside it), so Slurm's own signal cuts at least one segment short.
+    # USR2 60 s before a 3 min limit, which Slurm may send up to 60 s early (sbatch(1) --signal:
+    # the resolution of its event handling): 60-120 s after a segment's start (measured: 93-98 s
+    # at load 27). A segment that starts up in 55 s (load 27) still trains before it. With a 2 min
+    # limit and USR2@60 a start-up over 60 s left no training before the signal: every segment
+    # was requeued without a step, and the test made no progress until its timeout (it failed so
+    # at load 27). The first segment is preempted by hand at step 3, long before its limit. The
+    # 37 steps x 3.5 s left (130 s) outlast the next segment's window (at most 120 s, its
+    # start-up inside it), so Slurm's own signal cuts at least one segment short.
     run = tmp_path / "run"
     job = submit(slurm_cluster, run, ARGS, nodes=2, watch=True,
                  sbatch_options=["--time=3", "--signal=B:USR2@60"])
