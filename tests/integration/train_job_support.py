@@ -20,6 +20,7 @@ from slurmft.journal import Event, read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import Job
+import reference_cache
 from watch_support import WatcherProc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,14 +175,15 @@ def without_step_sleep(train_args: list[str]) -> list[str]:
 def reference_losses(run_dir: Path, train_args: list[str], world_size: int, *,
                      script: Path = EXAMPLE, env: dict[str, str] | None = None) -> dict[int, tuple[float, int]]:
     """An uninterrupted run on ``world_size`` local ranks (torchrun --standalone, no Slurm).
-    Deterministic: the same run is made once per test process and its losses handed out again
-    (seven in-allocation tests compare against the same 3-rank run). Made without the job's
-    ``--step-sleep``: a sleep changes no loss, only how long the reference takes (a job's 4 s
-    steps made a 160 s reference)."""
+    Deterministic: the same run is made once per pytest run (reference_cache: shared by its
+    xdist workers) and its losses handed out again (seven in-allocation tests compare against
+    the same 3-rank run). Made without the job's ``--step-sleep``: a sleep changes no loss, only
+    how long the reference takes (a job's 4 s steps made a 160 s reference)."""
     train_args = without_step_sleep(train_args)
     key = (str(script), tuple(train_args), world_size, tuple(sorted((env or {}).items())))
     if key not in _REFERENCES:
-        _REFERENCES[key] = _reference_run(run_dir, train_args, world_size, script, env)
+        _REFERENCES[key] = reference_cache.shared(
+            run_dir, key, lambda: _reference_run(run_dir, train_args, world_size, script, env))
     return dict(_REFERENCES[key])
 
 
