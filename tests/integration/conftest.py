@@ -15,7 +15,8 @@ and runs one test at a time. A new integration test follows these rules:
    other users must reach), no fixed user name (add the pid), no fixed cluster or node name
    outside your cluster's. A check over the whole machine (processes, /etc/hosts, users) filters
    by what the test owns: its cluster's name or directory, its own pids; another worker's
-   cluster is running beside it.
+   cluster is running beside it. (What is shared on purpose: a reference run's losses,
+   deterministic and read-only, through ``reference_cache`` in the run's own temp dir.)
 3. **No order.** The order is random (pytest-randomly prints its seed): a test sets up
    everything it needs and leaves its worker's cluster for ``reset()`` to clean. A test that
    passes alone and fails after another is a bug in one of the two.
