@@ -110,3 +110,36 @@ def test_timeout_names_every_node_not_idle_with_its_state_and_the_last_error() -
         "reset: timed out after 2 s waiting for every node IDLE and no job (n2=DOWN+NOT_RESPONDING,"
         " n3=IDLE+COMPLETING, n4=not listed); last error: scontrol update NodeName=n2 "
         "State=RESUME failed: nope; logs in /logs")
+
+
+def test_timeout_adds_what_the_caller_knows_of_the_nodes_not_idle() -> None:
+    """The controller only says NOT_RESPONDING; reset's ``explain`` says which slurmd, in which
+    state (the matrix's sid run timed out on n1=IDLE+NOT_RESPONDING and nothing more)."""
+    fake = FakeController([{"n1": "IDLE*", "n2": "IDLE", "n3": "IDLE", "n4": "IDLE"}])
+    asked: list[list[str]] = []
+
+    def explain(names: list[str]) -> str:
+        asked.append(names)
+        return "n1: slurmd pid 42 stopped (T)"
+
+    with pytest.raises(DevClusterError) as err:
+        settle(NAMES, read_jobs=fake.read_jobs, read_nodes=fake.read_nodes, cancel=fake.cancelled.append,
+               resume=fake.resume, timeout=2.0, logs="/logs", clock=lambda: fake.now, sleep=fake.sleep,
+               explain=explain)
+    assert asked == [["n1"]]
+    assert str(err.value) == ("reset: timed out after 2 s waiting for every node IDLE and no job "
+                              "(n1=IDLE+NOT_RESPONDING); n1: slurmd pid 42 stopped (T); logs in /logs")
+
+
+def test_a_failing_check_ends_the_wait_at_once() -> None:
+    fake = FakeController([{"n1": "DOWN*", "n2": "IDLE", "n3": "IDLE", "n4": "IDLE"}])
+
+    def check() -> None:
+        if fake.round == 2:
+            raise DevClusterError("the slurmd it started for n1 exited")
+
+    with pytest.raises(DevClusterError, match="the slurmd it started for n1 exited"):
+        settle(NAMES, read_jobs=fake.read_jobs, read_nodes=fake.read_nodes, cancel=fake.cancelled.append,
+               resume=fake.resume, timeout=60.0, logs="/logs", clock=lambda: fake.now, sleep=fake.sleep,
+               check=check)
+    assert fake.now < 60.0

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from slurmft.rundir import atomic_write_bytes
-from slurmft.slurm.devcluster import daemons, hosts, query, settle
+from slurmft.slurm.devcluster import daemons, hosts, query, revive, settle
 from slurmft.slurm.devcluster.dirlock import dir_busy, dir_lock
 from slurmft.slurm.devcluster.errors import DevClusterError
 from slurmft.slurm.devcluster.layout import ClusterState, Layout, load_state
 from slurmft.slurm.devcluster.nodeprocs import kill_node_tree
 from slurmft.slurm.devcluster.ports import choose_ports
-from slurmft.slurm.devcluster.procs import ProcId, is_alive, reap_if_child, terminate
+from slurmft.slurm.devcluster.procs import ProcId, is_alive, is_stopped, reap_if_child, terminate
 from slurmft.slurm.devcluster.release import (
     Binaries, daemon_env_from_environ, mariadb_version, slurm_version,
 )
@@ -371,10 +371,8 @@ class DevCluster:
             if watch_slurmds:
                 for node in self._state.node_names:
                     if not self.node_alive(node):
-                        logs = [daemons.node_log(self._layout, node),
-                                daemons.out_file(self._layout, slurmd_key(node))]
                         raise daemons.DaemonFailed(f"slurmd of {node} exited before {what}\n"
-                                                   + daemons.log_tail(logs))
+                                                   + daemons.log_tail(daemons.slurmd_logs(self._layout, node)))
             if time.monotonic() >= deadline:
                 seen = ", ".join(f"{n.name}={n.describe()}" for n in last.values()) or "no answer"
                 raise DevClusterError(f"timed out after {timeout:.0f} s waiting for {what} "
@@ -388,23 +386,31 @@ class DevCluster:
         self._restart_dead_services(timeout)
         if self._is_clean():
             return
+        done = revive.Revival()
         for name in self.node_names:
-            if not self.node_alive(name):
-                self.start_node(name, wait_timeout=None)
+            self.node_alive(name)  # reaps it if it was our child and died
+            revive.revive_node(self.cluster_name, name, self._state.processes.get(slurmd_key(name)),
+                               daemons.NODE_MARK_ENV, lambda: self._spawn_slurmd(name), done)
         env = self._client_env()
         settle.settle(
             self.node_names, read_jobs=self.jobs, read_nodes=self.nodes,
             cancel=lambda ids: query.cancel(self._bins.scancel, ids, env),
             resume=lambda name: query.resume_node(self._bins.scontrol, name, env),
-            timeout=timeout, logs=str(self._layout.log_dir))
+            timeout=timeout, logs=str(self._layout.log_dir),
+            check=lambda: revive.check_started(done, lambda n: daemons.slurmd_logs(self._layout, n)),
+            explain=lambda names: revive.explain(
+                names, self.cluster_name, {n: self._state.processes.get(slurmd_key(n)) for n in names},
+                daemons.NODE_MARK_ENV, done, lambda n: daemons.last_line(daemons.node_log(self._layout, n))))
 
     def _is_clean(self) -> bool:
         try:
             jobs, nodes = self.jobs(), self.nodes()
         except DevClusterError:  # a controller just restarted: settle() polls it
             return False
+        slurmds = [self._state.processes.get(slurmd_key(n)) for n in self.node_names]
         return (not jobs and all(n in nodes and nodes[n].idle for n in self.node_names)
-                and all(self.node_alive(n) for n in self.node_names))
+                and all(self.node_alive(n) for n in self.node_names)
+                and not any(p is not None and is_stopped(p) for p in slurmds))
 
     def _restart_dead_services(self, timeout: float) -> None:
         procs = self._state.processes

@@ -223,3 +223,13 @@ def services(bins: Binaries, layout: Layout, ports: Ports,
 def node_log(layout: Layout, node: str) -> Path:
     """Where slurm.conf's ``SlurmdLogFile=.../slurmd-%n.log`` puts this node's log."""
     return layout.log_dir / f"slurmd-{node}.log"
+
+
+def slurmd_logs(layout: Layout, node: str) -> list[Path]:
+    """The node's slurmd log, then what its slurmd wrote to stdout/stderr."""
+    return [node_log(layout, node), out_file(layout, f"slurmd-{node}")]
+
+
+def last_line(path: Path) -> str:
+    lines = log_tail([path], lines=1).splitlines()
+    return lines[-1] if len(lines) > 1 else "(no log output)"

@@ -14,7 +14,7 @@ import os
 import signal
 
 from slurmft.slurm.devcluster.procs import (
-    ProcId, descendants, is_alive, read_environ, send, snapshot, wait_gone,
+    ProcId, descendants, describe, is_alive, read_environ, send, snapshot, wait_gone,
 )
 
 KILL_PASSES = 5
@@ -52,7 +52,11 @@ def kill_node_tree(cluster: str, node: str, slurmd: ProcId | None, mark_env: str
     The tree is frozen (SIGSTOP) before anything dies: killed one process at a time, a
     slurmstepd could see its task die and report a failed job to slurmctld before it died
     itself, which is not what a node death looks like. Frozen processes cannot fork either, so
-    a second look after the freeze finds every member."""
+    a second look after the freeze finds every member.
+
+    Everything frozen is killed, whether or not the second look still counts it as the node's:
+    a member that changed between the looks (exec'd without the node's environment, its parent
+    gone) was otherwise left stopped for ever, holding whatever it held of the node."""
     left: list[ProcId] = []
     for _ in range(KILL_PASSES):
         procs = node_processes(cluster, node, slurmd, mark_env)
@@ -63,7 +67,21 @@ def kill_node_tree(cluster: str, node: str, slurmd: ProcId | None, mark_env: str
         frozen = node_processes(cluster, node, slurmd, mark_env)
         for proc in frozen:
             send(proc, signal.SIGSTOP)
-        for proc in frozen:
+        doomed = list(dict.fromkeys([*procs, *frozen]))
+        for proc in doomed:
             send(proc, signal.SIGKILL)
-        left = wait_gone(frozen, 5.0)
+        left = wait_gone(doomed, 5.0)
     return left
+
+
+def describe_node(cluster: str, node: str, slurmd: ProcId | None, mark_env: str) -> str:
+    """The node's live processes for an error message: pid, state and command of each."""
+    parts = []
+    for proc in node_processes(cluster, node, slurmd, mark_env):
+        try:
+            with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        parts.append(f"{describe(proc)}: {os.path.basename(argv[0].decode(errors='replace'))}")
+    return "; ".join(parts) or "none"

@@ -118,12 +118,57 @@ def send(proc: ProcId, sig: int) -> bool:
     return True
 
 
+# Exit statuses of our own children, by pid, as reaped: whoever reaps first (a liveness check)
+# must not lose what a later error message needs (how a restarted slurmd ended).
+_EXITS: dict[int, int] = {}
+
+
 def reap_if_child(pid: int) -> None:
     """Collect the exit status of our own child so it does not linger as a zombie."""
     try:
-        os.waitpid(pid, os.WNOHANG)
+        done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        pass
+        return
+    if done == pid:
+        _EXITS[pid] = os.waitstatus_to_exitcode(status)
+
+
+def exit_code(pid: int) -> int | None:
+    """How our child ``pid`` ended (negative: killed by that signal), if we reaped it."""
+    reap_if_child(pid)
+    return _EXITS.get(pid)
+
+
+STATE_WORDS = {"R": "running", "S": "sleeping", "D": "uninterruptible wait", "T": "stopped",
+               "t": "stopped by a tracer", "Z": "zombie", "X": "dead", "I": "idle"}
+
+
+def is_stopped(proc: ProcId) -> bool:
+    """True while ``proc`` exists and is stopped (SIGSTOP, or a tracer): it answers nothing."""
+    stat = read_stat(proc.pid)
+    return stat is not None and stat.start_time == proc.start_time and stat.state in ("T", "t")
+
+
+def describe(proc: ProcId) -> str:
+    """``proc`` for an error message: gone (with its exit status if it was our child), or its
+    state in words and the kernel function it waits in (``/proc/<pid>/wchan``)."""
+    stat = read_stat(proc.pid)
+    if stat is None or stat.start_time != proc.start_time or stat.state in ("Z", "X"):
+        reap_if_child(proc.pid)
+        code = _EXITS.get(proc.pid)
+        if code is None:
+            return f"pid {proc.pid} gone"
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        return f"pid {proc.pid} gone ({how})"
+    text = f"pid {proc.pid} {STATE_WORDS.get(stat.state, stat.state)} ({stat.state})"
+    try:
+        with open(f"{PROC}/{proc.pid}/wchan") as fh:
+            wchan = fh.read().strip()
+    except OSError:
+        wchan = ""
+    if wchan and wchan != "0":
+        text += f" in {wchan}"
+    return f"{text}, parent {stat.ppid}"
 
 
 def wait_gone(procs: Iterable[ProcId], timeout: float) -> list[ProcId]:

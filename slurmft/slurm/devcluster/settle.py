@@ -48,9 +48,14 @@ def settle(node_names: Sequence[str], *, read_jobs: Callable[[], list[JobStatus]
            read_nodes: Callable[[], dict[str, NodeStatus]],
            cancel: Callable[[list[str]], None], resume: Callable[[str], None],
            timeout: float, logs: str, clock: Callable[[], float] = time.monotonic,
-           sleep: Callable[[float], None] = time.sleep) -> None:
+           sleep: Callable[[float], None] = time.sleep,
+           check: Callable[[], None] = lambda: None,
+           explain: Callable[[list[str]], str] = lambda names: "") -> None:
     """Cancel every job and resume what needs it, round after round, until no job is left and
-    every node in ``node_names`` is IDLE; DevClusterError after ``timeout`` seconds."""
+    every node in ``node_names`` is IDLE; DevClusterError after ``timeout`` seconds.
+    ``check`` runs every round and raises to give up early (a restarted slurmd that exited);
+    ``explain(not_idle)`` adds what the caller knows about those nodes to the timeout's error
+    (their slurmd processes: the controller only says NOT_RESPONDING)."""
     deadline = clock() + timeout
     jobs: list[JobStatus] = []
     nodes: dict[str, NodeStatus] = {}
@@ -76,10 +81,13 @@ def settle(node_names: Sequence[str], *, read_jobs: Callable[[], list[JobStatus]
                         resume(name)
                     except DevClusterError as exc:  # its state moved on since the read
                         last_error = str(exc)
+        check()
         if clock() >= deadline:
             left = f"; jobs left: {', '.join(j.job_id for j in jobs)}" if jobs else ""
             last = f"; last error: {last_error}" if last_error else ""
+            why = explain([n for n in node_names if n not in nodes or not nodes[n].idle])
             raise DevClusterError(
                 f"reset: timed out after {timeout:.0f} s waiting for every node IDLE and no job "
-                f"({describe_not_idle(nodes, node_names)}{left}){last}; logs in {logs}")
+                f"({describe_not_idle(nodes, node_names)}{left}){last}"
+                f"{'; ' + why if why else ''}; logs in {logs}")
         sleep(POLL_S)

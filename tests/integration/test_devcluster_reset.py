@@ -1,0 +1,64 @@
+"""``reset`` brings back a node whose slurmd is stopped, or dead with a frozen leftover beside
+it, on the real devcluster (the rules themselves, on plain processes: tests/unit/test_devcluster_revive.py).
+
+Why: the release matrix's sid run under load timed out in every reset after a ``kill_node``
+with only "n1=IDLE+NOT_RESPONDING"; no slurmd of n1 ever started again. These are the states a
+frozen kill can leave, and what reset must do with each instead of waiting out its bound."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmft.slurm.devcluster import DevCluster
+from slurmft.slurm.devcluster.daemons import NODE_MARK_ENV
+from slurmft.slurm.devcluster.procs import exit_code, identify, is_alive, is_stopped
+
+pytestmark = pytest.mark.integration
+
+
+def _run_on(cluster: DevCluster, node: str, tmp_path: Path) -> None:
+    """A job on ``node`` starts and ends: its slurmd really serves (not only looks IDLE)."""
+    done = subprocess.run(["srun", "-N1", "-w", node, "--time=1", "true"], capture_output=True, text=True,
+                          env={**os.environ, **cluster.env}, timeout=60, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_reset_continues_a_stopped_slurmd(slurm_cluster: DevCluster, tmp_path: Path) -> None:
+    slurmd = slurm_cluster.processes()["slurmd-n1"]
+    os.kill(slurmd.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not is_stopped(slurmd):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    slurm_cluster.reset()  # old: the controller still said IDLE, so "clean", and left it stopped
+    assert not is_stopped(slurmd) and slurm_cluster.processes()["slurmd-n1"] == slurmd
+    _run_on(slurm_cluster, "n1", tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_reset_kills_a_dead_node_s_frozen_leftover_before_restarting_it(slurm_cluster: DevCluster,
+                                                                       tmp_path: Path) -> None:
+    slurm_cluster.kill_node("n2")
+    # What an interrupted kill leaves: a process of the node, frozen (SIGSTOP) for ever.
+    leftover = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                                env={**os.environ, NODE_MARK_ENV: f"{slurm_cluster.cluster_name}:n2"})
+    try:
+        ident = identify(leftover.pid)
+        assert ident is not None
+        os.kill(leftover.pid, signal.SIGSTOP)
+        slurm_cluster.reset()
+        assert not is_alive(ident), "reset left the node's frozen leftover beside its new slurmd"
+        assert exit_code(leftover.pid) == -signal.SIGKILL
+        assert slurm_cluster.node_alive("n2")
+        _run_on(slurm_cluster, "n2", tmp_path)
+    finally:
+        if is_alive(ident):
+            os.kill(leftover.pid, signal.SIGKILL)
+            leftover.wait(5)
