@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmft.slurm.devcluster import DevCluster
+from slurmft.slurm.devcluster import DevCluster, DevClusterError
 from slurmft.slurm.devcluster.daemons import NODE_MARK_ENV
 from slurmft.slurm.devcluster.procs import exit_code, identify, is_alive, is_stopped
 
@@ -62,3 +62,36 @@ def test_reset_kills_a_dead_node_s_frozen_leftover_before_restarting_it(slurm_cl
         if is_alive(ident):
             os.kill(leftover.pid, signal.SIGKILL)
             leftover.wait(5)
+
+
+@pytest.mark.timeout(240)
+def test_a_slurmd_that_never_answers_is_named_then_replaced(slurm_cluster: DevCluster, tmp_path: Path) -> None:
+    """The sid matrix's failure, made on purpose: n3's slurmd process runs but its node never
+    answers. reset must say which process (pid, state) at its deadline, and the next reset must
+    replace it rather than wait on it again (the old reset timed out on "n3=IDLE+NOT_RESPONDING"
+    in every test after)."""
+    slurm_cluster.kill_node("n3")
+    hung = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                            env={**os.environ, NODE_MARK_ENV: f"{slurm_cluster.cluster_name}:n3"})
+    try:
+        ident = identify(hung.pid)
+        assert ident is not None
+        slurm_cluster._record("slurmd-n3", ident)  # a slurmd that runs and never registers
+        deadline = time.monotonic() + 60  # SlurmdTimeout=10: NOT_RESPONDING after ~15 s
+        while "NOT_RESPONDING" not in slurm_cluster.nodes()["n3"].flags:
+            assert time.monotonic() < deadline, slurm_cluster.nodes()["n3"]
+            time.sleep(0.5)
+        with pytest.raises(DevClusterError) as err:
+            slurm_cluster.reset(timeout=10)
+        text = str(err.value)
+        print(text)
+        assert f"n3: slurmd pid {hung.pid} sleeping (S)" in text, text
+        assert "not restarted (alive when reset began)" in text and "processes of n3: pid" in text, text
+        slurm_cluster.reset()
+        assert not is_alive(ident) and exit_code(hung.pid) == -signal.SIGKILL
+        assert slurm_cluster.node_alive("n3") and slurm_cluster.processes()["slurmd-n3"] != ident
+        _run_on(slurm_cluster, "n3", tmp_path)
+    finally:
+        if hung.poll() is None and is_alive(ident):
+            os.kill(hung.pid, signal.SIGKILL)
+            hung.wait(5)

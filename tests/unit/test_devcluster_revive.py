@@ -144,3 +144,18 @@ def test_explain_names_the_slurmd_its_state_and_the_node_s_other_processes(tmp_p
         assert "no slurmd recorded" in explain(["n2"], "sftunit", {"n2": None}, MARK, Revival(), lambda n: "")
     finally:
         _cleanup(slurmd, step)
+
+
+def test_a_slurmd_a_previous_reset_waited_on_in_vain_is_replaced() -> None:
+    slurmd, ident = _sleeper({MARK: "sftunit:n1"})
+    new, new_id = _sleeper()
+    try:
+        done = Revival()
+        revive_node("sftunit", "n1", ident, MARK, lambda: new_id, done, unanswered=True)
+        assert not is_alive(ident) and exit_code(slurmd.pid) == -signal.SIGKILL
+        assert done.started["n1"][0] == new_id
+        assert done.replaced["n1"].startswith(f"pid {slurmd.pid} sleeping")
+        text = explain(["n1"], "sftunit", {"n1": new_id}, MARK, done, lambda node: "")
+        assert f"replacing pid {slurmd.pid} sleeping" in text
+    finally:
+        _cleanup(slurmd, new)

@@ -105,6 +105,8 @@ class DevCluster:
         self._layout = layout
         self._state = state
         self._bins = binaries
+        # Nodes the last reset restarted or found not responding and did not see back (see revive).
+        self._unanswered: set[str] = set()
 
     # -- what callers read ---------------------------------------------------------------
     @property
@@ -386,12 +388,14 @@ class DevCluster:
         self._restart_dead_services(timeout)
         if self._is_clean():
             return
-        done = revive.Revival()
+        done, unanswered, self._unanswered = revive.Revival(), self._unanswered, set()
         for name in self.node_names:
             self.node_alive(name)  # reaps it if it was our child and died
             revive.revive_node(self.cluster_name, name, self._state.processes.get(slurmd_key(name)),
-                               daemons.NODE_MARK_ENV, lambda: self._spawn_slurmd(name), done)
+                               daemons.NODE_MARK_ENV, lambda: self._spawn_slurmd(name), done,
+                               unanswered=name in unanswered)
         env = self._client_env()
+        self._unanswered = set(done.started) | self._not_responding()
         settle.settle(
             self.node_names, read_jobs=self.jobs, read_nodes=self.nodes,
             cancel=lambda ids: query.cancel(self._bins.scancel, ids, env),
@@ -401,6 +405,13 @@ class DevCluster:
             explain=lambda names: revive.explain(
                 names, self.cluster_name, {n: self._state.processes.get(slurmd_key(n)) for n in names},
                 daemons.NODE_MARK_ENV, done, lambda n: daemons.last_line(daemons.node_log(self._layout, n))))
+        self._unanswered = set()
+
+    def _not_responding(self) -> set[str]:
+        try:
+            return {name for name, node in self.nodes().items() if "NOT_RESPONDING" in node.flags}
+        except DevClusterError:
+            return set()
 
     def _is_clean(self) -> bool:
         try:

@@ -7,7 +7,10 @@ spool sockets and files, and a slurmd started beside it may never register. A st
 reset waits for the controller, a slurmd it started that exits ends the wait at once, with its
 exit status and log; a node still not IDLE at the deadline is named with its slurmd's pid, its
 state and the kernel function it waits in, whether this reset started it, and every other
-process of the node: the controller alone only says NOT_RESPONDING.
+process of the node: the controller alone only says NOT_RESPONDING. A node that a reset started
+a slurmd for, or found not responding, and that did not come back before that reset ended (timed
+out, or was interrupted: a test's own timeout) has its slurmd replaced by the next reset (killed
+with the rest of the node, then started anew) instead of waited on again.
 """
 
 from __future__ import annotations
@@ -31,23 +34,28 @@ class Revival:
     started: dict[str, tuple[ProcId, float]] = field(default_factory=dict)  # node -> (proc, when)
     continued: dict[str, ProcId] = field(default_factory=dict)
     leftovers: dict[str, int] = field(default_factory=dict)  # node -> processes killed first
+    replaced: dict[str, str] = field(default_factory=dict)  # node -> the unanswering slurmd, described
 
 
 def revive_node(cluster: str, node: str, slurmd: ProcId | None, mark_env: str,
-                spawn: Callable[[], ProcId], revival: Revival) -> None:
-    """Make ``node``'s slurmd a running process: continue it if stopped; if it is gone, kill
-    what is left of the node, then start a new one (``spawn``)."""
+                spawn: Callable[[], ProcId], revival: Revival, unanswered: bool = False) -> None:
+    """Make ``node``'s slurmd a running process: continue it if stopped; if it is gone, or
+    ``unanswered`` (it ran through a previous reset's whole bound and the node never came back),
+    kill what is left of the node, then start a new one (``spawn``)."""
     if slurmd is not None and is_alive(slurmd):
-        if is_stopped(slurmd) and send(slurmd, signal.SIGCONT):
-            revival.continued[node] = slurmd
-        return
+        if unanswered:
+            revival.replaced[node] = describe(slurmd)
+        else:
+            if is_stopped(slurmd) and send(slurmd, signal.SIGCONT):
+                revival.continued[node] = slurmd
+            return
     left_before = len(node_processes(cluster, node, None, mark_env))
-    stubborn = kill_node_tree(cluster, node, None, mark_env)
+    stubborn = kill_node_tree(cluster, node, slurmd if node in revival.replaced else None, mark_env)
     if stubborn:
         raise DevClusterError(
             f"reset: node {node}: its slurmd is gone and what is left of it cannot be killed: "
             + "; ".join(describe(p) for p in stubborn))
-    if left_before:
+    if left_before and node not in revival.replaced:
         revival.leftovers[node] = left_before
     revival.started[node] = (spawn(), time.monotonic())
 
@@ -78,6 +86,8 @@ def explain(names: list[str], cluster: str, slurmds: dict[str, ProcId | None], m
                 what += f" as pid {proc.pid}"
         else:
             what += ", not restarted (alive when reset began)"
+        if node in revival.replaced:
+            what += f", replacing {revival.replaced[node]}, which never brought the node back"
         if node in revival.continued:
             what += ", was stopped and continued (SIGCONT) by this reset"
         if node in revival.leftovers:
