@@ -55,7 +55,7 @@ def test_reset_kills_a_dead_node_s_frozen_leftover_before_restarting_it(slurm_cl
         os.kill(leftover.pid, signal.SIGSTOP)
         slurm_cluster.reset()
         assert not is_alive(ident), "reset left the node's frozen leftover beside its new slurmd"
-        assert exit_code(leftover.pid) == -signal.SIGKILL
+        assert exit_code(ident) == -signal.SIGKILL
         assert slurm_cluster.node_alive("n2")
         _run_on(slurm_cluster, "n2", tmp_path)
     finally:
@@ -88,7 +88,7 @@ def test_a_slurmd_that_never_answers_is_named_then_replaced(slurm_cluster: DevCl
         assert f"n3: slurmd pid {hung.pid} sleeping (S)" in text, text
         assert "not restarted (alive when reset began)" in text and "processes of n3: pid" in text, text
         slurm_cluster.reset()
-        assert not is_alive(ident) and exit_code(hung.pid) == -signal.SIGKILL
+        assert not is_alive(ident) and exit_code(ident) == -signal.SIGKILL
         assert slurm_cluster.node_alive("n3") and slurm_cluster.processes()["slurmd-n3"] != ident
         _run_on(slurm_cluster, "n3", tmp_path)
     finally:

@@ -66,7 +66,7 @@ def test_a_member_the_second_look_misses_is_killed_not_left_stopped(monkeypatch:
         assert kill_node_tree("sftunit", "n1", None, MARK) == []
         assert ident in looks[0]
         assert not is_alive(ident), describe(ident)  # old code: still there, stopped (T)
-        assert exit_code(member.pid) == -signal.SIGKILL
+        assert exit_code(ident) == -signal.SIGKILL
     finally:
         _cleanup(member)
 
@@ -120,7 +120,7 @@ def test_a_dead_slurmd_is_restarted_only_after_the_node_s_leftovers_are_killed()
         done = Revival()
         revive_node("sftunit", "n1", dead_id, MARK, spawn, done)
         assert seen_at_spawn == [[]]
-        assert exit_code(leftover.pid) == -signal.SIGKILL
+        assert exit_code(left_id) == -signal.SIGKILL
         assert done.started["n1"][0] == new_id and done.leftovers == {"n1": 1}
         check_started(done, lambda node: [])  # it runs: no error
         _cleanup(new)
@@ -132,8 +132,9 @@ def test_a_dead_slurmd_is_restarted_only_after_the_node_s_leftovers_are_killed()
 
 def test_explain_names_the_slurmd_its_state_and_the_node_s_other_processes(tmp_path: Path) -> None:
     slurmd, ident = _sleeper({MARK: "sftunit:n1"})
-    step, _ = _sleeper({MARK: "sftunit:n1"})
+    step, step_id = _sleeper({MARK: "sftunit:n1"})
     try:
+        _wait_state(step_id, "S")  # fresh from fork, it may still be running (R) on a loaded box
         os.kill(slurmd.pid, signal.SIGSTOP)
         _wait_state(ident, "T")
         done = Revival(started={"n1": (ident, time.monotonic())})
@@ -150,9 +151,10 @@ def test_a_slurmd_a_previous_reset_waited_on_in_vain_is_replaced() -> None:
     slurmd, ident = _sleeper({MARK: "sftunit:n1"})
     new, new_id = _sleeper()
     try:
+        _wait_state(ident, "S")  # fresh from fork, it may still be running (R) on a loaded box
         done = Revival()
         revive_node("sftunit", "n1", ident, MARK, lambda: new_id, done, unanswered=True)
-        assert not is_alive(ident) and exit_code(slurmd.pid) == -signal.SIGKILL
+        assert not is_alive(ident) and exit_code(ident) == -signal.SIGKILL
         assert done.started["n1"][0] == new_id
         assert done.replaced["n1"].startswith(f"pid {slurmd.pid} sleeping")
         text = explain(["n1"], "sftunit", {"n1": new_id}, MARK, done, lambda node: "")

@@ -118,25 +118,26 @@ def send(proc: ProcId, sig: int) -> bool:
     return True
 
 
-# Exit statuses of our own children, by pid, as reaped: whoever reaps first (a liveness check)
-# must not lose what a later error message needs (how a restarted slurmd ended).
-_EXITS: dict[int, int] = {}
+# Exit statuses of our own children, by identity, as reaped: whoever reaps first (a liveness
+# check) must not lose what a later error message needs (how a restarted slurmd ended).
+_EXITS: dict[ProcId, int] = {}
 
 
 def reap_if_child(pid: int) -> None:
     """Collect the exit status of our own child so it does not linger as a zombie."""
+    zombie = identify(pid)  # a zombie's stat is readable until it is reaped
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         return
-    if done == pid:
-        _EXITS[pid] = os.waitstatus_to_exitcode(status)
+    if done == pid and zombie is not None:
+        _EXITS[zombie] = os.waitstatus_to_exitcode(status)
 
 
-def exit_code(pid: int) -> int | None:
-    """How our child ``pid`` ended (negative: killed by that signal), if we reaped it."""
-    reap_if_child(pid)
-    return _EXITS.get(pid)
+def exit_code(proc: ProcId) -> int | None:
+    """How our child ``proc`` ended (negative: killed by that signal), if we reaped it."""
+    reap_if_child(proc.pid)
+    return _EXITS.get(proc)
 
 
 STATE_WORDS = {"R": "running", "S": "sleeping", "D": "uninterruptible wait", "T": "stopped",
@@ -154,8 +155,7 @@ def describe(proc: ProcId) -> str:
     state in words and the kernel function it waits in (``/proc/<pid>/wchan``)."""
     stat = read_stat(proc.pid)
     if stat is None or stat.start_time != proc.start_time or stat.state in ("Z", "X"):
-        reap_if_child(proc.pid)
-        code = _EXITS.get(proc.pid)
+        code = exit_code(proc)
         if code is None:
             return f"pid {proc.pid} gone"
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
