@@ -15,7 +15,8 @@
 # Environment (all optional):
 #   SLURMFT_MATRIX_CACHE   where rootfs live (default /var/cache/slurmft-matrix; outside the repo)
 #   SLURMFT_MATRIX_MIRROR  Debian mirror (default http://deb.debian.org/debian)
-#   SLURMFT_MATRIX_TESTS   pytest paths (default: the client's and the field-matrix tests)
+#   SLURMFT_MATRIX_TESTS   pytest paths (default: the client's, the field-matrix and the devcluster
+#                          reset tests)
 #   SLURMFT_MATRIX_PYTEST_ARGS  extra pytest arguments, split on spaces
 #   SLURMFT_MATRIX_RESULTS where per-suite results go (default: a new temp dir, printed)
 #   SLURMFT_MATRIX_NET_ATTEMPTS  tries of each network step: debootstrap, apt-get, pip (default 3)
@@ -32,7 +33,7 @@ source "$here/retry.sh"
 repo=$(cd "$here/.." && pwd)
 cache=${SLURMFT_MATRIX_CACHE:-/var/cache/slurmft-matrix}
 export SLURMFT_MATRIX_MIRROR=${SLURMFT_MATRIX_MIRROR:-http://deb.debian.org/debian}
-tests=${SLURMFT_MATRIX_TESTS:-tests/integration/test_slurm_client.py tests/integration/test_slurm_fields_matrix.py}
+tests=${SLURMFT_MATRIX_TESTS:-tests/integration/test_slurm_client.py tests/integration/test_slurm_fields_matrix.py tests/integration/test_devcluster_reset.py}
 pytest_args=${SLURMFT_MATRIX_PYTEST_ARGS:-}
 venv=/opt/slurmft/venv           # inside each rootfs
 stamp_dir=etc/slurmft-matrix     # inside each rootfs, written by recipe.sh and here
