@@ -19,6 +19,11 @@ from slurmft.slurm.devcluster.procs import ProcId, describe, exit_code, identify
 from slurmft.slurm.devcluster.revive import Revival, check_started, explain, revive_node
 
 MARK = "SLURMFT_DEVCLUSTER_NODE"
+# Per process: kill_node_tree kills every process marked with the cluster and node, machine-wide,
+# and xdist runs this module's tests in parallel workers (a fixed name killed another worker's
+# sleepers: "pid 1810 never reached state T: Z" in a fresh-clone run).
+CLUSTER = f"sftunit{os.getpid()}"
+NODE_MARK = f"{CLUSTER}:n1"
 pytestmark = pytest.mark.timeout(30)
 
 
@@ -52,7 +57,7 @@ def test_a_member_the_second_look_misses_is_killed_not_left_stopped(monkeypatch:
     """A member seen by the first look and frozen, then not counted by any later one (it exec'd
     without the node's environment and its parent is gone): the old kill left it SIGSTOPped
     for ever, holding what it held of the node."""
-    member, ident = _sleeper({MARK: "sftunit:n1"})
+    member, ident = _sleeper({MARK: NODE_MARK})
     looks = []
     real = nodeprocs.node_processes
 
@@ -63,7 +68,7 @@ def test_a_member_the_second_look_misses_is_killed_not_left_stopped(monkeypatch:
 
     monkeypatch.setattr(nodeprocs, "node_processes", second_look_misses_it)
     try:
-        assert kill_node_tree("sftunit", "n1", None, MARK) == []
+        assert kill_node_tree(CLUSTER, "n1", None, MARK) == []
         assert ident in looks[0]
         assert not is_alive(ident), describe(ident)  # old code: still there, stopped (T)
         assert exit_code(ident) == -signal.SIGKILL
@@ -92,12 +97,12 @@ def test_describe_names_state_exit_status_and_signal() -> None:
 
 
 def test_a_stopped_slurmd_is_continued_not_replaced() -> None:
-    slurmd, ident = _sleeper({MARK: "sftunit:n1"})
+    slurmd, ident = _sleeper({MARK: NODE_MARK})
     try:
         os.kill(slurmd.pid, signal.SIGSTOP)
         _wait_state(ident, "T")
         done = Revival()
-        revive_node("sftunit", "n1", ident, MARK, lambda: pytest.fail("spawned a second slurmd"), done)
+        revive_node(CLUSTER, "n1", ident, MARK, lambda: pytest.fail("spawned a second slurmd"), done)
         assert done.continued == {"n1": ident} and not done.started
         assert _state(ident) in ("S", "R")
     finally:
@@ -105,7 +110,7 @@ def test_a_stopped_slurmd_is_continued_not_replaced() -> None:
 
 
 def test_a_dead_slurmd_is_restarted_only_after_the_node_s_leftovers_are_killed() -> None:
-    leftover, left_id = _sleeper({MARK: "sftunit:n1"})
+    leftover, left_id = _sleeper({MARK: NODE_MARK})
     os.kill(leftover.pid, signal.SIGSTOP)  # what an interrupted kill leaves: frozen for ever
     dead, dead_id = _sleeper()
     _cleanup(dead)
@@ -113,12 +118,12 @@ def test_a_dead_slurmd_is_restarted_only_after_the_node_s_leftovers_are_killed()
     seen_at_spawn: list[list[ProcId]] = []
 
     def spawn() -> ProcId:
-        seen_at_spawn.append(node_processes("sftunit", "n1", None, MARK))
+        seen_at_spawn.append(node_processes(CLUSTER, "n1", None, MARK))
         return new_id
 
     try:
         done = Revival()
-        revive_node("sftunit", "n1", dead_id, MARK, spawn, done)
+        revive_node(CLUSTER, "n1", dead_id, MARK, spawn, done)
         assert seen_at_spawn == [[]]
         assert exit_code(left_id) == -signal.SIGKILL
         assert done.started["n1"][0] == new_id and done.leftovers == {"n1": 1}
@@ -131,33 +136,33 @@ def test_a_dead_slurmd_is_restarted_only_after_the_node_s_leftovers_are_killed()
 
 
 def test_explain_names_the_slurmd_its_state_and_the_node_s_other_processes(tmp_path: Path) -> None:
-    slurmd, ident = _sleeper({MARK: "sftunit:n1"})
-    step, step_id = _sleeper({MARK: "sftunit:n1"})
+    slurmd, ident = _sleeper({MARK: NODE_MARK})
+    step, step_id = _sleeper({MARK: NODE_MARK})
     try:
         _wait_state(step_id, "S")  # fresh from fork, it may still be running (R) on a loaded box
         os.kill(slurmd.pid, signal.SIGSTOP)
         _wait_state(ident, "T")
         done = Revival(started={"n1": (ident, time.monotonic())})
-        text = explain(["n1"], "sftunit", {"n1": ident}, MARK, done, lambda node: "last line")
+        text = explain(["n1"], CLUSTER, {"n1": ident}, MARK, done, lambda node: "last line")
         assert text.startswith(f"n1: slurmd pid {slurmd.pid} stopped (T)"), text
         assert "started by this reset" in text and f"pid {step.pid} sleeping" in text
         assert text.endswith("its log ends: last line")
-        assert "no slurmd recorded" in explain(["n2"], "sftunit", {"n2": None}, MARK, Revival(), lambda n: "")
+        assert "no slurmd recorded" in explain(["n2"], CLUSTER, {"n2": None}, MARK, Revival(), lambda n: "")
     finally:
         _cleanup(slurmd, step)
 
 
 def test_a_slurmd_a_previous_reset_waited_on_in_vain_is_replaced() -> None:
-    slurmd, ident = _sleeper({MARK: "sftunit:n1"})
+    slurmd, ident = _sleeper({MARK: NODE_MARK})
     new, new_id = _sleeper()
     try:
         _wait_state(ident, "S")  # fresh from fork, it may still be running (R) on a loaded box
         done = Revival()
-        revive_node("sftunit", "n1", ident, MARK, lambda: new_id, done, unanswered=True)
+        revive_node(CLUSTER, "n1", ident, MARK, lambda: new_id, done, unanswered=True)
         assert not is_alive(ident) and exit_code(ident) == -signal.SIGKILL
         assert done.started["n1"][0] == new_id
         assert done.replaced["n1"].startswith(f"pid {slurmd.pid} sleeping")
-        text = explain(["n1"], "sftunit", {"n1": new_id}, MARK, done, lambda node: "")
+        text = explain(["n1"], CLUSTER, {"n1": new_id}, MARK, done, lambda node: "")
         assert f"replacing pid {slurmd.pid} sleeping" in text
     finally:
         _cleanup(slurmd, new)
