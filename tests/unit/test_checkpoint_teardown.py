@@ -90,13 +90,16 @@ def _run_ranks(ranks: WarmRanks, script: Path, tmp: Path) -> tuple[list[int], st
                 [sys.executable, str(script), str(rank), str(tmp / "store"), str(tmp / "run"), str(HELPERS)],
                 env=env, rank=rank, stdout=out, stderr=subprocess.STDOUT))
     try:
-        codes = [proc.wait(timeout=90) for proc in procs]
+        # A liveness bound: some runs take ~60 s more to exit (the script's process-group timeout;
+        # seen once at 78 s for the three runs; undiagnosed, docs/limitations.md), and a fresh-clone
+        # run at load ~6 passed the old 90 s here.
+        codes = [proc.wait(timeout=180) for proc in procs]
     finally:
         ranks.kill_all(procs)
     return codes, "\n----\n".join(log.read_text(errors="replace")[-2000:] for log in logs)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_ranks_exit_zero_after_checkpointing_and_a_normal_interpreter_exit(tmp_path, warm_ranks):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
