@@ -17,7 +17,7 @@ import pytest
 
 from slurmft.slurm.devcluster import DevCluster, DevClusterError
 from slurmft.slurm.devcluster.daemons import NODE_MARK_ENV
-from slurmft.slurm.devcluster.procs import exit_code, identify, is_alive, is_stopped
+from slurmft.slurm.devcluster.procs import ProcId, exit_code, identify, is_alive, is_stopped
 
 pytestmark = pytest.mark.integration
 
@@ -42,16 +42,22 @@ def test_reset_continues_a_stopped_slurmd(slurm_cluster: DevCluster, tmp_path: P
     _run_on(slurm_cluster, "n1", tmp_path)
 
 
+def _process_of(cluster: DevCluster, node: str) -> tuple[subprocess.Popen[bytes], ProcId]:
+    """A process the devcluster counts as ``node``'s (its mark), e.g. one a kill left behind."""
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                            env={**os.environ, NODE_MARK_ENV: f"{cluster.cluster_name}:{node}"})
+    ident = identify(proc.pid)
+    assert ident is not None
+    return proc, ident
+
+
 @pytest.mark.timeout(120)
 def test_reset_kills_a_dead_node_s_frozen_leftover_before_restarting_it(slurm_cluster: DevCluster,
                                                                        tmp_path: Path) -> None:
     slurm_cluster.kill_node("n2")
     # What an interrupted kill leaves: a process of the node, frozen (SIGSTOP) for ever.
-    leftover = subprocess.Popen(["sleep", "300"], start_new_session=True,
-                                env={**os.environ, NODE_MARK_ENV: f"{slurm_cluster.cluster_name}:n2"})
+    leftover, ident = _process_of(slurm_cluster, "n2")
     try:
-        ident = identify(leftover.pid)
-        assert ident is not None
         os.kill(leftover.pid, signal.SIGSTOP)
         slurm_cluster.reset()
         assert not is_alive(ident), "reset left the node's frozen leftover beside its new slurmd"
@@ -71,11 +77,8 @@ def test_a_slurmd_that_never_answers_is_named_then_replaced(slurm_cluster: DevCl
     replace it rather than wait on it again (the old reset timed out on "n3=IDLE+NOT_RESPONDING"
     in every test after)."""
     slurm_cluster.kill_node("n3")
-    hung = subprocess.Popen(["sleep", "300"], start_new_session=True,
-                            env={**os.environ, NODE_MARK_ENV: f"{slurm_cluster.cluster_name}:n3"})
+    hung, ident = _process_of(slurm_cluster, "n3")
     try:
-        ident = identify(hung.pid)
-        assert ident is not None
         slurm_cluster._record("slurmd-n3", ident)  # a slurmd that runs and never registers
         deadline = time.monotonic() + 60  # SlurmdTimeout=10: NOT_RESPONDING after ~15 s
         while "NOT_RESPONDING" not in slurm_cluster.nodes()["n3"].flags:

@@ -322,16 +322,22 @@ def test_the_lowest_rank_on_a_node_not_fenced_journals_the_reform(tmp_path):
     assert w3.check() is not None and [w3.reporter(r) for r in range(3)] == [True, False, False]
 
 
-def test_a_world_without_an_active_nodes_agent_holds_until_torchruns_term_and_leaves_with_88(tmp_path):
-    """The shrink-mode start-up race: torchrun's round closed with n0, n1 (MIN 2) before n2's agent
-    joined. The world must not train (it would checkpoint a 2-node world and read the TERM that
-    takes n2 in as a preemption): it holds, and torchrun's SIGTERM ends it with 88, nothing saved."""
+def _world_without_n2(tmp_path):
+    """A 2-node world (n0, n1) of an allocation whose active nodes are n0, n1, n2."""
     run, exits = RunDir(tmp_path), Exits()
     write(run, 0, spares=())
     stream = io.StringIO()
     w = AllocationWatch.start_for(run, ("77", None), _exit=exits, poll_s=3600, stream=stream)
     assert w is not None
     w.set_world(["n0", "n1"])
+    return run, exits, stream, w
+
+
+def test_a_world_without_an_active_nodes_agent_holds_until_torchruns_term_and_leaves_with_88(tmp_path):
+    """The shrink-mode start-up race: torchrun's round closed with n0, n1 (MIN 2) before n2's agent
+    joined. The world must not train (it would checkpoint a 2-node world and read the TERM that
+    takes n2 in as a preemption): it holds, and torchrun's SIGTERM ends it with 88, nothing saved."""
+    run, exits, stream, w = _world_without_n2(tmp_path)
     assert w.missing() == ["n2"]
     before = signal.getsignal(signal.SIGTERM)
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()  # torchrun's stop
@@ -346,12 +352,7 @@ def test_a_world_without_an_active_nodes_agent_holds_until_torchruns_term_and_le
 def test_a_partial_world_trains_once_the_launcher_fences_the_missing_node(tmp_path):
     """The late node died before its agent joined: the launcher's fence makes the held world the
     allocation's (a shrink), and it trains; an unrelated TERM handler is put back."""
-    run, exits = RunDir(tmp_path), Exits()
-    write(run, 0, spares=())
-    stream = io.StringIO()
-    w = AllocationWatch.start_for(run, ("77", None), _exit=exits, poll_s=3600, stream=stream)
-    assert w is not None
-    w.set_world(["n0", "n1"])
+    run, exits, stream, w = _world_without_n2(tmp_path)
     threading.Timer(0.5, lambda: write(run, 1, active=("n0", "n1"), spares=(), fenced=("n2",))).start()
 
     def mine(signum, frame):
