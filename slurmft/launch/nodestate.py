@@ -25,7 +25,6 @@ fenced (an active one other than the batch host, a spare), and how, is the super
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from typing import Callable, Collection, Mapping, Sequence
 
 from slurmft.slurm.client import Node, SlurmError
 from slurmft.watch.config import WatchConfig
+from slurmft.watch.detect_nodes import drain_bound_of
 from slurmft.watch.findings import SWEEPER_PREFIX
 
 POLL_S = 10.0
@@ -136,12 +136,7 @@ class NodeStates:
 
     def drain_bound(self) -> float:
         """Longest an admin-drained node trains on for its checkpoint (the watcher's rule)."""
-        times = [t for t, _ in self._commits]
-        gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
-        if not gaps:
-            return WatchConfig.admin_drain_wait_s
-        return max(WatchConfig.checkpoint_overdue_factor * statistics.median(gaps),
-                   WatchConfig.checkpoint_overdue_min_s)
+        return drain_bound_of([t for t, _ in self._commits], WatchConfig())
 
     def _after_checkpoint(self, why: Unfit, committed: int | None, now: float) -> Unfit | None:
         if why.node not in self._drains:

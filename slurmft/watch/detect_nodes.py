@@ -8,7 +8,7 @@ in-allocation mode, what is left to its launcher (``detect_alloc.py``). Pure fun
 from __future__ import annotations
 
 import statistics
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from slurmft.slurm.client import JobState
 from slurmft.watch.config import WatchConfig
@@ -121,7 +121,11 @@ def admin_drain(obs: RunObservation, memory: Memory, config: WatchConfig,
 def admin_drain_bound(summary: JournalSummary, config: WatchConfig) -> float:
     """How long an admin-drained node is kept for a checkpoint: the checkpoint-overdue bound of the
     run's usual interval, ``admin_drain_wait_s`` while fewer than two commits give no interval."""
-    times = [c[0] for c in summary.commits]
+    return drain_bound_of([c[0] for c in summary.commits], config)
+
+
+def drain_bound_of(times: Sequence[float], config: WatchConfig) -> float:
+    """The same bound from the commits' times, in order (also the in-allocation launcher's)."""
     gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
     if not gaps:
         return config.admin_drain_wait_s
