@@ -130,6 +130,7 @@ class Run(StepBoundary, RunEndings):
         self._total: int | None = None
         self._reported = False
         self._stop_agreed = False
+        self._signalled_at_end: str | None = None  # a preemption agreed in the last step: who saw it
         self._fields: dict[str, Any] = {}
         self._watchdog: StepWatchdog | None = None
         self._preemption: PreemptionHandler | None = None
@@ -301,7 +302,9 @@ class Run(StepBoundary, RunEndings):
         """Yield steps ``self.step + 1 .. total`` (1-based); at its end save and write ``DONE``.
 
         Between steps it runs the boundary: guard verdicts, journal, heartbeat, periodic save,
-        preemption (emergency save, exit 85). Leaving the loop early (``break``) saves nothing.
+        preemption (emergency save, exit 85; in the last step, the final save and ``DONE`` instead:
+        a requeue would only start a segment to write it). Leaving the loop early (``break``) saves
+        nothing.
         """
         if not self._started:
             raise RuntimeError("the Run has not started: use `with Run(...) as run:` or run.start()")

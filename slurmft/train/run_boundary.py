@@ -40,6 +40,7 @@ class StepBoundary:
     result: GuardResult | None
     _boundary: BoundaryCheck
     _stop_agreed: bool
+    _signalled_at_end: str | None
     _reported: bool
     _fields: dict[str, Any]
     _total: int | None
@@ -100,7 +101,9 @@ class StepBoundary:
         phases = self._phases.event(restored_step=self.restored_step, world_size=self.world_size)
         if phases is not None:  # the segment's first step: what its start cost, by phase
             self.segment.record(journal.RESTART_PHASES, step=step, **phases)
-        if stop:
+        if stop and step >= total:  # nothing left to train: steps() ends with the final save and DONE
+            self._signalled_at_end = (self._preemption.reason if self._preemption is not None else None) or "peer"
+        elif stop:
             self._preempt(step)
         if self.checkpoints.due(step) and step < total:
             self.checkpoints.save(step, self.state)

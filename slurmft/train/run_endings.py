@@ -68,6 +68,7 @@ class RunEndings:
     done: bool
     process_group: Any
     _ended: bool
+    _signalled_at_end: str | None
     _distributed: bool
     _preemption: PreemptionHandler | None
     _audit: ResumeAudit | None
@@ -131,8 +132,10 @@ class RunEndings:
         if self.env.is_rank0:
             write_done(self.run_dir, self.env, self.step, total)
         self._ended = True
-        self.segment.finish(exitcodes.OK, f"finished at step {self.step}", step=self.step,
-                            barrier=self._barrier())
+        why = f"finished at step {self.step}"
+        if self._signalled_at_end:
+            why += f" (a preemption signal, {self._signalled_at_end}, came in the last step: nothing left to requeue for)"
+        self.segment.finish(exitcodes.OK, why, step=self.step, barrier=self._barrier())
         self.done = True
 
     def _end(self, code: int, reason: str, *, step: int | None = None) -> NoReturn:

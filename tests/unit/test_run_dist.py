@@ -118,9 +118,14 @@ def test_preempted_and_resumed_run_equals_uninterrupted_one(warm_ranks, tmp_path
 
 
 @pytest.mark.timeout(900)
-def test_final_save_and_done_happen_once(warm_ranks, tmp_path):
+def test_final_save_and_done_happen_once_also_when_preempted_in_the_last_step(warm_ranks, tmp_path):
     run = tmp_path / "run"
-    assert_exits(run_ranks(warm_ranks, tmp_path, run, ["--steps", "6"]), 0)
+    # Rank 1 sees a preemption signal in the last step: the run finishes (the final save, DONE,
+    # exit 0) instead of an emergency save and 85, which would requeue a segment only to write DONE.
+    assert_exits(run_ranks(warm_ranks, tmp_path, run, ["--steps", "6", "--signal-at", "6"]), 0)
+    assert read_events(RunDir(run).events, ["preemption"]) == []
+    first_end = read_events(RunDir(run).events, ["segment_end"])[0]
+    assert "a preemption signal, peer, came in the last step" in first_end.text("reason"), first_end
     done = RunDir(run).done
     marker = read_done(RunDir(run))
     assert (marker.step, marker.total_steps) == (6, 6)
