@@ -17,13 +17,19 @@ Metrics (all labelled ``node``); the alert rules in ``deploy/prometheus/slurmft-
 from __future__ import annotations
 
 from pathlib import Path
-
-from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+from typing import TYPE_CHECKING
 
 from slurmft.health.result import Status
 from slurmft.sweep.act import WITHDRAWN
 from slurmft.sweep.decide import Action
 from slurmft.sweep.report import SweepReport
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+# prometheus_client is imported where a textfile is built, not at import: the launcher's
+# pre-flight (``slurmft sweep --quick --dry-run --json`` on every node of every job start)
+# writes none, and the import was a quarter of that command's CPU.
 
 
 def textfile_path(textfile_dir: Path, node: str) -> Path:
@@ -31,6 +37,8 @@ def textfile_path(textfile_dir: Path, node: str) -> Path:
 
 
 def build_registry(report: SweepReport) -> CollectorRegistry:
+    from prometheus_client import CollectorRegistry, Gauge
+
     reg = CollectorRegistry()
     node = report.node
     status = Gauge("slurmft_health_check_status", "Current status of one health check (one-hot)",
@@ -65,6 +73,8 @@ def build_registry(report: SweepReport) -> CollectorRegistry:
 
 
 def write_textfile(report: SweepReport, textfile_dir: Path) -> Path:
+    from prometheus_client import write_to_textfile
+
     path = textfile_path(textfile_dir, report.node)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_to_textfile(str(path), build_registry(report))
