@@ -17,7 +17,9 @@ other nodes than the batch host it also watches the batch host's beat (``orphan`
 host dead, it requeues the job (Slurm keeps a ``--no-kill`` job running without its batch script).
 When torchrun's workers are warm clients (the launcher's decision: warm workers are on unless
 ``SLURMFT_WARM_WORKERS=0``) it also keeps the node's warm server (``slurmft.launch.warm``) for
-them, and stops it when torchrun ends.
+them, and stops it when torchrun ends; before it passes a TERM or INT on to torchrun it marks
+the node stopping (``warm.mark_stopping``), so that the clients leave that stop's ranks to
+torchrun's own bound instead of killing a frozen one early (``warmclient.StopWatch``).
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def supervise(argv: list[str], alive: Path) -> int:
 
     def forward(signum: int, frame: object) -> None:
         stopping.set()
+        if server is not None:   # first: the ranks this stop reaches keep torchrun's bound
+            warm.mark_stopping(server[1])
         if child and child[0].poll() is None:
             child[0].send_signal(signum)
 

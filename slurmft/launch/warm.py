@@ -24,6 +24,16 @@ torch-free client (``slurmft.launch.warmclient``); per client the server forks a
   kills the worker's process group. The server's death closes the client's socket: the client
   kills its worker (nobody could reap it and pass its status on) and exits 1.
 
+A client may ask the server to kill its worker (``warmclient.KILL_REQUEST``): torchrun stopped it
+for a restart and it is frozen or did not end (``warmclient.StopWatch``); the server kills its
+process group and journals no crash for it (a stop, like torchrun's own KILL). The task marks its
+node stopping (``mark_stopping``) before it passes a TERM or INT on to torchrun, so that a real
+stop keeps torchrun's bound.
+
+A TERM (Slurm's to the whole step: a preemption, ``scancel``; or ``stop_server``) stops the server
+forking; it exits once its workers ended, as their ranks and clients decide (they save first: a
+server that killed them at its TERM cut a preemption's emergency checkpoint).
+
 The server reaps each worker and sends its status to its client, which exits with it; a crash
 (``rankexit``'s rule) it also journals as ``rank_exit`` at once, for the launcher. What a
 fork cannot give a rank: environment variables read by torch or the pre-imported modules *at
@@ -78,6 +88,10 @@ def settings(env: Mapping[str, str]) -> tuple[bool | None, tuple[str, ...]]:
     flag = (env.get(ENABLE_ENV) or "").strip()
     if flag not in ("", "0", "1"):
         raise WarmSettingsError(f"{ENABLE_ENV}={flag!r} must be 0 or 1")
+    try:
+        proto.stop_grace_s(env)
+    except ValueError as exc:
+        raise WarmSettingsError(str(exc)) from None
     extra = []
     for name in (env.get(IMPORTS_ENV) or "").split(","):
         name = name.strip()
@@ -116,6 +130,19 @@ def start_server(env: Mapping[str, str], python: str = sys.executable
     return proc, path
 
 
+def mark_stopping(path: str) -> None:
+    """Say this node's torchrun is being stopped for real (the task passes a TERM or INT on):
+    its clients then leave their workers to torchrun's own bound (``warmclient.StopWatch``).
+    An empty file in the server's private directory; a failure to create it is said, not raised
+    (the task's signal handler calls this: the stop itself must go on)."""
+    try:
+        os.close(os.open(proto.stopping_marker(path), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW,
+                         0o600))
+    except OSError as exc:
+        print(f"slurmft.launch.warm: cannot mark the node stopping: {exc}", file=sys.stderr,
+              flush=True)
+
+
 def stop_server(proc: subprocess.Popen, path: str, timeout_s: float = 10.0) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -124,11 +151,15 @@ def stop_server(proc: subprocess.Popen, path: str, timeout_s: float = 10.0) -> N
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout_s)
-    for leftover in (path, os.path.dirname(path)):
+    for leftover in (path, proto.stopping_marker(path)):
         try:
-            os.rmdir(leftover) if leftover != path else os.unlink(leftover)
+            os.unlink(leftover)
         except OSError:
             pass
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
 
 
 # -- the server ----------------------------------------------------------------------------------
@@ -246,8 +277,18 @@ class Server:
             pass
 
     def serve(self) -> None:
+        """Serve until a TERM (``stopping``), then, forking no more, until every worker ended:
+        Slurm's TERM to a step (a preemption, ``scancel``) reaches this server with the ranks it
+        forked, which save before they exit; their end stays theirs and their clients'."""
         self.sel.register(self.sock, selectors.EVENT_READ, None)
-        while not self.stopping:
+        listening = True
+        while not (self.stopping and not self.workers):
+            if self.stopping and listening:
+                listening = False
+                self.sel.unregister(self.sock)
+                self.sock.close()
+                if self.workers:
+                    _log(f"TERM: no new workers; waiting for {len(self.workers)} to end")
             for key, _ in self.sel.select(REAP_POLL_S):
                 if key.data is None:
                     self._accept()
@@ -329,6 +370,9 @@ class Server:
             data = b""
         if not data:   # the client died: its worker goes with it
             self.sel.unregister(conn)
+            self._kill(pid)
+        elif proto.KILL_REQUEST in data and pid not in self.killed:
+            _log(f"pid {pid} killed at its client's word: torchrun stopped it and it did not end")
             self._kill(pid)
 
     def _kill(self, pid: int) -> None:

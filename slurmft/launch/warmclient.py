@@ -11,6 +11,17 @@ client kills itself with N, so torchrun sees the same -N), and the client's own 
 SIGKILL: the socket closes) takes the worker with it. When torchrun is gone (the client is
 reparented), the worker gets SIGUSR2, as a rank's own orphan watch would have it (save, 85).
 
+torchrun's stop of its workers for a restart (``LocalElasticAgent._stop_workers``) is a TERM with a
+fixed 30 s before its KILL (``--shutdown-timeout`` is not passed there, pytorch/pytorch#119856): a
+frozen rank (SIGSTOPped, or a hang holding the GIL) cost every restart in place those 30 s. So
+after a TERM the client asks the server to KILL its worker when the worker is stopped (state T
+for ``STOPPED_CONFIRM_S``) or has not ended ``$SLURMFT_WARM_STOP_GRACE_S`` (15 s) after it;
+the server journals no crash for it. Never when the TERM may be a real stop whose ranks save:
+the client relayed a USR1 or USR2 (in-allocation mode's preemption, the time limit, its own
+orphan rule), any INT, HUP or QUIT, or the node's task marked its node stopping
+(``stopping_marker``: Slurm's TERM, the launcher's stop, the batch host's death); those keep
+torchrun's own bound.
+
 No server, a refused connection, or a server that dies or refuses before the worker started:
 nothing ran, so the client runs the rank cold (``exec python -u ...``) with one line on stderr.
 It waits ``CONNECT_S`` for the socket to appear and ``$SLURMFT_WARM_WAIT_S`` (300 s) for the
@@ -34,10 +45,11 @@ import socket
 import struct
 import sys
 import time
-from typing import NoReturn
+from typing import Mapping, NoReturn
 
 SOCKET_ENV = "SLURMFT_WARM_SOCKET"
 WAIT_ENV = "SLURMFT_WARM_WAIT_S"
+STOP_GRACE_ENV = "SLURMFT_WARM_STOP_GRACE_S"
 VERSION = 1
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
            signal.SIGUSR2)
@@ -45,6 +57,14 @@ WAIT_S = 300.0          # for the worker's pid: the server may still be importin
 PARENT_POLL_S = 0.5
 CONNECT_S = 10.0        # for the socket to appear
 MAX_REQUEST = 16 << 20
+# After torchrun's TERM: a worker stopped this long is killed; one still there after the grace too.
+# The grace outlasts a rank's own bounded exits after a TERM (train/hard_exit.py: 5 s; the
+# watchdog's report: 10 s), so what a healthy rank journals on its way out is not cut.
+STOPPED_CONFIRM_S = 1.0
+STOP_GRACE_S = 15.0
+STOP_POLL_S = 0.25
+STOPPING_NAME = "stopping"   # beside the socket: the node's task is stopping torchrun for real
+KILL_REQUEST = b"S"          # client -> server: kill my worker (torchrun stopped it), no crash
 _INT = struct.Struct(">i")
 
 
@@ -97,6 +117,73 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
             raise ProtocolError("the peer closed mid-message")
         out += chunk
     return out
+
+
+def stopping_marker(socket_path: str) -> str:
+    """The file the node's task creates before it passes a TERM or INT on to torchrun."""
+    return os.path.join(os.path.dirname(socket_path), STOPPING_NAME)
+
+
+def stop_grace_s(environ: Mapping[str, str]) -> float:
+    """``$SLURMFT_WARM_STOP_GRACE_S`` (seconds > 0), else ``STOP_GRACE_S``; a bad value raises
+    ValueError naming the variable (the launcher refuses it at the start: ``warm.settings``)."""
+    raw = (environ.get(STOP_GRACE_ENV) or "").strip()
+    if not raw:
+        return STOP_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{STOP_GRACE_ENV}={raw!r} must be a number of seconds > 0")
+    return value
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/PID/stat`` (R, S, D, T, t, Z...), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+class StopWatch:
+    """Whether torchrun's TERM to this rank should become a KILL before torchrun's own 30 s.
+
+    ``signalled`` records each relayed signal; ``due(now, state)`` is the reason to kill once
+    it is due (a TERM relayed, none of the signals that mean a real stop, the node not marked
+    stopping, and the worker stopped ``STOPPED_CONFIRM_S`` or still there ``grace_s`` after the
+    TERM), else None. Pure but for the marker's ``exists``; the caller reads the state."""
+
+    def __init__(self, marker: str | None, grace_s: float) -> None:
+        self.marker, self.grace_s = marker, grace_s
+        self.term_at: float | None = None
+        self.held: str | None = None        # why this stop is left to torchrun
+        self.stopped_since: float | None = None
+
+    def signalled(self, signum: int, now: float) -> None:
+        if signum == signal.SIGTERM:
+            if self.term_at is None:
+                self.term_at = now
+        elif self.held is None:
+            self.held = f"{signal.Signals(signum).name} relayed"
+
+    def due(self, now: float, state: str | None) -> str | None:
+        if self.term_at is None or self.held is not None or state in (None, "Z"):
+            return None   # no TERM, a real stop, or the worker ended (the server reaps it)
+        if self.marker is not None and os.path.exists(self.marker):
+            self.held = "the node is stopping"
+            return None
+        if state in ("T", "t"):
+            self.stopped_since = self.stopped_since if self.stopped_since is not None else now
+            if now - self.stopped_since >= STOPPED_CONFIRM_S:
+                return f"stopped (state {state}) {now - self.term_at:.1f} s after torchrun's TERM"
+        else:
+            self.stopped_since = None
+        if now - self.term_at >= self.grace_s:
+            return f"still running (state {state}) {now - self.term_at:.1f} s after torchrun's TERM"
+        return None
 
 
 def reply(kind: bytes, value: int | str) -> bytes:
@@ -182,11 +269,17 @@ def client(command: list[str], environ: dict[str, str]) -> None:
         wait_s = float(environ.get(WAIT_ENV) or WAIT_S)
     except ValueError:
         wait_s = WAIT_S
+    try:
+        grace_s = stop_grace_s(environ)
+    except ValueError:   # refused by the launcher at the start: only a hand-made environment
+        grace_s = STOP_GRACE_S
+    watch = StopWatch(stopping_marker(path), grace_s)
     pending: list[int] = []
     worker: list[int] = []   # its pid once started
 
     def relay(signum: int, frame: object) -> None:
         if worker:
+            watch.signalled(signum, time.monotonic())
             signal_worker(worker[0], signum)
         else:
             pending.append(signum)
@@ -216,17 +309,19 @@ def client(command: list[str], environ: dict[str, str]) -> None:
     worker.append(int(answer[1]))
     for signum in pending:
         relay(signum, None)
-    _supervise(sock, worker[0])
+    _supervise(sock, worker[0], watch)
 
 
-def _supervise(sock: socket.socket, pgid: int) -> None:
+def _supervise(sock: socket.socket, pgid: int, watch: StopWatch) -> None:
     parent = os.getppid()
     orphan_told = False
+    kill_asked = False
     sock.setblocking(True)
     sock.settimeout(None)
     while True:
+        poll_s = STOP_POLL_S if watch.term_at is not None and not kill_asked else PARENT_POLL_S
         try:
-            ready, _, _ = select.select([sock], [], [], PARENT_POLL_S)
+            ready, _, _ = select.select([sock], [], [], poll_s)
         except InterruptedError:
             continue
         if ready:
@@ -248,10 +343,21 @@ def _supervise(sock: socket.socket, pgid: int) -> None:
             os._exit(1)
         if not orphan_told and os.getppid() != parent:
             orphan_told = True   # torchrun is gone: the rank's orphan rule (save, requeue)
+            watch.signalled(signal.SIGUSR2, time.monotonic())
             try:
                 os.killpg(pgid, signal.SIGUSR2)
             except ProcessLookupError:
                 pass
+        why = None if kill_asked else watch.due(time.monotonic(), process_state(pgid))
+        if why is not None:
+            # The server kills it (its parent: it then journals no crash) and sends its status.
+            kill_asked = True
+            print(f"slurmft warm client: worker {pgid} {why}: killed, not waiting for torchrun's "
+                  "30 s", file=sys.stderr, flush=True)
+            try:
+                sock.sendall(KILL_REQUEST)
+            except OSError:
+                pass   # the server is gone: the next select sees it and kills the worker
 
 
 def main() -> None:

@@ -1,0 +1,183 @@
+"""torchrun's TERM to a warm rank (slurmft.launch.warmclient.StopWatch, issue 27): a frozen rank
+is killed at once instead of after torchrun's fixed 30 s, a real stop keeps its save window.
+
+Real server, client and worker processes; the rank is started and stopped by torchrun's own
+``SubprocessHandler`` (what ``LocalElasticAgent`` starts its workers with: its own session, and
+``close()`` is the ``killpg(TERM)`` of ``_stop_workers``), and torchrun's KILL, which comes 30 s
+later, is left out: every rank here must end by the client's doing or by its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from test_launch_warm import CLIENT, WAIT_S, Srv, _script, _until
+
+from slurmft.launch import warm, warmclient
+
+torch_mp = pytest.importorskip("torch.distributed.elastic.multiprocessing.subprocess_handler")
+
+READY = """
+import json, os, signal, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+"""
+
+
+def _rank(body: str) -> str:
+    """A rank's script: it says its pid in the file named by its first argument, then ``body``."""
+    return READY + textwrap.dedent(body)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    server = Srv("json")
+    yield server
+    server.stop()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _torchrun_starts(srv: Srv, script: Path, tmp_path: Path, **env: str):
+    """A rank as torchrun starts one, and its worker's pid once it is running."""
+    ready = tmp_path / "ready"
+    handler = torch_mp.SubprocessHandler(
+        entrypoint=CLIENT[0], args=(*CLIENT[1:], str(script), str(ready)),
+        env=srv.env(**env), stdout=str(tmp_path / "rank.out"), stderr=str(tmp_path / "rank.err"),
+        local_rank_id=0, numa_options=None)
+    _until("the worker's ready file", lambda: (ready.exists() and ready.read_text() != "")
+           or handler.proc.poll() is not None)
+    assert handler.proc.poll() is None, (tmp_path / "rank.err").read_text()
+    return handler, int(ready.read_text())
+
+
+def _ended(handler, timeout: float = WAIT_S) -> int:
+    """The rank's status once it ended by itself after torchrun's TERM (the liveness bound stands
+    for torchrun's KILL, which this test never sends)."""
+    try:
+        return handler.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        handler.proc.kill()
+        raise AssertionError(f"the rank did not end within {timeout:g} s of torchrun's TERM: "
+                             "it waited for torchrun's KILL") from None
+
+
+def test_a_frozen_rank_is_killed_soon_after_torchruns_term_and_not_journaled(srv, tmp_path):
+    run = tmp_path / "run"
+    script = _script(tmp_path, _rank("os.kill(os.getpid(), signal.SIGSTOP)\n"))
+    handler, worker = _torchrun_starts(srv, script, tmp_path, SLURMFT_RUN_DIR=str(run),
+                                       SLURM_JOB_ID="77", RANK="1")
+    _until("the worker stopped", lambda: _state(worker) == "T")
+    handler.close(death_sig=signal.SIGTERM)          # torchrun's _stop_workers: TERM, then 30 s
+    # Liveness, not a budget: far below torchrun's 30 s even on a loaded box (old code: 30 s).
+    assert _ended(handler, timeout=20.0) == -signal.SIGKILL
+    _until("the worker gone", lambda: _state(worker) is None)
+    err = (tmp_path / "rank.err").read_text()
+    assert f"worker {worker} stopped (state T)" in err and "after torchrun's TERM: killed" in err
+    # torchrun's stop, not a crash: the server journals no rank_exit for it
+    assert not (run / "events.jsonl").exists() or "rank_exit" not in (run / "events.jsonl").read_text()
+
+
+def test_a_rank_that_does_not_end_after_torchruns_term_is_killed_after_the_grace(srv, tmp_path):
+    script = _script(tmp_path, _rank("""
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # e.g. a hang holding the GIL
+        while True:
+            time.sleep(0.05)
+    """))
+    handler, worker = _torchrun_starts(srv, script, tmp_path, SLURMFT_WARM_STOP_GRACE_S="2")
+    handler.close(death_sig=signal.SIGTERM)
+    assert _ended(handler, timeout=25.0) == -signal.SIGKILL
+    assert "still running (state" in (tmp_path / "rank.err").read_text()
+
+
+SAVES = _rank("""
+    got = []
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, lambda s, f: got.append(signal.Signals(s).name))
+    release = sys.argv[1] + ".release"
+    while not os.path.exists(release):      # the emergency save, as long as it takes
+        time.sleep(0.05)
+    print(json.dumps(got), flush=True)
+    sys.exit(85)
+""")
+
+
+def _keeps_running(worker: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _state(worker) in (None, "Z"):
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_preempted_rank_keeps_its_save_window_after_torchruns_term(srv, tmp_path):
+    """In-allocation preemption reaches the ranks as USR2 (the launcher's forward): a TERM from
+    torchrun after it (a peer that saved and left first starts a restart round) is not a stop
+    that may cut the save."""
+    script = _script(tmp_path, SAVES)
+    handler, worker = _torchrun_starts(srv, script, tmp_path, SLURMFT_WARM_STOP_GRACE_S="1")
+    os.killpg(handler.proc.pid, signal.SIGUSR2)
+    handler.close(death_sig=signal.SIGTERM)
+    assert _keeps_running(worker, 4.0)     # the grace was 1 s: it would have been killed
+    Path(f"{tmp_path / 'ready'}.release").write_text("")
+    assert _ended(handler) == 85
+    assert "killed" not in (tmp_path / "rank.err").read_text()
+
+
+def test_a_rank_on_a_node_being_stopped_keeps_torchruns_bound(srv, tmp_path):
+    """The node's task passed Slurm's TERM on to torchrun (it marked the node stopping first):
+    even a stopped rank is left to torchrun's own bound."""
+    script = _script(tmp_path, SAVES)
+    handler, worker = _torchrun_starts(srv, script, tmp_path, SLURMFT_WARM_STOP_GRACE_S="1")
+    warm.mark_stopping(srv.path)
+    try:
+        os.kill(worker, signal.SIGSTOP)
+        _until("the worker stopped", lambda: _state(worker) == "T")
+        handler.close(death_sig=signal.SIGTERM)
+        assert _keeps_running(worker, 4.0)
+        os.kill(worker, signal.SIGCONT)
+        Path(f"{tmp_path / 'ready'}.release").write_text("")
+        assert _ended(handler) == 85
+    finally:
+        os.unlink(warmclient.stopping_marker(srv.path))
+
+
+def test_a_term_to_the_whole_step_leaves_the_ranks_to_save(tmp_path):
+    """Slurm's TERM (a preemption, scancel) reaches every process of the step: the server too.
+    It forks no more, but its ranks save and end as they decide (it used to kill them at once:
+    the client then said it lost the server and exited 1)."""
+    server = Srv("json")
+    try:
+        script = _script(tmp_path, SAVES)
+        handler, worker = _torchrun_starts(server, script, tmp_path)
+        for pid in (server.proc.pid, handler.proc.pid, worker):
+            os.kill(pid, signal.SIGTERM)
+        assert _keeps_running(worker, 2.0)
+        Path(f"{tmp_path / 'ready'}.release").write_text("")
+        assert _ended(handler) == 85
+        assert "SIGTERM" in json.loads((tmp_path / "rank.out").read_text())   # it saw the TERM
+        assert server.proc.wait(timeout=WAIT_S) == 0   # then it ends by itself
+    finally:
+        log = server.stop()
+    assert "waiting for 1 to end" in log
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "inf", "nan"])
+def test_a_bad_stop_grace_names_the_variable(value):
+    with pytest.raises(warm.WarmSettingsError, match=f"SLURMFT_WARM_STOP_GRACE_S='{value}'"):
+        warm.settings({"SLURMFT_WARM_STOP_GRACE_S": value})
+    assert warmclient.stop_grace_s({"SLURMFT_WARM_STOP_GRACE_S": "2.5"}) == 2.5
+    assert warmclient.stop_grace_s({}) == warmclient.STOP_GRACE_S
