@@ -8,12 +8,13 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from slurmft import journal
 from slurmft.chaos import faults
 from slurmft.chaos.faults import ALLOCATION, Fault, FaultError, Target, active_nodes
 from slurmft.journal import Event
+from slurmft.slurm.client import SlurmError
 from slurmft.slurm.devcluster import DevClusterError
 from slurmft.status.report import JournalUnreadable, read_journal
 
@@ -48,7 +49,7 @@ class Outcome:
     evidence: str = ""          # the watcher's, for its first detection
     committed_before: list[int] = field(default_factory=list)  # checkpoints at the injection
     victim: str | None = None   # the node a node fault hit
-    excluded: list[str] = field(default_factory=list)  # nodes the watcher excluded for it
+    excluded: list[str] = field(default_factory=list)  # nodes its recovery excluded (excluded_for)
     corrupted: int | None = None  # the checkpoint a corruption hit
     where: str = "requeue"      # how it recovered: "allocation" (in the allocation) or "requeue"
 
@@ -83,6 +84,27 @@ def outcome_problems(o: Outcome) -> list[str]:
     if o.fault == faults.UNHEALTHY_NODE.name and "slurmft: external_site" not in o.evidence:
         found.append(f"evidence does not name the sweeper's check: {o.evidence!r}")
     return found
+
+
+def excluded_for(events: list[Event], slurm_excluded: Callable[[], Sequence[str]]) -> list[str]:
+    """The nodes a recovery took out of the job: the watcher's exclusions, the launcher's fences
+    in the allocation, and the nodes the launcher's own requeue (no spare left) excluded (its
+    template ``requeue`` event) where Slurm's ExcNodeList (``slurm_excluded()``, asked only
+    then) shows that the exclusion took effect."""
+    out: list[str] = []
+    slurm: Sequence[str] | None = None
+    for e in events:
+        if e.kind in (journal.RECOVERY_ACTION, journal.RESTART_ACTION) and (
+                (e.get("action") == "exclude" and e.get("ok"))
+                or (e.get("action") in FENCING and e.get("where") == ALLOCATION)):
+            out += e.names("nodes")
+        elif e.kind == journal.TEMPLATE and e.get("action") == "requeue":
+            said = [n for n in (e.get("exclude") or "").split(",") if n] \
+                if isinstance(e.get("exclude"), str) else []
+            if said and slurm is None:
+                slurm = slurm_excluded()
+            out += [n for n in said if n in (slurm or ())]
+    return list(dict.fromkeys(out))
 
 
 def _segment(event: Event) -> tuple[int, int]:
@@ -173,11 +195,7 @@ class ChaosRun:
                     if e.kind in (journal.FAULT_DETECTED, journal.PLANNED_END)]
         running = [e for e in events[len(before):] if e.kind == journal.JOB_RUNNING]
         in_allocation = _segment(start)[0] == segment[0]  # the same restart count: never requeued
-        excluded = [n for e in events[len(before):]
-                    if e.kind in (journal.RECOVERY_ACTION, journal.RESTART_ACTION)
-                    and ((e.get("action") == "exclude" and e.get("ok"))
-                         or (e.get("action") in FENCING and e.get("where") == ALLOCATION))
-                    for n in e.names("nodes")]
+        excluded = excluded_for(events[len(before):], self._slurm_excluded)
         # In the allocation, "running again" is the next segment's start (no JOB_RUNNING: the
         # job never stopped), on the nodes allocation.json names active.
         running_s = (running[0].time - injected if running
@@ -197,6 +215,13 @@ class ChaosRun:
             evidence=str(detected[0].get("evidence") or "") if detected else "",
             committed_before=committed, victim=self.target.victim, excluded=excluded,
             corrupted=self.target.corrupted)
+
+    def _slurm_excluded(self) -> tuple[str, ...]:
+        """The job's ExcNodeList as Slurm has it now (empty when Slurm cannot say)."""
+        try:
+            return self.target.client.job(self.target.job_id).excluded_nodes
+        except SlurmError:
+            return ()
 
     def repair(self) -> list[str]:
         """Run and forget the repairs the faults left (a node restarted, a drain resumed)."""

@@ -3,8 +3,15 @@ constructed outcomes (the chaos demo's integration test drives the real ones).""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from slurmft.chaos import faults
-from slurmft.chaos.drive import Outcome, outcome_problems
+from slurmft.chaos.drive import Outcome, excluded_for, outcome_problems
+from slurmft.journal import read_events
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "journal"
 
 
 def outcome(fault, **kw) -> Outcome:
@@ -46,3 +53,18 @@ def test_wrong_cause_slow_restart_and_lost_work_after_a_time_limit_are_problems(
     assert problems(outcome(faults.HANG, detected_as="crash", expected=False)) == ["detected as crash"]
     assert "running again after 120" in problems(outcome(faults.CRASH, running_s=120.0))[0]
     assert "2 steps lost" in problems(outcome(faults.TIME_LIMIT, last_step=22, resumed_step=20))[0]
+
+
+def test_the_launchers_own_requeue_excludes_the_node_when_slurm_shows_it_excluded():
+    """The 01:05 soak flagged "n4 ... was not excluded" for each requeue the launcher made with no
+    spare left: it read only the watcher's exclusions and the allocation's fences."""
+    events = read_events(FIXTURES / "soak_self_requeue.events.jsonl")
+    excluded = excluded_for(events, lambda: ("n3", "n4"))
+    assert excluded == ["n4", "n3"]
+    o = outcome(faults.NODE_DEATH, detected_as="node_silent", victim="n4",
+                nodes=["n1", "n2", "n5", "n6"], excluded=excluded)
+    assert problems(o) == []
+    # Slurm does not show the launcher's exclusion (its ExcNodeList update failed): not excluded.
+    assert excluded_for(events, lambda: ("n3",)) == ["n3"]
+    # Without a requeue of the launcher's in the window Slurm is not asked.
+    assert excluded_for(events[2:], lambda: pytest.fail("Slurm asked")) == ["n3"]
