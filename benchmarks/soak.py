@@ -1,7 +1,7 @@
 """Chaos soak: effective training time under failure (ETTR) of one long run on its own devcluster.
 
     python benchmarks/soak.py [--minutes 30] [--fault-every 180] [--seed 1] [--spares K] [--dir DIR]
-        [--json]
+        [--cpu-cap CPUS] [--json]
 
 Brings up a 4-node devcluster (root; Debian's Slurm, slurmdbd, munge, MariaDB) and:
 
@@ -21,6 +21,11 @@ Brings up a 4-node devcluster (root; Debian's Slurm, slurmdbd, munge, MariaDB) a
    report), time to recover per fault class (fault -> training again, median and max), steps lost
    per fault, and whether the final model equals that of an uninterrupted run of the same steps
    on the same number of ranks (exported weights compared tensor by tensor, and every step's loss).
+
+--cpu-cap CPUS runs the devcluster, its job and the soak's own driver in a cgroup allowed CPUS
+CPUs (root; ``benchmarks/_cpu_cap.py``), after the calibration and until the reference run: the
+same load every time, e.g. `--spares 1 --minutes 4 --seed 1 --cpu-cap 0.2` with torch's
+rendezvous debug log on reproduces a spare's activation under load (``benchmarks/rdzv_log.py``).
 
 Prints markdown tables, or one JSON object with --json (ettr, faults, mttr_s_median, mttr_s_max,
 lost_steps_max, ckpt_overhead, final_state_equal and the details). Exits 1 when the run did not
@@ -43,6 +48,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _cpu_cap import Cap, CapError, cap_self, check  # noqa: E402
 
 from slurmft import journal  # noqa: E402
 from slurmft.chaos import faults  # noqa: E402
@@ -134,9 +141,10 @@ def final_weights_equal(work: Path, run: Path, reference: Path, step: int) -> bo
 
 class Soak:
     def __init__(self, work: Path, minutes: float, fault_every: float, seed: int,
-                 spares: int = 0) -> None:
+                 spares: int = 0, cpu_cap: float | None = None) -> None:
         self.work, self.minutes, self.fault_every = work, minutes, fault_every
-        self.spares = spares
+        self.spares, self.cpu_cap = spares, cpu_cap
+        self.cap: Cap | None = None
         self.rng = random.Random(seed)
         self.run_dir = RunDir(work / "run")
         self.cluster: DevCluster | None = None
@@ -155,6 +163,10 @@ class Soak:
         log(f"calibrated: {calib['step_s']:.3f} s/step, checkpoint cost {calib['ckpt_cost_s']:.3f} s "
             f"-> every {calib['ckpt_every']} steps; {steps} steps")
         nodes, job_nodes, options, settings = job_shape(self.spares)
+        if self.cpu_cap is not None:
+            self.cap = cap_self(self.cpu_cap, f"slurmft-soak-{os.getpid()}")
+            log(f"the devcluster, its job and this driver are capped at {self.cpu_cap} CPU "
+                f"({self.cap.path})")
         self.cluster = DevCluster.up(self.work / "cluster", nodes=nodes)
         client = CliSlurmClient(env=self.cluster.env)
         self.run_dir.root.mkdir()
@@ -215,6 +227,8 @@ class Soak:
                wall_s: float) -> dict:
         events = read_events(self.run_dir.events)
         rep = build_report(events, now=time.time())
+        if self.cap is not None:
+            self.cap.release()  # the reference run is not the soak's: uncapped
         log("the uninterrupted reference run")
         ref_events = standalone(self.work / "reference", args, 1800)  # no sleep: it changes no number
         final: dict[int, journal.Event] = {}
@@ -240,7 +254,7 @@ class Soak:
             return (o.back_s or 0.0) + (o.lost_steps or 0) * calib["step_s"]
         return {
             "minutes": self.minutes, "fault_every_s": self.fault_every, "steps": steps,
-            "spares": self.spares,
+            "spares": self.spares, "cpu_cap": self.cpu_cap,
             "recovered_in_allocation": sum(o.where == "allocation" for o in outcomes),
             "step_s": calib["step_s"], "ckpt_cost_s": calib["ckpt_cost_s"],
             "ckpt_every_steps": calib["ckpt_every"], "wall_s": wall_s,
@@ -286,6 +300,12 @@ class Soak:
                 self.cluster = DevCluster.attach(self.work / "cluster", running=False)
             if self.cluster is not None:
                 self.cluster.down()
+            if self.cap is not None:
+                try:
+                    self.cap.release()
+                except OSError:
+                    pass
+                self.cap.remove()
 
 
 def render(r: dict) -> str:
@@ -322,6 +342,8 @@ def main() -> int:
     p.add_argument("--spares", type=int, default=0,
                    help="hot spare nodes (in-allocation mode, issue 27); 0: the requeue path only")
     p.add_argument("--dir", type=Path, help="work dir (default: a new temp dir)")
+    p.add_argument("--cpu-cap", type=float, metavar="CPUS",
+                   help="run the devcluster and its job in a cgroup allowed CPUS CPUs (root)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     if os.geteuid() != 0:
@@ -333,13 +355,19 @@ def main() -> int:
     if not 0 <= args.spares <= 2:
         print(f"soak: --spares {args.spares}: must be 0, 1 or 2", file=sys.stderr)
         return 1
+    if args.cpu_cap is not None:
+        try:
+            check(args.cpu_cap)
+        except CapError as exc:
+            print(f"soak: {exc}", file=sys.stderr)
+            return 1
     work = (args.dir or Path(tempfile.mkdtemp(prefix="slurmft-soak."))).absolute()
     try:
         work.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         print(f"soak: --dir {work}: {exc.strerror}", file=sys.stderr)
         return 1
-    soak = Soak(work, args.minutes, args.fault_every, args.seed, args.spares)
+    soak = Soak(work, args.minutes, args.fault_every, args.seed, args.spares, args.cpu_cap)
 
     def terminated(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -351,7 +379,7 @@ def main() -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing cuts the teardown short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             soak.close()
-    except (ChaosError, FaultError, ReferenceRunError, DevClusterError, SlurmError) as exc:
+    except (ChaosError, FaultError, ReferenceRunError, DevClusterError, SlurmError, CapError) as exc:
         print(f"soak: {exc} (files: {work})", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
