@@ -154,7 +154,7 @@ class Trial:
             self.victim = self.pick_victim()
             freeze_node(self.cluster, self.victim)
         elif self.fault == "hang":
-            self.stopped = signal_rank(self.cluster, self.job_id, 1, signal.SIGSTOP)
+            self.stopped = signal_rank(self.cluster, self.job_id, 1, signal.SIGSTOP, training_only=True)
         else:  # a rank crashes on a healthy node (not the batch host's rank 0)
             if not signal_rank(self.cluster, self.job_id, 1, signal.SIGKILL):
                 raise RuntimeError(f"job {self.job_id}: no rank 1 to kill")
@@ -267,10 +267,12 @@ def freeze_node(cluster: DevCluster, name: str) -> None:
                 pass
 
 
-def signal_rank(cluster: DevCluster, job_id: str, rank: int | None, sig: int) -> list[int]:
-    """Send ``sig`` to the python rank processes of the job (``rank`` None: every rank)."""
+def signal_rank(cluster: DevCluster, job_id: str, rank: int | None, sig: int,
+                training_only: bool = False) -> list[int]:
+    """Send ``sig`` to the python rank processes of the job (``rank`` None: every rank; with
+    ``training_only`` a warm rank's worker, not its client: ``faults.rank_pids``)."""
     hit = []
-    for pid in rank_pids(cluster.cluster_name, job_id, EXAMPLE, rank=rank):
+    for pid in rank_pids(cluster.cluster_name, job_id, EXAMPLE, rank=rank, training_only=training_only):
         try:
             os.kill(pid, sig)
             hit.append(pid)

@@ -109,13 +109,16 @@ def warm_workers(client_pid: int, environ: list[bytes]) -> list[int]:
     return found
 
 
-def rank_pids(cluster: str, job_id: str, script: Path, rank: int | None = None) -> list[int]:
+def rank_pids(cluster: str, job_id: str, script: Path, rank: int | None = None,
+              training_only: bool = False) -> list[int]:
     """The training processes of ``job_id`` of devcluster ``cluster`` on this machine:
     ``python -u SCRIPT`` with the job's SLURM_JOB_ID and SLURM_CLUSTER_NAME in their environment
     (another cluster on this machine may have a job of the same number; torchrun and the
     launcher name the script later in their argv); with ``rank``, only that global rank's.
     With warm workers (``SLURMFT_WARM_WORKERS``), torchrun's rank is the warm client
-    (``python -I -S .../warmclient.py -- SCRIPT ...``): it and the worker it stands for."""
+    (``python -I -S .../warmclient.py -- SCRIPT ...``): it and the worker it stands for; with
+    ``training_only``, the worker alone (the client is slurmft's relay, not the training: a hung
+    rank leaves it running, and it is what ends a frozen worker's restart, ``warmclient``)."""
     job_mark = f"SLURM_JOB_ID={job_id}".encode()
     cluster_mark = f"SLURM_CLUSTER_NAME={cluster}".encode()
     rank_mark = f"RANK={rank}".encode() if rank is not None else None
@@ -134,7 +137,8 @@ def rank_pids(cluster: str, job_id: str, script: Path, rank: int | None = None) 
         if script_mark in argv[1:3]:
             found.append(int(entry.name))
         elif len(argv) > 4 and argv[3].endswith(b"warmclient.py") and script_mark in argv[4:8]:
-            found += [int(entry.name), *warm_workers(int(entry.name), environ)]
+            found += [*([] if training_only else [int(entry.name)]),
+                      *warm_workers(int(entry.name), environ)]
     return found
 
 
@@ -157,10 +161,12 @@ def crash(target: Target) -> str:
 
 
 def hang(target: Target) -> str:
-    stopped = _signal_all(rank_pids(target.cluster.cluster_name, target.job_id, target.script, rank=1), signal.SIGSTOP)
+    stopped = _signal_all(rank_pids(target.cluster.cluster_name, target.job_id, target.script, rank=1,
+                                    training_only=True), signal.SIGSTOP)
     if not stopped:
         raise FaultError(f"job {target.job_id}: no process of rank 1 to stop")
-    return "SIGSTOP to rank 1: the other ranks wait in a collective, nothing exits"
+    return ("SIGSTOP to rank 1's training process (a warm rank's worker, not its client): the other "
+            "ranks wait in a collective, nothing exits")
 
 
 def active_nodes(run_dir: RunDir) -> list[str]:

@@ -54,6 +54,9 @@ def test_a_warm_rank_is_found_with_its_worker_and_only_its_own(tmp_path):
 
         found = faults.rank_pids("chaoswarm", "424242", script, rank=1)
         assert sorted(found) == sorted([clients[1].pid, workers[1]])
+        # A hang stops the training (the worker), not slurmft's client: a hung rank's client
+        # still runs, and ends the frozen worker when torchrun stops the world.
+        assert faults.rank_pids("chaoswarm", "424242", script, rank=1, training_only=True) == [workers[1]]
         every = faults.rank_pids("chaoswarm", "424242", script)
         assert sorted(every) == sorted([c.pid for c in clients] + list(workers.values()))
         assert faults.rank_pids("othercluster", "424242", script) == []
