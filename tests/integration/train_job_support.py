@@ -162,13 +162,20 @@ def losses(events: list[Event]) -> dict[int, tuple[float, int]]:
 _REFERENCES: dict[tuple, dict[int, tuple[float, int]]] = {}
 
 
-def without_step_sleep(train_args: list[str]) -> list[str]:
+# Options of the examples' that change no loss, only how long a run takes or what it saves on the
+# way: a reference is made without them, so runs that differ only there share one.
+NO_LOSS_OPTIONS = ("--step-sleep", "--ckpt-every")
+
+
+def reference_args(train_args: list[str]) -> list[str]:
     """``train_args`` less ``--step-sleep S`` (both examples' and the helper loops' only use of
-    it is a ``time.sleep`` in each step)."""
+    it is a ``time.sleep`` in each step) and ``--ckpt-every N`` (a save changes no loss: that is
+    what resuming bit for bit means; a reference that saves nothing on the way proves it too)."""
     args = list(train_args)
-    while "--step-sleep" in args:
-        at = args.index("--step-sleep")
-        del args[at:at + 2]
+    for option in NO_LOSS_OPTIONS:
+        while option in args:
+            at = args.index(option)
+            del args[at:at + 2]
     return args
 
 
@@ -177,9 +184,10 @@ def reference_losses(run_dir: Path, train_args: list[str], world_size: int, *,
     """An uninterrupted run on ``world_size`` local ranks (torchrun --standalone, no Slurm).
     Deterministic: the same run is made once per pytest run (reference_cache: shared by its
     xdist workers) and its losses handed out again (seven in-allocation tests compare against
-    the same 3-rank run). Made without the job's ``--step-sleep``: a sleep changes no loss, only
-    how long the reference takes (a job's 4 s steps made a 160 s reference)."""
-    train_args = without_step_sleep(train_args)
+    the same 2-rank run). Made without the job's ``--step-sleep`` and ``--ckpt-every``
+    (``reference_args``): a job's 4 s steps made a 160 s reference, and the in-allocation and
+    preemption tests, which differ only in their checkpoint interval, share one."""
+    train_args = reference_args(train_args)
     key = (str(script), tuple(train_args), world_size, tuple(sorted((env or {}).items())))
     if key not in _REFERENCES:
         _REFERENCES[key] = reference_cache.shared(

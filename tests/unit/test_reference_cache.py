@@ -72,8 +72,11 @@ def test_reference_losses_makes_the_run_once_per_pytest_run(tmp_path, monkeypatc
         return dict(LOSSES)
     monkeypatch.setattr(train_job_support, "_reference_run", fake_run)
     monkeypatch.setattr(train_job_support, "_REFERENCES", {})
-    args = ["--tiny", "--steps", "2", "--step-sleep", "4.0"]
+    args = ["--tiny", "--steps", "2", "--step-sleep", "4.0", "--ckpt-every", "1"]
     assert train_job_support.reference_losses(tmp_path / "popen-gw0" / "a", args, 2) == LOSSES
     monkeypatch.setattr(train_job_support, "_REFERENCES", {})  # another worker's process
     assert train_job_support.reference_losses(tmp_path / "popen-gw1" / "b", args, 2) == LOSSES
-    assert runs == [(tmp_path / "popen-gw0" / "a", ("--tiny", "--steps", "2"))]  # no sleep in it
+    # Another checkpoint interval (the preemption test's beside the in-allocation tests'): the same run.
+    other = ["--tiny", "--steps", "2", "--ckpt-every", "10"]
+    assert train_job_support.reference_losses(tmp_path / "popen-gw1" / "c", other, 2) == LOSSES
+    assert runs == [(tmp_path / "popen-gw0" / "a", ("--tiny", "--steps", "2"))]  # no sleep, no saves
