@@ -179,20 +179,33 @@ def reference_args(train_args: list[str]) -> list[str]:
     return args
 
 
+# examples/train_gpt.py's step k is the same in a run of any length (no schedule over the run's
+# length; checked: a 30- and a 40-step 2-rank run's losses are an 80-step run's first 30 and 40,
+# bit for bit): its references are made at least REFERENCE_STEPS long and cut to the steps asked,
+# so the 20-, 40- and 80-step tests of one world share one run.
+REFERENCE_STEPS = 80
+
+
 def reference_losses(run_dir: Path, train_args: list[str], world_size: int, *,
                      script: Path = EXAMPLE, env: dict[str, str] | None = None) -> dict[int, tuple[float, int]]:
     """An uninterrupted run on ``world_size`` local ranks (torchrun --standalone, no Slurm).
     Deterministic: the same run is made once per pytest run (reference_cache: shared by its
-    xdist workers) and its losses handed out again (seven in-allocation tests compare against
-    the same 2-rank run). Made without the job's ``--step-sleep`` and ``--ckpt-every``
-    (``reference_args``): a job's 4 s steps made a 160 s reference, and the in-allocation and
-    preemption tests, which differ only in their checkpoint interval, share one."""
+    xdist workers) and its losses handed out again (eight tests compare against the same 2-rank
+    run). Made without the job's ``--step-sleep`` and ``--ckpt-every`` (``reference_args``): a
+    job's 4 s steps made a 160 s reference, and the in-allocation and preemption tests, which
+    differ only in their checkpoint interval, share one; and, for train_gpt.py, at least
+    ``REFERENCE_STEPS`` long."""
     train_args = reference_args(train_args)
+    asked = None
+    if script == EXAMPLE and "--steps" in train_args:
+        at = train_args.index("--steps") + 1
+        asked = int(train_args[at])
+        train_args[at] = str(max(asked, REFERENCE_STEPS))
     key = (str(script), tuple(train_args), world_size, tuple(sorted((env or {}).items())))
     if key not in _REFERENCES:
         _REFERENCES[key] = reference_cache.shared(
             run_dir, key, lambda: _reference_run(run_dir, train_args, world_size, script, env))
-    return dict(_REFERENCES[key])
+    return {step: v for step, v in _REFERENCES[key].items() if asked is None or step <= asked}
 
 
 def _reference_run(run_dir: Path, train_args: list[str], world_size: int, script: Path,

@@ -79,4 +79,24 @@ def test_reference_losses_makes_the_run_once_per_pytest_run(tmp_path, monkeypatc
     # Another checkpoint interval (the preemption test's beside the in-allocation tests'): the same run.
     other = ["--tiny", "--steps", "2", "--ckpt-every", "10"]
     assert train_job_support.reference_losses(tmp_path / "popen-gw1" / "c", other, 2) == LOSSES
-    assert runs == [(tmp_path / "popen-gw0" / "a", ("--tiny", "--steps", "2"))]  # no sleep, no saves
+    assert runs == [(tmp_path / "popen-gw0" / "a",  # no sleep, no saves (and REFERENCE_STEPS long)
+                     ("--tiny", "--steps", str(train_job_support.REFERENCE_STEPS)))]
+
+
+def test_train_gpt_references_are_one_run_of_reference_steps_cut_to_the_steps_asked(tmp_path, monkeypatch):
+    runs = []
+    long = {step: (float(step), step) for step in range(1, train_job_support.REFERENCE_STEPS + 11)}
+
+    def fake_run(run_dir, train_args, world_size, script, env):
+        runs.append(tuple(train_args))
+        steps = int(train_args[train_args.index("--steps") + 1])
+        return {s: v for s, v in long.items() if s <= steps}
+    monkeypatch.setattr(train_job_support, "_reference_run", fake_run)
+    monkeypatch.setattr(train_job_support, "_REFERENCES", {})
+    ask = lambda n: train_job_support.reference_losses(  # noqa: E731
+        tmp_path / "popen-gw0" / f"r{n}", ["--tiny", "--steps", str(n), "--ckpt-every", "5"], 2)
+    assert ask(20) == {s: v for s, v in long.items() if s <= 20}
+    assert ask(40) == {s: v for s, v in long.items() if s <= 40}
+    assert ask(train_job_support.REFERENCE_STEPS + 10) == long  # longer: a run of its own
+    assert runs == [("--tiny", "--steps", str(train_job_support.REFERENCE_STEPS)),
+                    ("--tiny", "--steps", str(train_job_support.REFERENCE_STEPS + 10))]
