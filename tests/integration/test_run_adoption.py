@@ -1,9 +1,10 @@
 """The README's adoption, proved under Slurm: a plain DDP loop in the style of public examples
 (batches from an RNG, the next one prefetched: tests/helpers/plain_ddp_loop.py) adopted with the
 documented seven-line change (examples/train_ddp_minimal.py), run by the real template on the
-devcluster with the real `slurmft watch`. It is preempted once (USR2: emergency save, exit 85, the
-template requeues, the watcher starts it now) and crashed once (kill -9 of every rank: the watcher
-requeues it), and every step it journals has the loss of an uninterrupted run, bit for bit.
+devcluster (two ranks on one node) with the real `slurmft watch`. It is preempted once (USR2:
+emergency save, exit 85, the template requeues, the watcher starts it now) and crashed once
+(kill -9 of every rank: the watcher requeues it), and every step it journals has the loss of an
+uninterrupted run, bit for bit.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def test_adopted_plain_loop_survives_preemption_and_crash_bit_for_bit(slurm_clus
     reference = reference_losses(tmp_path / "reference", ARGS, world_size=2, script=SCRIPT, env=ENV)
     assert sorted(reference) == list(range(1, STEPS + 1))
     run = tmp_path / "run"
-    job = submit(slurm_cluster, run, ARGS, nodes=2, env=ENV, script=SCRIPT)
+    # Two ranks on one node (issue 28: on two nodes before): the adoption is the loop's, and each
+    # node of each of the three segments is a pre-flight and a torchrun importing torch.
+    job = submit(slurm_cluster, run, ARGS, nodes=1, env={**ENV, "SLURMFT_NPROC_PER_NODE": "2"},
+                 script=SCRIPT)
     client = job.client
     observe_until(client, job.job_id, lambda j: j.run_dir is not None, 60, "run dir comment",
                   context=job.log_text)
@@ -76,6 +80,7 @@ def test_adopted_plain_loop_survives_preemption_and_crash_bit_for_bit(slurm_clus
     assert restored >= committed and all(e.get("step") > restored for e in of(events, "checkpoint_committed")
                                          if e.get("restart_count") == 2), (restored, committed)
     assert all(s.get("load_bytes") > 0 for s in starts[1:])
+    assert all((s.get("world_size"), s.get("num_nodes")) == (2, 1) for s in starts)
     ends = [e.get("exit_code") for e in of(events, "segment_end")]
     assert ends == [exitcodes.REQUEUE, exitcodes.OK]  # the crashed segment wrote none
     segments = _per_segment_losses(events)

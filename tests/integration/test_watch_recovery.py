@@ -96,9 +96,9 @@ def test_crash_is_requeued_started_now_and_training_resumes(slurm_cluster, tmp_p
         watcher.kill()
 
 
-def _start(cluster, tmp_path, args, *, nodes, watch_args=(), watch_env=None, name="run"):
+def _start(cluster, tmp_path, args, *, nodes, watch_args=(), watch_env=None, name="run", job_env=None):
     run = tmp_path / name
-    job = submit(cluster, run, args, nodes=nodes)
+    job = submit(cluster, run, args, nodes=nodes, env=job_env)
     observe_until(job.client, job.job_id, lambda j: j.run_dir is not None, 60, "run dir comment",
                   context=job.log_text)
     watcher = WatcherProc(cluster, [job.job_id], tmp_path / f"{name}-watch.log", *watch_args,
@@ -110,7 +110,9 @@ def _start(cluster, tmp_path, args, *, nodes, watch_args=(), watch_env=None, nam
 def test_do_not_requeue_exit_gives_up_without_requeue(slurm_cluster, tmp_path):
     args = [*TINY_ARGS, "--steps", "16", "--ckpt-every", "5", "--inject-nan-at", "8",
             "--inject-nan-times", "99", "--guard-max-trips", "3"]
-    run, job, watcher = _start(slurm_cluster, tmp_path, args, nodes=2, name="no_requeue")
+    # Two ranks (their guards agree on each verdict) on one node (issue 28: two nodes before).
+    run, job, watcher = _start(slurm_cluster, tmp_path, args, nodes=1, name="no_requeue",
+                               job_env={"SLURMFT_NPROC_PER_NODE": "2"})
     ctx = _context(job, watcher)
     try:
         assert watcher.wait(150) == 0, ctx()
@@ -120,6 +122,7 @@ def test_do_not_requeue_exit_gives_up_without_requeue(slurm_cluster, tmp_path):
         assert [e.get("exit_code") for e in of(events, "segment_end")] == [exitcodes.NO_REQUEUE]
         # The job's own side (test_train_job_faults.py's test_repeated_nans_end_the_job_with_do_not_requeue,
         # merged here, issue 28): the guard rolled back twice then gave up, the launcher said why.
+        assert [(e.get("world_size"), e.get("num_nodes")) for e in of(events, "segment_start")] == [(2, 1)]
         assert [e.get("verdict") for e in of(events, "guard_trip")] == ["rollback", "rollback", "give_up"]
         assert "3 troubles" in of(events, "segment_end")[-1].get("reason")
         assert "NO_REQUEUE (86)" in job.log_text() and "asked not to be requeued" in job.log_text()
