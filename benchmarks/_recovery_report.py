@@ -15,7 +15,9 @@ ISSUE_KEYS = {"requeue_node_death_s": ("node_death", "watch"),
               "inalloc_crash_s": ("crash", "inalloc"),
               # beyond the issue's keys: a dead node that closes no socket (see _recovery_trial)
               "inalloc_node_freeze_s": ("node_freeze", "inalloc"),
-              "requeue_node_freeze_s": ("node_freeze", "watch")}
+              "requeue_node_freeze_s": ("node_freeze", "watch"),
+              # a frozen rank on a healthy node, restarted in place (the ranks' watchdog)
+              "inalloc_hang_s": ("hang", "inalloc")}
 
 
 def timeout_summary(results: list[dict], slurmd_timeout: int, cap: float) -> dict:

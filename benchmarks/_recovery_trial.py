@@ -46,6 +46,9 @@ HANG_TIMEOUT_S = 10.0
 # leaves the heartbeats still for more than 10 s on a loaded box, and a 10 s hang timeout then
 # requeued the job before torchrun had re-formed its world (measured twice, 2026-11-26).
 INALLOC_HANG_TIMEOUT_S = 60.0
+# In the allocation a hang is the ranks' own: their step watchdog (the soak's 10 s) ends the
+# world and torchrun restarts it in place; on the requeue path 3600 s leaves it to the watcher.
+INALLOC_WATCHDOG_S = 10.0
 MODES = {"watch": "slurmft watch (requeue)", "slurm": "Slurm alone", "operator": "slurmft watch --operator",
          "inalloc": "in-allocation, 1 spare", "shrink": "in-allocation, shrink"}
 IN_ALLOCATION = ("inalloc", "shrink")
@@ -82,7 +85,10 @@ class Trial:
         nodes, options, settings = mode_job(mode)
         env = {**os.environ, **cluster.env, "OMP_NUM_THREADS": "1", "SLURMFT_PYTHON": sys.executable,
                "SLURMFT_RUN_DIR": str(self.run), **settings}
-        self.job_id = self.client.submit(TEMPLATE, [str(EXAMPLE), *TRAIN_ARGS], env=env,
+        train_args = list(TRAIN_ARGS)
+        if fault == "hang" and mode in IN_ALLOCATION:
+            train_args[train_args.index("--watchdog-timeout") + 1] = f"{INALLOC_WATCHDOG_S:g}"
+        self.job_id = self.client.submit(TEMPLATE, [str(EXAMPLE), *train_args], env=env,
                                          sbatch_options=[f"--nodes={nodes}", *options,
                                                          f"--output={self.log}", f"--chdir={root}",
                                                          "--time=60"])

@@ -12,7 +12,8 @@ on 3 training nodes for each fault and mode (``_recovery_trial.py``: the in-allo
 ``sbatch --no-kill``, one spare or shrinking to 2), injects the fault once step 10 is checkpointed
 (node death: a non-batch training node's slurmd and processes SIGKILLed; node freeze: the same
 processes SIGSTOPped, so that their sockets stay open as a dead node's do on a real network,
-while the kernel closes a killed one's on this one-host devcluster; hang: rank 1 SIGSTOPped;
+while the kernel closes a killed one's on this one-host devcluster; hang: rank 1's training
+process SIGSTOPped (in the allocation the ranks' watchdog at 10 s, as the soak's, ends the world);
 crash: rank 1 SIGKILLed), and measures the time from the fault to training again (the first loss of
 the first segment started after the fault), where it came back (step and restored step, world
 size), the job states seen on the way and, in the allocation, the ranks' ``restart_phases``. Slurm
@@ -54,7 +55,7 @@ CLUSTER_NODES = NODES + 1  # room for the spare
 # A frozen node's last job may stay COMPLETING on it until Slurm gave up on it (SlurmdTimeout)
 RESET_S = 300.0
 MODE_FAULTS = {"watch": FAULTS, "slurm": FAULTS, "operator": NODE_FAULTS,
-               "inalloc": ("node_death", "node_freeze", "crash"), "shrink": NODE_FAULTS}
+               "inalloc": ("node_death", "node_freeze", "hang", "crash"), "shrink": NODE_FAULTS}
 
 
 def cycle_with_many_jobs(cluster: DevCluster, root: Path, jobs: int) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import signal
 import time
 import zlib
 from dataclasses import dataclass
@@ -135,7 +136,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--inject-hang-at", type=int, help="one rank sleeps forever in this step")
     p.add_argument("--inject-hang-rank", type=int, default=0)
     p.add_argument("--inject-hang-attempt", type=int,
-                   help="hang only in this torchrun attempt (TORCHELASTIC_RESTART_COUNT); default: every one")
+                   help="hang only in this torchrun attempt (the world's, in-allocation mode; else "
+                        "TORCHELASTIC_RESTART_COUNT); default: every one")
+    p.add_argument("--inject-hang-how", choices=("sleep", "stop"), default="sleep",
+                   help="sleep: in Python (its own watchdog fires); stop: SIGSTOP itself, frozen "
+                        "whole as a process stuck in the kernel or holding the GIL (nothing of it runs)")
     args = p.parse_args(argv)
     if not args.run_dir:
         p.error("no run directory: pass --run-dir or set $SLURMFT_RUN_DIR")
@@ -207,8 +212,13 @@ def main(argv: list[str] | None = None) -> None:
                 total = total * float("nan")
                 for p in model.parameters():
                     p.grad.mul_(float("nan"))
+            # the world's agreed attempt (in-allocation mode): a node whose agent only followed a
+            # restart keeps torchrun's count of its own, 0
+            attempt = run.segment.journal.attempt
             if step == args.inject_hang_at and env.rank == args.inject_hang_rank and \
-                    args.inject_hang_attempt in (None, env.attempt):
+                    args.inject_hang_attempt in (None, env.attempt if attempt is None else attempt):
+                if args.inject_hang_how == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 while True:
                     time.sleep(3600)
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -463,8 +463,10 @@ def test_a_preempted_in_allocation_job_saves_requeues_and_resumes_bit_for_bit(sl
 
 @pytest.mark.timeout(420)
 def test_a_hang_on_a_healthy_node_is_restarted_in_place(slurm_cluster, tmp_path):
+    # Rank 1 freezes whole (SIGSTOP: its own watchdog cannot fire); rank 0's watchdog ends the
+    # world, and torchrun's stop of the frozen rank must not wait its fixed 30 s for the KILL.
     args = [*ARGS, "--watchdog-timeout", "6", "--inject-hang-at", "12", "--inject-hang-rank", "1",
-            "--inject-hang-attempt", "0"]
+            "--inject-hang-attempt", "0", "--inject-hang-how", "stop"]
     run = tmp_path / "run"
     # Two nodes, rank 1's the hang's: a restart in place is the same for any world.
     job = submit(slurm_cluster, run, args, nodes=2, sbatch_options=["--no-kill"],
@@ -480,6 +482,10 @@ def test_a_hang_on_a_healthy_node_is_restarted_in_place(slurm_cluster, tmp_path)
     assert alloc["generation"] == 0 and alloc["fenced"] == [] and len(alloc["active"]) == 2
     starts = _segments(job)
     assert [e.get("world_size") for e in starts] == [2, 2] and starts[1].get("restored_step") == 10
+    log = job.log_text()   # the warm client killed the frozen rank: torchrun never had to
+    assert "stopped (state T)" in log and "after torchrun's TERM: killed" in log, log[-4000:]
+    assert "forcefully exiting via" not in log, log[-4000:]
+    assert not [e for e in job.events(["rank_exit"])]   # a stop, not a crash
     ref = reference_losses(tmp_path / "reference", ARGS, world_size=2)
     seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
     assert {s for s, _, _ in seen} == set(ref)
