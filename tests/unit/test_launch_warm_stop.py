@@ -81,8 +81,8 @@ def test_a_frozen_rank_is_killed_soon_after_torchruns_term_and_not_journaled(srv
                                        SLURM_JOB_ID="77", RANK="1")
     _until("the worker stopped", lambda: _state(worker) == "T")
     handler.close(death_sig=signal.SIGTERM)          # torchrun's _stop_workers: TERM, then 30 s
-    # Liveness, not a budget: far below torchrun's 30 s even on a loaded box (old code: 30 s).
-    assert _ended(handler, timeout=20.0) == -signal.SIGKILL
+    # No KILL from torchrun comes here: the old client waited for it for ever (this bound).
+    assert _ended(handler) == -signal.SIGKILL
     _until("the worker gone", lambda: _state(worker) is None)
     err = (tmp_path / "rank.err").read_text()
     assert f"worker {worker} stopped (state T)" in err and "after torchrun's TERM: killed" in err
@@ -98,7 +98,7 @@ def test_a_rank_that_does_not_end_after_torchruns_term_is_killed_after_the_grace
     """))
     handler, worker = _torchrun_starts(srv, script, tmp_path, SLURMFT_WARM_STOP_GRACE_S="2")
     handler.close(death_sig=signal.SIGTERM)
-    assert _ended(handler, timeout=25.0) == -signal.SIGKILL
+    assert _ended(handler) == -signal.SIGKILL
     assert "still running (state" in (tmp_path / "rank.err").read_text()
 
 
