@@ -181,3 +181,30 @@ def test_a_bad_stop_grace_names_the_variable(value):
         warm.settings({"SLURMFT_WARM_STOP_GRACE_S": value})
     assert warmclient.stop_grace_s({"SLURMFT_WARM_STOP_GRACE_S": "2.5"}) == 2.5
     assert warmclient.stop_grace_s({}) == warmclient.STOP_GRACE_S
+
+
+def test_the_stop_rule_step_by_step(tmp_path):
+    """``StopWatch`` alone, on a clock of its own: what each relayed signal and state leads to."""
+    marker = str(tmp_path / "stopping")
+    w = warmclient.StopWatch(marker, grace_s=15.0)
+    assert w.due(0.0, "T") is None                       # no TERM yet: nothing to decide
+    w.signalled(signal.SIGTERM, 10.0)
+    assert w.due(10.5, "T") is None                      # stopped, not yet for STOPPED_CONFIRM_S
+    assert w.due(11.2, "S") is None                      # it ran again: the count starts over
+    assert w.due(11.4, "T") is None and w.due(12.0, "T") is None
+    assert "stopped (state T)" in w.due(12.5, "T")
+    assert w.due(30.0, "Z") is None and w.due(30.0, None) is None   # it ended: the server reaps it
+    g = warmclient.StopWatch(marker, grace_s=15.0)
+    g.signalled(signal.SIGTERM, 0.0)
+    g.signalled(signal.SIGTERM, 5.0)                     # a second TERM does not restart the grace
+    assert g.due(14.9, "S") is None
+    assert "still running (state S) 15.0 s after torchrun's TERM" in g.due(15.0, "S")
+    for held in (signal.SIGUSR2, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        h = warmclient.StopWatch(marker, grace_s=1.0)
+        h.signalled(held, 0.0)                           # before or after the TERM alike
+        h.signalled(signal.SIGTERM, 1.0)
+        assert h.due(100.0, "T") is None and signal.Signals(held).name in h.held
+    m = warmclient.StopWatch(marker, grace_s=1.0)
+    m.signalled(signal.SIGTERM, 0.0)
+    Path(marker).write_text("")                          # the task marked the node stopping
+    assert m.due(100.0, "T") is None and m.held == "the node is stopping"
