@@ -6,7 +6,7 @@ The watcher leaving a recovery in the allocation alone (even in operator mode wi
 timeout), setting the fenced node DOWN with the launcher's evidence, and ``slurmft status``
 counting the recovery as one in the allocation are asserted in test_inalloc.py's spare case:
 issue 28 merged this module's test_the_watcher_leaves_a_recovery_in_the_allocation_alone there
-(it started the same 3 + 1-spare job and killed the same node)."""
+(it started the same spare job and killed the same node)."""
 
 from __future__ import annotations
 
