@@ -330,9 +330,14 @@ class Server:
             if os.getpid() == self.pid:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if pid == 0:
+            # Closed through their objects, never by number: an object whose fd was closed
+            # behind its back closes that number again when it is collected (at the rank's exit,
+            # the server's frames are a cycle), and by then the number is the rank's: a gloo
+            # socket or epoll fd (a save in flight stuck, gloo's abort, a hung teardown).
             self.sel.close()
-            for fd in (self.sock.fileno(), *(c.fileno() for c in self.workers.values())):
-                os.close(fd)
+            self.sock.close()
+            for client in self.workers.values():
+                client.close()
             os.dup2(fds[0], 0)
             os.dup2(fds[1], 1)
             os.dup2(fds[2], 2)

@@ -38,6 +38,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return [c for c in found if _alive(c)]
+
+
 class Srv:
     def __init__(self, imports: str, env: dict[str, str] | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="slurmft-warm-test-", dir="/tmp")
@@ -215,6 +226,44 @@ def test_the_worker_watches_its_client_itself(tmp_path):
             os.kill(server.proc.pid, signal.SIGCONT)
     finally:
         server.stop()
+
+
+def test_a_worker_keeps_its_fds_when_the_servers_objects_are_collected(srv, tmp_path):
+    """The fork inherits the server's socket objects (its listening socket, its other clients'
+    connections). They must be closed as objects: closed by number, each later closed that number
+    again when collected (at the rank's exit, after its script), and by then the number was the
+    rank's own (gloo's sockets: a save in flight stuck, gloo's abort, a hung teardown). Two other
+    clients are live when this worker is forked, so the server holds their connections."""
+    release = tmp_path / "release"
+    holder = _script(tmp_path, f"""
+        import os, time
+        while not os.path.exists({str(release)!r}):
+            time.sleep(0.05)
+    """, "holder.py")
+    script = _script(tmp_path, """
+        import atexit, gc, os, socket
+        held = [socket.socket() for _ in range(8)]   # the lowest free numbers, as gloo's would be
+        def check():
+            gc.collect()   # what the interpreter's teardown does: the server's frames are freed
+            closed = []
+            for sock in held:
+                try:
+                    os.fstat(sock.fileno())
+                except OSError:
+                    closed.append(sock.fileno())
+            print(f"closed behind the rank's back: {closed}", flush=True)
+        atexit.register(check)
+    """)
+    holders = [_start(srv, holder, tmp_path) for _ in range(2)]
+    try:
+        _until("both holders' workers", lambda: len(_children(srv.proc.pid)) >= 2)
+        res = _run(srv, [str(script)], tmp_path)
+    finally:
+        release.touch()
+        for proc in holders:
+            proc.communicate(timeout=WAIT_S)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "closed behind the rank's back: []", res.stdout + res.stderr
 
 
 def test_orphaned_client_gives_its_worker_usr2(srv, tmp_path):
