@@ -56,7 +56,8 @@ def _in_allocation(obs: RunObservation, memory: Memory, config: WatchConfig, vie
     """The node trouble of an in-allocation job that is the watcher's to act on, and a warning
     for what it leaves to the launcher: a fenced node's (expected: the launcher recovered from
     it), a spare's (it trains nothing: the launcher has one spare fewer), and, for
-    ``allocation_grace_s`` from when it was first seen DOWN or drained, an active node's that the
+    ``allocation_grace_s`` from when it was first seen DOWN or drained (an admin's drain: that
+    plus the drain bound, as the launcher waits for the next checkpoint), an active node's that the
     launcher has not fenced yet (it polls Slurm's node states and fences such a node itself,
     ``launch/nodestate.py``). The batch host's trouble is always the watcher's (its death ends
     the job, and it cannot be replaced inside the allocation)."""
@@ -72,9 +73,14 @@ def _in_allocation(obs: RunObservation, memory: Memory, config: WatchConfig, vie
                                "spare fewer)"))
         elif cause in (NODE_DOWN, NODE_UNHEALTHY, NODE_DRAINED):
             waited = obs.now - memory.down_since.get(name, obs.now)
-            if waited < config.allocation_grace_s:
+            # An admin's drain the launcher keeps until the run's next checkpoint, at most the drain
+            # bound (launch/nodestate.py): acting at that commit too would requeue the job the
+            # launcher is moving onto a spare.
+            grace = config.allocation_grace_s + (
+                admin_drain_bound(obs.summary, config) if cause == NODE_DRAINED else 0.0)
+            if waited < grace:
                 left.append((name, f"{evidence}: left to the in-allocation launcher to fence "
-                                   f"(for up to {config.allocation_grace_s:.0f} s)"))
+                                   f"(for up to {grace:.0f} s)"))
             else:
                 kept.append((name, cause, f"{evidence}, and the in-allocation launcher did not "
                                           f"fence it in {waited:.0f} s"))

@@ -263,6 +263,36 @@ def test_a_node_drained_by_the_sweeper_is_left_to_the_launcher_for_the_grace(run
     assert fault.get("cause") == "node_unhealthy" and "did not fence it in 61 s" in fault.get("evidence")
 
 
+def test_an_admins_drain_is_left_to_the_launcher_through_its_next_checkpoint(run):
+    """An admin's drain (not the sweeper's) is fenced by the launcher only after the run's next
+    checkpoint, at most the drain bound (``launch/nodestate.py``): the watcher, whose own rule
+    for an admin's drain also acts at that commit, leaves it to the launcher for the bound plus
+    allocation_grace_s. The old watcher left it for allocation_grace_s alone, then requeued at
+    the commit where the launcher moved onto the spare (checkpoints every 600 s: a real run's)."""
+    client = Client()
+    w = watcher(run, client, allocation_grace_s=60)
+    write_allocation(run, fenced=(), spares=("n4",))
+    for when, step in ((T0, 10), (T0 + 600, 20)):
+        rank_event(run, journal.CHECKPOINT_COMMITTED, when, step=step, path=f"/c/{step}", tier="shared")
+    for t in (700, 800, 1100):
+        for node in ("n1", "n2", "n3"):
+            beat(run, node, T0 + t - 1, step=25)
+        w.step(job(), table(n2="Reboot requested"), T0 + t)
+    rank_event(run, journal.CHECKPOINT_COMMITTED, T0 + 1200, step=30, path="/c/30", tier="shared")
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 1204, step=31)
+    w.step(job(), table(n2="Reboot requested"), T0 + 1205)
+    assert client.calls == []  # the old watcher: [("requeue", "7")]
+    # A launcher that never fences it: the watcher recovers the job once the bound (2 x 600 s)
+    # and the grace have passed since it first saw the drain.
+    for node in ("n1", "n2", "n3"):
+        beat(run, node, T0 + 700 + 1200 + 60, step=40)
+    w.step(job(), table(n2="Reboot requested"), T0 + 700 + 1200 + 61)
+    assert client.calls == [("requeue", "7")]
+    end = [e for e in watcher_faults(run) if e.kind == journal.PLANNED_END][0]  # a drain is planned
+    assert end.get("cause") == "node_drained" and "did not fence it in 1261 s" in end.get("evidence")
+
+
 def test_a_drained_node_the_launcher_fenced_is_left_alone(run):
     """The launcher fenced the sweeper-drained n2 and its spare took over: nothing to do, ever."""
     client = Client()
