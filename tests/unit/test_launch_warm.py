@@ -254,9 +254,10 @@ def test_a_worker_keeps_its_fds_when_the_servers_objects_are_collected(srv, tmp_
             print(f"closed behind the rank's back: {closed}", flush=True)
         atexit.register(check)
     """)
+    before = set(_children(srv.proc.pid))
     holders = [_start(srv, holder, tmp_path) for _ in range(2)]
     try:
-        _until("both holders' workers", lambda: len(_children(srv.proc.pid)) >= 2)
+        _until("both holders' workers", lambda: len(set(_children(srv.proc.pid)) - before) >= 2)
         res = _run(srv, [str(script)], tmp_path)
     finally:
         release.touch()
