@@ -51,9 +51,11 @@ from slurmft.slurm.client import SlurmError
 POLL_S = 0.5
 STARTUP_S = 120.0        # srun + python + the first beat of a node's task on a loaded node
 STOP_KILL_AFTER_S = 10.0
-# After the ranks recorded an end (done, preempted, do not requeue), the steps get this long to
-# end by themselves; then they are stopped: torchrun would start the ranks again otherwise.
-END_GRACE_S = 5.0
+# After the ranks recorded a preempted or do-not-requeue end (85, 86, their emergency save
+# committed first), the steps are stopped at once: torchrun never ends by itself on a failed
+# worker, it starts the ranks again, and with warm workers such a world trained and saved a
+# second emergency checkpoint within the 5 s this grace once was (seen under load, 2026-11-27).
+END_GRACE_S = 0.0
 DONE_GRACE_S = 60.0       # a clean end (0): torchrun ends by itself, nothing restarts
 END_KILL_AFTER_S = 40.0   # TERM -> KILL: torchrun's own stop of its workers takes up to 30 s
 ENDED = (exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE)
