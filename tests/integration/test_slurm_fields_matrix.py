@@ -28,6 +28,7 @@ from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import Job, JobState, UnsupportedShape
 from slurmft.slurm.devcluster import DevCluster
 from slurmft.slurm.parse_jobs import parse_squeue
+from slurmft.watch.config import WatchConfig
 
 pytestmark = pytest.mark.integration
 
@@ -179,6 +180,10 @@ def test_job_fields_through_hold_run_requeue_and_restart(slurm_cluster, client, 
            f"{pending.min_nodes}-{pending.max_nodes}")
     assert pending.max_nodes == 3 and pending.min_nodes in (2, 3)
 
+    # As the watcher does (start_now_delay_s): a relaunch within about a second of the requeue
+    # is refused by the node ("Job credential revoked") and the job FAILS (seen on 24.11 here,
+    # started 0.84 s after the requeue).
+    time.sleep(WatchConfig().start_now_delay_s)
     t_update = time.monotonic()
     client.update_pending(job_id, exclude_nodes=["n3"], start_now=True)
     # A generous bound (a loaded box): what matters is that it ran long before EligibleTime.
