@@ -191,8 +191,9 @@ def job_from_sacct(rec: Mapping[str, Any], where: Where) -> Job:
         rec.get("exit_code"), where.key("exit_code"),
     )
     nodes = expand_nodes(text(rec, "nodes", where), where.key("nodes"))
-    comment = rec.get("comment")
-    job_comment = (comment.get("job") or "") if isinstance(comment, dict) else (comment or "")
+    comment = rec.get("comment")  # 23.02+: {"job", "administrator", "system"}; a string before
+    job_comment = (text(comment, "job", where.key("comment")) if isinstance(comment, dict)
+                   else text(rec, "comment", where))
     workdir = text(rec, "working_directory", where)
     restarts = number(rec, "restart_cnt", where)
     count = number(rec, "allocation_nodes", where) or len(nodes)
