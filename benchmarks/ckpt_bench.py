@@ -86,7 +86,7 @@ def _measure_verify(ckpt_dir: Path, probe, drop_all: bool, rounds: int = 7) -> d
     import torch.distributed as dist
 
     from _bench_limits import evict_from_page_cache, measure_cold_read
-    from slurmft.checkpoint.manifest import verify_checkpoint
+    from slurmft.checkpoint.verify import verify_checkpoint
 
     files = [p for p in ckpt_dir.rglob("*") if p.is_file()]
     pairs = []

@@ -29,7 +29,8 @@ from slurmft.checkpoint.dcp_metadata import metadata_problem, parse_dcp_metadata
 from slurmft.checkpoint.groups import CheckpointGroups
 from slurmft.checkpoint.incremental import TensorIndex
 from slurmft.checkpoint.local_tier import LocalTier, NewerFormatError
-from slurmft.checkpoint.manifest import Manifest, ManifestVersionError, read_manifest, verify_checkpoint
+from slurmft.checkpoint.manifest import Manifest, ManifestVersionError, read_manifest
+from slurmft.checkpoint.verify import verify_checkpoint
 from slurmft.checkpoint.outcomes import CheckpointError, describe_failure
 from slurmft.checkpoint.rng import reseed_for_new_world
 from slurmft.checkpoint.state import RNG, TrainState

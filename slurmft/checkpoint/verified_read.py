@@ -30,7 +30,8 @@ from torch.futures import Future
 from slurmft import safeio
 from slurmft.checkpoint.checksum import HASH_CHUNK, StreamHasher
 from slurmft.checkpoint.dcp_metadata import SafeMetadataReader
-from slurmft.checkpoint.manifest import REF_PREFIX, FileEntry, ref_target, split_files
+from slurmft.checkpoint.manifest import REF_PREFIX, FileEntry, ref_target
+from slurmft.checkpoint.verify import split_files
 
 _ABSENT = "\0absent"  # _read_from: the directory has no such file (not a problem by itself)
 

@@ -1,7 +1,8 @@
 """``slurmft ckpt``: list, verify, prune, inspect and export the checkpoints of one run directory.
 
 Works on a login node without torch: ``ls``, ``verify``, ``prune`` and ``inspect`` use only the
-torch-free :mod:`slurmft.checkpoint.manifest` and :mod:`slurmft.checkpoint.retention`. Only ``export`` and
+torch-free :mod:`slurmft.checkpoint.manifest`, :mod:`slurmft.checkpoint.verify` and
+:mod:`slurmft.checkpoint.retention`. Only ``export`` and
 ``inspect --tensors`` import torch, lazily, through :mod:`slurmft.checkpoint.export`.
 
 A checkpoint is named by its step (``1200``) or its directory name (``step_000001200``). An
@@ -46,8 +47,8 @@ from slurmft.config import ConfigError, find_config_file
 from slurmft.rundir import step_dirname
 from slurmft.checkpoint.config import CheckpointConfig
 from slurmft.checkpoint.listing import list_checkpoints
-from slurmft.checkpoint.manifest import (Manifest, ManifestError, ManifestVersionError, VerifyReport,
-                                    read_manifest, unopened_report, verify_checkpoint)
+from slurmft.checkpoint.manifest import Manifest, ManifestError, ManifestVersionError, read_manifest
+from slurmft.checkpoint.verify import VerifyReport, unopened_report, verify_checkpoint
 from slurmft.checkpoint.retention import (RetentionPolicy, apply_prune, plan_prune, read_references,
                                      scan_checkpoint_dirs)
 from slurmft.commands.ckpt_run import (EXIT_CORRUPT, OpenRun, bad_input_is_usage, fail,

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from slurmft.rundir import RunDir
-from slurmft.checkpoint.manifest import read_manifest, verify_checkpoint
+from slurmft.checkpoint.manifest import read_manifest
+from slurmft.checkpoint.verify import verify_checkpoint
 from slurmft.checkpoint.tiers import local_checkpoints, read_tier_index
 from slurmft.checkpoint.writer import FAULT_DELAY_ENV, FAULT_ENV, FAULT_MARK_ENV, PHASES
 from slurmft.launch import nodecheck

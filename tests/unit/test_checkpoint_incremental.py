@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from slurmft.cli import app
 from slurmft.rundir import RunDir
 from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
-from slurmft.checkpoint.manifest import (Manifest, ManifestError, read_manifest,
-                                    verify_checkpoint)
+from slurmft.checkpoint.manifest import Manifest, ManifestError, read_manifest
+from slurmft.checkpoint.verify import verify_checkpoint
 from slurmft.checkpoint.retention import RetentionPolicy, plan_prune
 from slurmft.checkpoint.state import TrainState
 

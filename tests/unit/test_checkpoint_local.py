@@ -16,7 +16,8 @@ from slurmft.config import ConfigError
 from slurmft.rundir import RunDir
 from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
 from slurmft.checkpoint.listing import list_checkpoints
-from slurmft.checkpoint.manifest import DCP_METADATA_NAME, MANIFEST_NAME, verify_checkpoint
+from slurmft.checkpoint.manifest import DCP_METADATA_NAME, MANIFEST_NAME
+from slurmft.checkpoint.verify import verify_checkpoint
 from slurmft.checkpoint.state import TrainState
 from slurmft.train.watchdog import StepWatchdog
 from slurmft.checkpoint.writer import CommitWriter
@@ -377,7 +378,7 @@ def test_saves_and_loads_are_phases_of_the_step_watchdog(tmp_path, monkeypatch):
 
 def test_a_restart_reads_the_checkpoint_once_verifying_as_it_loads(tmp_path, monkeypatch):
     import slurmft.checkpoint.loading as checkpoint_module
-    import slurmft.checkpoint.manifest as manifest_module
+    import slurmft.checkpoint.verify as verify_module
     from slurmft.checkpoint.manifest import read_manifest
     from slurmft.checkpoint.verified_read import VerifyingReader
 
@@ -397,7 +398,7 @@ def test_a_restart_reads_the_checkpoint_once_verifying_as_it_loads(tmp_path, mon
         return []
 
     monkeypatch.setattr(checkpoint_module, "VerifyingReader", Recording)
-    monkeypatch.setattr(manifest_module, "hash_files", no_second_pass)
+    monkeypatch.setattr(verify_module, "hash_files", no_second_pass)
     fresh = make_state(seed=3)
     assert CheckpointManager(tmp_path).load_latest(fresh) == 1
     assert_same_model(snapshot(state), snapshot(fresh))

@@ -21,7 +21,8 @@ from slurmft.config import ConfigError
 from slurmft.rundir import RunDir, atomic_write_json
 from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
 from slurmft.checkpoint.local_tier import NodeMap, copy_verified
-from slurmft.checkpoint.manifest import FileEntry, verify_checkpoint
+from slurmft.checkpoint.manifest import FileEntry
+from slurmft.checkpoint.verify import verify_checkpoint
 from slurmft.checkpoint.state import TrainState
 from slurmft.checkpoint.tiers import local_checkpoints, read_tier_index, write_tier_index
 

@@ -16,7 +16,7 @@ PACKAGE = REPO / "slurmft"
 TORCH_PACKAGES = ("slurmft.train", "slurmft.checkpoint")
 # The modules of those two packages that must import without torch (docs/architecture.md says so).
 TORCH_FREE = {
-    "slurmft.checkpoint.manifest", "slurmft.checkpoint.checksum", "slurmft.checkpoint.pickle_scan",
+    "slurmft.checkpoint.manifest", "slurmft.checkpoint.verify", "slurmft.checkpoint.checksum", "slurmft.checkpoint.pickle_scan",
     "slurmft.checkpoint.listing", "slurmft.checkpoint.retention", "slurmft.checkpoint.tiers",
     "slurmft.checkpoint.config", "slurmft.checkpoint.save_thread",
     "slurmft.train.run_config", "slurmft.train.resume_check", "slurmft.train.redo_check",

@@ -13,22 +13,11 @@ import pytest
 from slurmft.rundir import RunDir, step_dirname
 from slurmft.safeio import UnsafeFileError
 from slurmft.checkpoint.listing import list_checkpoints
-from slurmft.checkpoint.manifest import (
-    DCP_METADATA_NAME,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    FileEntry,
-    ManifestError,
-    StreamHasher,
-    build_manifest,
-    hash_file,
-    hash_files,
-    parse_tmp_dirname,
-    read_manifest,
-    tmp_dirname,
-    verify_checkpoint,
-    write_manifest,
-)
+from slurmft.checkpoint.manifest import (DCP_METADATA_NAME, FORMAT_VERSION, MANIFEST_NAME, FileEntry,
+                                         ManifestError, StreamHasher, build_manifest, hash_file,
+                                         parse_tmp_dirname, read_manifest, tmp_dirname, write_manifest)
+from slurmft.checkpoint.checksum import hash_files
+from slurmft.checkpoint.verify import verify_checkpoint
 
 
 def make_checkpoint(ckpt_dir, step, files=None):

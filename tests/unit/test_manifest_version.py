@@ -13,7 +13,8 @@ from slurmft.rundir import RunDir
 from slurmft.checkpoint.manager import CheckpointConfig, CheckpointError, CheckpointManager
 from slurmft.checkpoint.listing import list_checkpoints
 from slurmft.checkpoint.manifest import (FORMAT_VERSION, MANIFEST_NAME, ManifestError, ManifestVersionError,
-                                    read_manifest, verify_checkpoint)
+                                         read_manifest)
+from slurmft.checkpoint.verify import verify_checkpoint
 from slurmft.checkpoint.state import TrainState
 
 

@@ -24,7 +24,7 @@ ROUND_TRIP = textwrap.dedent("""
     import torch.distributed.checkpoint as dcp
     from slurmft.checkpoint import torch_compat
     from slurmft.checkpoint.manager import CheckpointManager
-    from slurmft.checkpoint.manifest import verify_checkpoint
+    from slurmft.checkpoint.verify import verify_checkpoint
     from slurmft.rundir import RunDir
     from slurmft.checkpoint.state import TrainState
 
