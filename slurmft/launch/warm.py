@@ -17,8 +17,8 @@ torch-free client (``slurmft.launch.warmclient``); per client the server forks a
   fds 0-2, cwd, environment, argv and ignored signals; ``sys.path[0]`` as the interpreter sets
   it; ``random``/``numpy.random`` reseeded (a fork shares its parent's state); stdio unbuffered
   (torchrun runs ranks with ``-u``); then runs the script or ``-m`` module as ``__main__`` and
-  ends as an interpreter does (the exception unwinds to the top: traceback and 1, SystemExit's
-  code, non-daemon threads joined, atexit, flush);
+  ends as an interpreter does (traceback and 1, SystemExit's code, non-daemon threads joined,
+  atexit, flush), then ``os._exit`` without the interpreter's teardown (``warmworker.run``);
   dies with its client: the server watches the client's socket and a thread in the worker the
   client's pid (``SO_PEERCRED``, a pidfd); its end (the client killed -9 by torchrun's stop)
   kills the worker's process group. The server's death closes the client's socket: the client
@@ -439,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.close()
     if worker is not None:   # outside the handler: the rank's own errors carry no server context
-        warmworker.become_worker(worker.request, worker.client_pid, worker.mask)
+        warmworker.run(worker.request, worker.client_pid, worker.mask)   # never returns
     return 0
 
 
