@@ -1,7 +1,12 @@
 """``python -m slurmft.launch.task TORCHRUN_ARGV...``: one node's task of the training step.
 
 torchrun dies on SIGUSR2's default action and orphans its ranks, so it is started with USR2
-ignored; the ranks install their own handler (``slurmft.train.preemption``). The node that hosts
+ignored; the ranks install their own handler (``slurmft.train.preemption``). The task stays
+torchrun's parent and relays each USR2 it gets to torchrun's workers (``relay``): under
+``proctrack/pgid`` Slurm signals only the task's process group, and the workers run in sessions
+of their own. It exits as torchrun did (its code, or killed by its signal). Slurm's TERM or INT
+reaches torchrun itself (it is in the task's process group, which every proctrack plugin
+signals): the task only outlives it, to pass torchrun's status on. The node that hosts
 the rendezvous store (node 0 of the step) says so with ``--rdzv-conf=is_host=1``; in
 in-allocation mode the launcher writes each node's ``--rdzv-conf`` itself (every node is node 0
 of its own one-node step).
@@ -32,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from slurmft.launch import beatsend, orphan, spare, warm
+from slurmft.launch import beatsend, orphan, relay, spare, warm
 from slurmft.launch.warmclient import SOCKET_ENV
 from slurmft.rundir import atomic_write_json
 
@@ -117,6 +122,7 @@ def supervise(argv: list[str], alive: Path) -> int:
         threading.Thread(target=orphan.watch_forever, args=(watch, stop, lost), daemon=True,
                          name="slurmft-batch-watch").start()
     rc = 0
+    restore = None
     try:
         node = spare.waiting_node(os.environ)
         run_dir = os.environ.get("SLURMFT_RUN_DIR")
@@ -133,10 +139,13 @@ def supervise(argv: list[str], alive: Path) -> int:
             if active:
                 child.append(ready.go(env) if ready is not None else subprocess.Popen(argv, env=env))
         if child:
+            restore = relay.install(lambda: None if child[0].returncode is not None else child[0].pid)
             if stopping.is_set():  # a TERM that came as it started
                 child[0].send_signal(signal.SIGTERM)
             rc = child[0].wait()
     finally:
+        if restore is not None:
+            restore()
         stop.set()
         if server is not None:
             warm.stop_server(*server)
@@ -151,6 +160,34 @@ def supervise(argv: list[str], alive: Path) -> int:
     return rc
 
 
+def exit_like(status: int) -> None:
+    """Exit as a child ended: its code, or killed by its signal (``Popen.returncode``)."""
+    if status >= 0:
+        sys.exit(status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+    time.sleep(1.0)   # a signal whose default action is not to end (never torchrun's end)
+    os._exit(128 - status)
+
+
+def run_torchrun(argv: list[str]) -> int:
+    """torchrun as a child, USR2 relayed to its workers; its ``Popen.returncode``."""
+
+    def outlive(signum: int, frame: object) -> None:
+        pass   # torchrun got the same signal: it stops its workers and ends; we pass its status on
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, outlive)   # reset to the default in torchrun at its exec
+    child = subprocess.Popen(argv)   # inherits USR2 ignored
+    restore = relay.install(lambda: None if child.returncode is not None else child.pid)
+    try:
+        return child.wait()
+    finally:
+        restore()
+
+
 def main() -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     argv = sys.argv[1:]
@@ -160,7 +197,7 @@ def main() -> None:
     alive = os.environ.get(ALIVE_ENV)
     if alive:
         sys.exit(supervise(full, Path(alive)))
-    os.execv(full[0], full)
+    exit_like(run_torchrun(full))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ these shapes (``--loop``):
   --die-at K      every rank SIGKILLs itself in step K, after its report, once the save in
                   flight has committed (kill -9 of the job)
   --sleep S       each step takes S seconds longer (a run still going when the test acts on it)
+  --lr LR         SGD's learning rate (0.05: the clean loop's loss is NaN by step ~20, and the
+                  guard ends the run with 86; a run that must go on for long asks for less)
 Each rank appends {"step", "loss"} per step to ``--out.rank<r>``.
 """
 
@@ -53,6 +55,7 @@ def main() -> None:
     p.add_argument("--signal-at", type=int)
     p.add_argument("--die-at", type=int)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--lr", type=float, default=0.05)
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -60,7 +63,7 @@ def main() -> None:
     torch.manual_seed(1000 + rank)
     dropout = torch.nn.Identity() if args.loop == "eval_before" else torch.nn.Dropout(0.1)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), dropout, torch.nn.Linear(16, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     out = open(f"{args.out}.rank{rank}", "a")
     out.write(json.dumps({"pid": os.getpid()}) + "\n")
     batch = draw() if args.loop == "before_run" else None

@@ -1,0 +1,177 @@
+"""The node task relays USR2 to torchrun's workers (slurmft.launch.relay): a preemption reaches
+the ranks whatever Slurm's proctrack plugin.
+
+A real process tree, no Slurm: ``python -m slurmft.launch.task`` in a session of its own (as
+slurmstepd starts a task in its own process group) around a real torchrun whose two gloo ranks
+(tests/helpers/trap_worker.py; cold, or forked by the task's warm server) train. Then USR2 as
+slurmstepd delivers it: ``proctrack/pgid`` signals only the task's process group; cgroup and
+linuxproc every process of the step (each rank then hears it from Slurm and from the relay, and
+a warm worker from its client too). Every case: the ranks agree, save one emergency checkpoint
+and end with 85 (requeue me).
+
+Every wait is bounded and every process of the tree is killed (by pid) before the test returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmft import exitcodes
+from slurmft.journal import read_events
+from slurmft.launch import nodesteps, relay, task, warm
+from slurmft.rundir import RunDir, read_done
+
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
+PY = sys.executable
+STEPS = 3000          # 0.1 s each: far more than any bound below, so only a signal ends the run
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait(what: str, predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            found.append(pid)
+            todo.append(pid)
+    return found
+
+
+def test_process_groups_are_the_descendants_outside_ours(tmp_path):
+    """Only ``root``'s descendants, only groups other than ours: a grandchild in its child's new
+    session counts once, a child left in our group does not, nor does anything outside."""
+    tree = subprocess.Popen([PY, "-c", (
+        "import subprocess, sys, time\n"
+        "a = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+        "b = subprocess.Popen(['sh', '-c', 'sleep 60 & sleep 60; wait'], start_new_session=True)\n"
+        "c = subprocess.Popen(['sleep', '60'])\n"
+        "print(a.pid, b.pid, c.pid, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        a, b, c = map(int, tree.stdout.readline().split())
+        _wait("the tree's grandchildren", lambda: len(_descendants(tree.pid)) >= 5, 30)
+        assert relay.process_groups(tree.pid, own_pgid=tree.pid) == {a, b}
+        assert c not in relay.process_groups(tree.pid, own_pgid=tree.pid)
+        members = [p for p in _descendants(tree.pid) if os.getpgid(p) in (a, b)]
+        assert len(members) == 4   # a; b (sh) and its two sleeps
+        assert relay.relay(tree.pid, signal.SIGTERM, own_pgid=tree.pid) == sorted([a, b])
+        _wait("the relayed groups to end", lambda: not any(map(_alive, members)), 30)
+        assert _alive(c) and _alive(tree.pid) and stranger.poll() is None
+    finally:
+        for pid in [*_descendants(tree.pid), tree.pid, stranger.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        tree.wait(timeout=30)
+        stranger.wait(timeout=30)
+
+
+def _task_argv(mode: str, run_dir: Path, out: Path) -> list[str]:
+    rank = [str(WORKER), "--run-dir", str(run_dir), "--out", str(out), "--loop", "clean",
+            "--steps", str(STEPS), "--ckpt-every", "1000", "--sleep", "0.1", "--lr", "0.001"]
+    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                "--max-restarts=0", "--monitor-interval=0.5"]
+    if mode == "warm":   # the node step's command in in-allocation mode (nodesteps)
+        return [PY, "-m", "slurmft.launch.task", *torchrun, "--no-python",
+                *warm.worker_command(rank)]
+    return [PY, "-m", "slurmft.launch.task", *torchrun, *rank]
+
+
+def _deliver(how: str, task_pid: int) -> None:
+    if how == "pgid":   # proctrack/pgid: killpg(the task's process group)
+        os.killpg(task_pid, signal.SIGUSR2)
+        return
+    for pid in [task_pid, *_descendants(task_pid)]:   # cgroup, linuxproc: every process
+        try:
+            os.kill(pid, signal.SIGUSR2)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode, how", [("cold", "pgid"), ("warm", "pgid"), ("warm", "every")])
+def test_usr2_to_the_task_reaches_every_rank_which_saves_once(tmp_path, mode, how):
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURMFT_RUN_DIR", "SLURM_PROCID",
+                        "SLURM_NTASKS", "SLURMFT_WARM_WORKERS")}
+    env.update(OMP_NUM_THREADS="1", SLURM_JOB_ID="79", SLURM_NODEID="0", SLURM_STEP_ID="0")
+    if mode == "warm":   # in-allocation mode's task: it beats, and serves warm workers
+        sock_dir = Path(f"/tmp/relay-{os.getpid()}-{tmp_path.name}"[:60])
+        sock_dir.mkdir()
+        env.update(nodesteps.STEP_ENV, TMPDIR=str(sock_dir),
+                   **{task.ALIVE_ENV: str(RunDir(run_dir).alive("n1"))})
+        RunDir(run_dir).alive("n1").parent.mkdir(parents=True)
+    proc = subprocess.Popen(_task_argv(mode, run_dir, out), env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "task.err", "wb"),
+                            start_new_session=True)   # as slurmstepd: the task leads its group
+    tree: list[int] = []
+    try:
+        ranks = [Path(f"{out}.rank{r}") for r in range(2)]
+        _wait("both ranks to train 3 steps", lambda: all(len(_rows(p)) >= 4 for p in ranks), 180)
+        pids = [_rows(p)[0]["pid"] for p in ranks]
+        assert all(os.getpgid(pid) != proc.pid for pid in pids)   # in sessions of their own
+        tree = _descendants(proc.pid)
+        _deliver(how, proc.pid)
+        try:
+            rc = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the task (torchrun) did not end within 120 s of USR2 to the "
+                                 f"task's process group ({how}): the ranks never heard it") from None
+    finally:
+        for pid in [*tree, *_descendants(proc.pid), proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=30)
+        if mode == "warm":
+            shutil.rmtree(sock_dir, ignore_errors=True)
+    assert rc == 1, (rc, (tmp_path / "task.err").read_text()[-2000:])  # torchrun: a worker failed
+    events = RunDir(run_dir).events
+    (preempted,) = read_events(events, ["preemption"])   # one agreement, one emergency save
+    assert preempted.get("signal") == "SIGUSR2", preempted.fields
+    step = preempted.get("step")
+    assert step < STEPS and read_done(RunDir(run_dir)) is None
+    committed = [e.get("step") for e in read_events(events, ["checkpoint_committed"])]
+    assert committed == [step], committed
+    ends = read_events(events, ["segment_end"])
+    assert [e.get("exit_code") for e in ends] == [exitcodes.REQUEUE], [e.fields for e in ends]
