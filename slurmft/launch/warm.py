@@ -444,4 +444,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The server's end, as a worker's: without the interpreter's teardown of torch (~1 CPU-s per
+    # node and job step; it has nothing left to write: each worker's end was journaled as reaped).
+    warmworker.finish(main())

@@ -147,7 +147,7 @@ def run(req: dict, client_pid: int, mask: Collection[int] | None = None) -> NoRe
         except BaseException:
             traceback.print_exception(exc)
         code = 1
-    _finish(code, interrupted)
+    finish(code, interrupted)
 
 
 def _system_exit_code(exc: SystemExit) -> int:
@@ -164,8 +164,9 @@ def _system_exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _finish(code: int, interrupted: bool) -> NoReturn:
-    """Py_FinalizeEx's part that the rank can see, in its order, then ``os._exit``."""
+def finish(code: int, interrupted: bool = False) -> NoReturn:
+    """Py_FinalizeEx's part that the process's work can see, in its order, then ``os._exit``
+    (also the warm server's own end: it has torch loaded too)."""
     try:
         threading._shutdown()   # type: ignore[attr-defined]  # non-daemon threads joined
     except BaseException as exc:

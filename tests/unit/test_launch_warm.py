@@ -176,6 +176,32 @@ def test_a_worker_ends_without_the_interpreters_teardown_and_loses_nothing(srv, 
     assert not probe.exists(), "the worker ran the interpreter's teardown"
 
 
+def test_the_server_ends_without_the_interpreters_teardown(tmp_path):
+    """The server has torch loaded too: at its TERM it ends, 0, without the teardown (a module
+    it imported, which the teardown would free, is the probe; only the server's own pid counts,
+    not its worker's)."""
+    probe = tmp_path / "teardown"
+    (tmp_path / "teardown_probe.py").write_text(textwrap.dedent(f"""
+        import os
+        class Probe:
+            def __init__(self):
+                self.pid = os.getpid()
+            def __del__(self, _getpid=os.getpid, _open=os.open, _close=os.close,
+                        _flags=os.O_WRONLY | os.O_CREAT):
+                if _getpid() == self.pid:
+                    _close(_open({str(probe)!r}, _flags))
+        probe = Probe()
+    """))
+    server = Srv("json,teardown_probe", env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    try:   # one rank served: the server has imported the probe
+        res = _run(server, [str(_script(tmp_path, "pass"))], tmp_path)
+        assert res.returncode == 0, res.stderr
+    finally:
+        err = server.stop()
+    assert server.proc.returncode == 0, err
+    assert not probe.exists(), "the server ran the interpreter's teardown"
+
+
 @pytest.mark.parametrize("body, code, text", [
     ("raise ValueError('boom')", 1, "ValueError: boom"),
     ("import sys; sys.exit('a message')", 1, "a message"),
