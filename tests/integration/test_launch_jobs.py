@@ -1,6 +1,7 @@
 """The launcher on the devcluster, in the four situations that broke the bash template
 (issue 19): an array task preempted alone, two pre-flights on one node at once, a job without
-scontrol, and outside requeues followed at once by a restart; and two of its functions on real
+scontrol (on a cluster of its own running proctrack/pgid), and outside requeues followed at once
+by a restart; and two of its functions on real
 Slurm: a pre-flight that fails a node, and a heterogeneous job refused. The real template runs
 the real example; the test plays only the watcher's part it needs (``StartTime=now``), and only
 where it says why; elsewhere the real ``slurmft watch`` does. A job has one node unless the test is
@@ -9,9 +10,12 @@ about several (issue 28: each node is a torchrun and a rank importing torch, at 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -20,6 +24,7 @@ from slurmft.journal import read_events
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
+from slurmft.slurm.devcluster import DevCluster, DevClusterError
 from slurmft.sweep.lock import SweepLock
 
 from train_job_support import EXAMPLE, JOB_ENV, TEMPLATE, TINY_ARGS, TrainJob, submit
@@ -102,8 +107,30 @@ def test_two_preflights_on_one_busy_node_exclude_nothing(slurm_cluster, tmp_path
         assert _template(job.run_dir, "preflight_skip") == []
 
 
+@pytest.fixture
+def pgid_cluster() -> Iterator[DevCluster]:
+    """One node under ``ProctrackType=proctrack/pgid``: a step's signal reaches only the node
+    task's process group, not the ranks in their own sessions (the node task relays it:
+    slurmft.launch.relay). A short directory: munged's and slurmstepd's sockets live under it."""
+    root = Path(tempfile.mkdtemp(prefix="sft-pgid-", dir="/tmp"))
+    cluster = None
+    try:
+        cluster = DevCluster.up(root / "c", nodes=1, proctrack="pgid", timeout=300)
+        yield cluster
+    finally:
+        if cluster is not None:
+            try:
+                cluster.down()
+            except DevClusterError as exc:
+                print(f"pgid cluster teardown: {exc}")
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.timeout(240)
-def test_job_without_scontrol_saves_and_asks_the_watcher_to_requeue(slurm_cluster, tmp_path):
+def test_job_without_scontrol_saves_and_asks_the_watcher_to_requeue(pgid_cluster, tmp_path):
+    """Also the preemption under proctrack/pgid (a cluster of its own, ~3 s to start): the
+    launcher's USR2 reaches the ranks only through the node task's relay."""
+    slurm_cluster = pgid_cluster
     bin_dir = tmp_path / "bin"   # a container image with srun but no Slurm client tools
     bin_dir.mkdir()
     (bin_dir / "srun").symlink_to("/usr/bin/srun")

@@ -54,6 +54,14 @@ def test_min_job_age_is_600_s_unless_asked_for_less(spec: ConfSpec) -> None:
     assert render_slurm_conf(short).count("MinJobAge=") == 1
 
 
+def test_proctrack_pgid_on_request_and_nothing_the_devcluster_cannot_run(spec: ConfSpec) -> None:
+    pgid = render_slurm_conf(replace(spec, proctrack="pgid")).splitlines()
+    assert "ProctrackType=proctrack/pgid" in pgid and "ProctrackType=proctrack/linuxproc" not in pgid
+    for value in ("cgroup", "proctrack/pgid", "pgid\nX=1", None):
+        with pytest.raises(ValueError, match="proctrack .*must be one of linuxproc, pgid"):
+            replace(spec, proctrack=value)
+
+
 @pytest.mark.parametrize("value", [0, 1, -5, 86401, 5.0, "5", True, None])
 def test_a_min_job_age_slurm_would_not_purge_after_is_refused(spec: ConfSpec, value) -> None:
     # 0 means "never purge" to Slurm and 1 is below what slurm.conf(5) recommends.

@@ -29,7 +29,7 @@ from slurmft.slurm.devcluster.release import (
 )
 from slurmft.slurm.devcluster.render import (
     DEFAULT_MIN_JOB_AGE_S, DEFAULT_SLURMD_TIMEOUT_S, ConfSpec, check_min_job_age, check_partitions,
-    check_prolog, check_slurmd_timeout, render_slurm_conf, render_slurmdbd_conf,
+    check_proctrack, check_prolog, check_slurmd_timeout, render_slurm_conf, render_slurmdbd_conf,
 )
 
 DEFAULT_NODES = 3
@@ -161,7 +161,7 @@ class DevCluster:
            min_job_age_s: int = DEFAULT_MIN_JOB_AGE_S,
            slurmd_timeout_s: int = DEFAULT_SLURMD_TIMEOUT_S,
            partitions: Mapping[str, Sequence[str]] | None = None,
-           prolog: str | None = None) -> "DevCluster":
+           prolog: str | None = None, proctrack: str = "linuxproc") -> "DevCluster":
         """Start a cluster of ``nodes`` nodes (n1..nN) in ``dir``; return once all are IDLE.
         ``daemon_env`` is added to every daemon's environment (default: from
         ``$SLURMFT_DEVCLUSTER_DAEMON_ENV``). ``min_job_age_s`` is slurm.conf's MinJobAge: how
@@ -170,7 +170,8 @@ class DevCluster:
         name -> its nodes (the first is the default; default: one ``debug`` of every node);
         ``prolog`` slurm.conf's ``Prolog=``, a program every slurmd runs before a job's first
         launch on its node (``$SLURMD_NODENAME`` names the node; a non-zero exit is a failed
-        prolog)."""
+        prolog); ``proctrack`` its ProctrackType (``linuxproc``, or ``pgid``: a step's signal
+        reaches only each task's process group)."""
         check_node_count(nodes)
         node_names = [f"n{i}" for i in range(1, nodes + 1)]
         try:
@@ -178,6 +179,7 @@ class DevCluster:
             check_slurmd_timeout(slurmd_timeout_s)
             parts = check_partitions(partitions, node_names)
             check_prolog(prolog)
+            check_proctrack(proctrack)
         except ValueError as exc:
             raise DevClusterError(str(exc)) from None
         if daemon_env is None:
@@ -203,7 +205,8 @@ class DevCluster:
                                  daemon_env=dict(daemon_env or {}))
             cluster = cls(layout, state, bins)
             try:
-                cluster._start(versions[1], timeout, min_job_age_s, slurmd_timeout_s, parts, prolog)
+                cluster._start(versions[1], timeout, min_job_age_s, slurmd_timeout_s, parts, prolog,
+                               proctrack)
             except BaseException:
                 cluster._stop_all()
                 raise
@@ -250,7 +253,8 @@ class DevCluster:
         return proc
 
     def _start(self, mariadb_ver: tuple[int, int, int], timeout: float, min_job_age_s: int,
-               slurmd_timeout_s: int, partitions=None, prolog: str | None = None) -> None:
+               slurmd_timeout_s: int, partitions=None, prolog: str | None = None,
+               proctrack: str = "linuxproc") -> None:
         lay, st, bins = self._layout, self._state, self._bins
         deadline = time.monotonic() + timeout
 
@@ -267,7 +271,7 @@ class DevCluster:
                         ports=st.ports, cpus_per_node=CPUS_PER_NODE,
                         memory_mb_per_node=MEMORY_MB_PER_NODE, db_password=password,
                         min_job_age_s=min_job_age_s, slurmd_timeout_s=slurmd_timeout_s,
-                        partitions=partitions, prolog=prolog)
+                        partitions=partitions, prolog=prolog, proctrack=proctrack)
         atomic_write_bytes(lay.slurm_conf, render_slurm_conf(spec).encode())
         atomic_write_bytes(lay.slurmdbd_conf, render_slurmdbd_conf(spec).encode(), mode=0o600)
         daemons.write_munge_key(lay)

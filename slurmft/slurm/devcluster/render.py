@@ -1,7 +1,8 @@
 """Text of the devcluster's configuration files: slurm.conf and slurmdbd.conf (pure functions).
 
 The lines come from configurations measured to work on Slurm 22.05, 24.11 and 26.05 with one
-host running every daemon: all slurmd on 127.0.0.1 with distinct ports, proctrack/linuxproc and
+host running every daemon: all slurmd on 127.0.0.1 with distinct ports, proctrack/linuxproc (or
+proctrack/pgid on request: slurmstepd then signals only each task's process group) and
 task/none (so no cgroup.conf is needed), accounting through slurmdbd. With munge on a private
 socket, ``AccountingStoragePass`` must name that socket or slurmctld 22.05 exits at start.
 """
@@ -70,6 +71,19 @@ def check_slurmd_timeout(seconds: int) -> int:
     return _whole_seconds("slurmd_timeout_s", seconds, *SLURMD_TIMEOUT_RANGE_S)
 
 
+# How slurmstepd finds a step's processes, and so which of them a step's signal reaches:
+# linuxproc every descendant of the task, pgid only the task's process group. Not cgroup: it needs
+# a cgroup.conf and a delegated cgroup tree, which the devcluster does not set up.
+PROCTRACK_PLUGINS = ("linuxproc", "pgid")
+
+
+def check_proctrack(plugin: str) -> str:
+    """``plugin`` when the devcluster can run it (``PROCTRACK_PLUGINS``), else ValueError."""
+    if plugin not in PROCTRACK_PLUGINS:
+        raise ValueError(f"proctrack {plugin!r}: must be one of {', '.join(PROCTRACK_PLUGINS)}")
+    return plugin
+
+
 _CONF_PATH_RE = re.compile(r"/[A-Za-z0-9_./+-]*")
 
 
@@ -103,8 +117,10 @@ class ConfSpec:
     partitions: tuple[tuple[str, tuple[str, ...]], ...] | None = None
     # slurm.conf's Prolog: run by every slurmd as root before a job's first launch on its node.
     prolog: str | None = None
+    proctrack: str = "linuxproc"   # slurm.conf's ProctrackType (PROCTRACK_PLUGINS)
 
     def __post_init__(self) -> None:
+        check_proctrack(self.proctrack)
         check_prolog(self.prolog)
         check_min_job_age(self.min_job_age_s)
         check_slurmd_timeout(self.slurmd_timeout_s)
@@ -133,7 +149,7 @@ def render_slurm_conf(spec: ConfSpec) -> str:
         f"SlurmdLogFile={lay.log_dir}/slurmd-%n.log",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
-        "ProctrackType=proctrack/linuxproc",
+        f"ProctrackType=proctrack/{spec.proctrack}",
         "TaskPlugin=task/none",
         "MpiDefault=none",
         f"SlurmdTimeout={spec.slurmd_timeout_s}",
