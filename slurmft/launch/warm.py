@@ -7,9 +7,10 @@ Instead each node's task (``slurmft.launch.task``) starts one warm server,
 ``python -m slurmft.launch.warm --socket PATH``: it binds its Unix socket first (a 0700
 directory; a peer of another uid is refused), then imports torch, what every slurmft rank
 imports (``DEFAULT_IMPORTS``) and ``SLURMFT_WARM_IMPORTS``,
-checks that nothing started a thread or initialised CUDA (torch's own flag, and no CUDA driver
-library ``libcuda.so*`` mapped in the process: a module may call the driver without torch;
-forking then would be unsafe: it refuses every client, which runs its rank cold, one log line),
+checks that nothing started a thread or initialised CUDA (torch's own flag, and a CUDA driver
+library ``libcuda.so*`` mapped in the process must say it was not initialised: a module may call
+the driver without torch, :mod:`slurmft.launch.cudafork`; forking then would be unsafe: it refuses
+every client, which runs its rank cold, one log line),
 and serves. torchrun's worker command is the
 torch-free client (``slurmft.launch.warmclient``); per client the server forks a worker that
 
@@ -62,6 +63,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from slurmft.launch import rankexit
+from slurmft.launch.cudafork import cuda_driver_mapped, cuda_fork_problem  # noqa: F401 (tests use the first)
 from slurmft.launch import warmclient as proto
 from slurmft.launch import warmworker
 
@@ -183,26 +185,6 @@ def _native_threads() -> int:
         return threading.active_count()
 
 
-# The CUDA driver's library as the loader maps it (libcuda.so, libcuda.so.1, libcuda.so.550.54.15;
-# not libcudart, the runtime, which a CUDA build of torch maps at import without touching a GPU).
-_CUDA_DRIVER = re.compile(r"(^|/)libcuda\.so(\.[0-9.]+)?( \(deleted\))?$")
-
-
-def cuda_driver_mapped(maps: str = "/proc/self/maps") -> str | None:
-    """The path of a CUDA driver library mapped in this process, else None. Mapped means loaded:
-    something may have initialised the driver (cuInit) without torch knowing, and the forked child
-    of a process that did cannot use CUDA. A maps file that cannot be read counts (fail closed)."""
-    try:
-        with open(maps, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.rstrip("\n").split(maxsplit=5)
-                if len(fields) == 6 and _CUDA_DRIVER.search(fields[5]):
-                    return fields[5]
-    except OSError as exc:
-        return f"(cannot read {maps}: {exc.strerror})"
-    return None
-
-
 def prepare(imports: Sequence[str]) -> str | None:
     """Import the modules; None when forking is safe afterwards, else why not."""
     # numpy's OpenBLAS (imported by torch) starts its thread pool at load unless told one thread
@@ -223,11 +205,7 @@ def prepare(imports: Sequence[str]) -> str | None:
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():
         return "the imports initialised CUDA: a forked worker could not use it"
-    driver = cuda_driver_mapped()
-    if driver is not None:
-        return (f"the imports loaded the CUDA driver library {driver}: a forked worker could not "
-                "use CUDA")
-    return None
+    return cuda_fork_problem()
 
 
 def _validate(req: dict, fds: list[int]) -> str | None:
