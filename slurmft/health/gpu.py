@@ -23,9 +23,12 @@ THROTTLE_BITS = {
     "sw_thermal": "nvmlClocksThrottleReasonSwThermalSlowdown",
 }
 
-# NVML's GPU recovery action values (NVML_GPU_RECOVERY_ACTION_*), as Xid 154 prints them.
+# NVML's GPU recovery action values (NVML_GPU_RECOVERY_ACTION_*), 0-4 as Xid 154 prints them;
+# 5-7 are newer NVML constants (nvidia-ml-py 13: RECOVER_IMEX_DOMAIN, BUS_RESET, SYSTEM_REBOOT),
+# named after them. Any value but 0 drains (gpu_checks.check_gpu_recovery_action).
 RECOVERY_ACTIONS = {0: "None", 1: "GPU Reset Required", 2: "Node Reboot Required",
-                    3: "Drain P2P", 4: "Drain and Reset"}
+                    3: "Drain P2P", 4: "Drain and Reset", 5: "Recover IMEX Domain",
+                    6: "Bus Reset", 7: "System Reboot"}
 
 NVLINK_COUNTERS = {
     "replay": "NVML_NVLINK_ERROR_DL_REPLAY",

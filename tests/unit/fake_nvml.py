@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 import pynvml
 
+from slurmft.health.gpu import RECOVERY_ACTIONS
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "health" / "nvidia-smi-q"
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 _ENTRY = re.compile(r"^(?P<indent> *)(?P<key>[^:]+?)\s*(?::\s*(?P<value>.*?))?\s*$")
@@ -48,6 +50,10 @@ def parse_smi(text: str) -> tuple[dict[str, str], list[list[tuple[tuple[str, ...
         gpus[-1].append((tuple(k for _, k in stack), key, value or ""))
         stack.append((indent, key))
     return top, gpus
+
+
+# nvidia-smi -q's "GPU Recovery Action" values (driver 580: "None" seen on an H200) -> NVML's value.
+_RECOVERY_ACTION_TEXT = {text: value for value, text in RECOVERY_ACTIONS.items()}
 
 
 def _not_supported() -> pynvml.NVMLError:
@@ -199,10 +205,20 @@ class FakeNvml:
         return got.get((link, counter), 0)
 
     def nvmlDeviceGetFieldValues(self, i: int, fields: list[int]) -> list[SimpleNamespace]:
-        """The recovery action, from the "GPU Reset Status" nvidia-smi prints (535+)."""
+        """The recovery action: the "GPU Recovery Action" line nvidia-smi prints (580), else the
+        "GPU Reset Status" section (535+)."""
         got = self._call("nvmlDeviceGetFieldValues", i)
         if got is not None:
             return [SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS, value=SimpleNamespace(uiVal=got))]
+        try:
+            text = self._field(i, None, "GPU Recovery Action")
+        except pynvml.NVMLError:
+            text = None
+        if text is not None:
+            if text not in _RECOVERY_ACTION_TEXT:
+                raise ValueError(f"fake_nvml: unknown GPU Recovery Action {text!r}: add it to _RECOVERY_ACTION_TEXT")
+            return [SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS,
+                                    value=SimpleNamespace(uiVal=_RECOVERY_ACTION_TEXT[text]))]
         try:
             reset = self._field(i, "GPU Reset Status", "Reset Required") == "Yes"
             drain = self._field(i, "GPU Reset Status", "Drain and Reset Recommended") == "Yes"

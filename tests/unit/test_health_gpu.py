@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
 from fake_nvml import FakeNvml
 
@@ -17,6 +21,8 @@ A10 = "a10_driver-535.129.03_remapped-rows-pending.txt"
 A100 = "a100-sxm4-80gb_driver-510.73.08_FRAGMENT_row-remap-pending.txt"
 RTX = "rtx4090-x8_driver-535.154.05_no-ecc.txt"
 TITAN = "titan-v_driver-560.35.03_retired-pages-era.txt"
+H200 = "h200_driver-580.159.04.txt"
+NVML_FACTS = Path(__file__).resolve().parents[1] / "fixtures" / "health" / "nvml-facts"
 
 
 def facts_of(fixture: str, **kw):
@@ -37,6 +43,29 @@ def test_h100_node_reads_eight_gpus_with_real_values():
     assert (d0.temperature_c, d0.slowdown_c, d0.pcie_width, d0.pcie_gen) == (29, 87, 16, 5)
     assert d0.throttle == frozenset({"hw_slowdown", "hw_power_brake"})
     assert d0.recovery_action == 0
+
+
+def test_h200_nvidia_smi_reads_as_the_real_nvml_did():
+    """Both fixtures are from one real H200 (driver 580.159.04), captured in the same run of
+    benchmarks/gpu_check.py: its nvidia-smi -q, and what gather_gpus read from the real NVML.
+    The stand-in driven by the first must give exactly the second (the recovery action too,
+    which driver 580 prints as "GPU Recovery Action", not as 535's "GPU Reset Status")."""
+    gpus: GpuFacts = facts_of(H200).need(gc.GPU_FACT)
+    real = json.loads((NVML_FACTS / H200.replace(".txt", ".json")).read_text())
+    fake = [{**dataclasses.asdict(d), "throttle": sorted(d.throttle or ())} for d in gpus.devices]
+    assert gpus.driver == real["driver"] == "580.159.04"
+    assert json.loads(json.dumps(fake)) == real["devices"]
+    assert real["devices"][0]["recovery_action"] == 0 and real["devices"][0]["name"] == "NVIDIA H200"
+    for check in (gc.check_gpu_count, gc.check_gpu_ecc, gc.check_gpu_memory_remap,
+                  gc.check_gpu_recovery_action, gc.check_gpu_temperature, gc.check_gpu_throttle,
+                  gc.check_gpu_pcie):
+        assert run(check, H200).status is Status.OK, check.__name__   # as on the real H200
+    assert run(gc.check_gpu_nvlink, H200).status is Status.SKIPPED   # a lone PCIe H200: no NVLink
+
+
+def test_newer_recovery_actions_are_named():
+    r = run(gc.check_gpu_recovery_action, H200, overrides={("nvmlDeviceGetFieldValues", 0): 6})
+    assert r.status is Status.FAIL and r.detail == "GPU 0 (0000:00:06.0): recovery action Bus Reset"
 
 
 def test_count_matches_or_names_the_shortfall():
