@@ -21,7 +21,7 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import _gpu_dev as dev
 
@@ -150,7 +150,25 @@ def _restore_check(run_dir: Path, model, optimizer, size_gb: float) -> dict[str,
     return result
 
 
-def run(size_gb: float, base: Path) -> dict[str, Any]:
+def _close(method, result: dict[str, Any]) -> None:
+    """``method.close()``; a failure there (a staging future that failed re-raises) is recorded."""
+    try:
+        method.close()
+    except Exception as exc:  # noqa: BLE001
+        result.setdefault("close_error", _error(exc)["error"])
+
+
+def _error(exc: BaseException) -> dict[str, str]:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)[-3:]
+    return {"error": f"{type(exc).__name__}: {exc}",
+            "where": " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))}
+
+
+def run(size_gb: float, base: Path, keep: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Every method in turn; ``keep`` gets the result so far after each (a later crash or
+    timeout loses only what it was doing)."""
     import torch
     import torch.distributed as dist
 
@@ -175,31 +193,40 @@ def run(size_gb: float, base: Path) -> dict[str, Any]:
         try:
             out["methods"][method.name] = _summary(_series(method, model, optimizer, base, overlap))
         except Exception as exc:  # noqa: BLE001 - reported; the other methods still run
-            out["methods"][method.name] = {"error": f"{type(exc).__name__}: {exc}"}
+            out["methods"][method.name] = _error(exc)
         finally:
-            method.close()
+            _close(method, out["methods"][method.name])
+        keep(out)
         if not overlap and "error" not in out["methods"][method.name]:
-            out["restore"] = _restore_check(run_dir, model, optimizer, size_gb)
+            try:
+                out["restore"] = _restore_check(run_dir, model, optimizer, size_gb)
+            except Exception as exc:  # noqa: BLE001
+                out["restore"] = _error(exc)
+            keep(out)
     try:
         from _bench_methods import THREAD, DcpAsyncSave
         from torch.distributed.checkpoint.staging import StagingOptions
     except ImportError as exc:
         out["dcp_error"] = f"dcp.async_save comparison unavailable on torch {torch.__version__}: {exc}"
         return out
-    pinned = StagingOptions(use_pinned_memory=not dev.smoke(), use_shared_memory=False,
-                            use_async_staging=True, use_non_blocking_copy=not dev.smoke())
+    def pinned(async_staging: bool) -> StagingOptions:
+        return StagingOptions(use_pinned_memory=not dev.smoke(), use_shared_memory=False,
+                              use_async_staging=async_staging, use_non_blocking_copy=not dev.smoke())
+
     for label, options in (("dcp.async_save (defaults)", None),
-                           ("dcp.async_save [pinned, non-blocking, async staging, reused stager]", pinned)):
+                           ("dcp.async_save [pinned, non-blocking, reused stager]", pinned(False)),
+                           ("dcp.async_save [pinned, non-blocking, async staging, reused stager]", pinned(True))):
         try:
             dcp_method = DcpAsyncSave(model, optimizer, label=label, options=options, checkpointer=THREAD)
         except Exception as exc:  # noqa: BLE001
-            out["methods"][label] = {"error": f"{type(exc).__name__}: {exc}"}
+            out["methods"][label] = _error(exc)
             continue
         try:
             out["methods"][label] = _summary(_series(dcp_method, model, optimizer, base / "dcp", False))
         except Exception as exc:  # noqa: BLE001
-            out["methods"][label] = {"error": f"{type(exc).__name__}: {exc}"}
+            out["methods"][label] = _error(exc)
         finally:
-            dcp_method.close()
+            _close(dcp_method, out["methods"][label])
+        keep(out)
     dist.destroy_process_group()
     return out

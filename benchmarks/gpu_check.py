@@ -187,10 +187,33 @@ def _server(env: dict[str, str], log: Path):
             os.close(saved)
 
 
+_IMPORT_PROBE = """
+import importlib, json, sys
+from slurmft.launch import warm
+from slurmft.launch.cudafork import cuda_driver_mapped, driver_initialised
+rows = []
+for name in warm.DEFAULT_IMPORTS:
+    importlib.import_module(name)
+    path = cuda_driver_mapped()
+    rows.append([name, path, None if path is None else (driver_initialised(path) or "not initialised")])
+print(json.dumps(rows))
+"""
+
+
+def _driver_after_imports() -> Any:
+    """After each of the warm server's default imports (in order, one fresh process): the CUDA
+    driver library mapped, if any, and what it says of its initialisation."""
+    probe = subprocess.run([sys.executable, "-c", _IMPORT_PROBE], env=_env(PYTORCH_NVML_BASED_CUDA_CHECK="1",
+                           OPENBLAS_NUM_THREADS="1"), capture_output=True, text=True, timeout=_bound(60))
+    if probe.returncode != 0:
+        return {"error": _tail(probe.stderr, 8)}
+    return json.loads(probe.stdout)
+
+
 def part_warm(out: Path, tmp: Path) -> dict[str, Any]:
     from slurmft.launch import warm, warmclient
 
-    result: dict[str, Any] = {}
+    result: dict[str, Any] = {"driver_after_each_import": _driver_after_imports()}
     # 1. default imports: the server must serve, its worker must get CUDA and NCCL.
     env = _rank_env(tmp / "warm-run")
     proc, path = _server(env, tmp / "server-default.log")
@@ -263,7 +286,10 @@ def _inner(args: argparse.Namespace) -> None:
     elif args.part == "ckpt":
         import _gpu_ckpt
 
-        data = _gpu_ckpt.run(args.size_gb, Path(args.tmp))
+        def keep(partial: dict[str, Any]) -> None:
+            Path(args.result).write_text(json.dumps(partial))
+
+        data = _gpu_ckpt.run(args.size_gb, Path(args.tmp), keep)
     else:
         import _gpu_busy
 
