@@ -7,7 +7,8 @@ PIP := $(VENV)/bin/pip
 TORCH_SPEC ?= torch==2.13.0
 # debootstrap and iproute2 (ip): the Slurm release matrix that make test ends with. prometheus:
 # its promtool checks and unit-tests the alert rules in deploy/prometheus/ (tests/unit/test_alert_rules.py).
-DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server debootstrap iproute2 prometheus
+# gcc and libc6-dev: tests/unit/test_warm_cuda_driver.py builds a stand-in CUDA driver library.
+DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server debootstrap iproute2 prometheus gcc libc6-dev
 PYTEST_ARGS ?=
 
 .PHONY: install system-deps venv docs demo test test-unit test-integration test-matrix bench lint clean
