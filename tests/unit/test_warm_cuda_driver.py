@@ -20,7 +20,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-
 from slurmft.launch import warm, warmclient
 
 PY = sys.executable
