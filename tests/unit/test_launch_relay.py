@@ -1,13 +1,15 @@
 """The node task relays USR2 to torchrun's workers (slurmft.launch.relay): a preemption reaches
 the ranks whatever Slurm's proctrack plugin.
 
-A real process tree, no Slurm: ``python -m slurmft.launch.task`` in a session of its own (as
-slurmstepd starts a task in its own process group) around a real torchrun whose two gloo ranks
-(tests/helpers/trap_worker.py; cold, or forked by the task's warm server) train. Then USR2 as
-slurmstepd delivers it: ``proctrack/pgid`` signals only the task's process group; cgroup and
-linuxproc every process of the step (each rank then hears it from Slurm and from the relay, and
-a warm worker from its client too). Every case: the ranks agree, save one emergency checkpoint
-and end with 85 (requeue me).
+A real process tree, no Slurm: in-allocation mode's ``python -m slurmft.launch.task`` in a
+session of its own (as slurmstepd starts a task in its own process group) around a real torchrun
+whose two gloo ranks (tests/helpers/trap_worker.py) are forked by the task's warm server and stood
+for by warm clients. Then USR2 as slurmstepd delivers it: ``proctrack/pgid`` signals only the
+task's process group; cgroup and linuxproc every process of the step (each worker then hears it
+from Slurm, from its client and through the relay). Both: the ranks agree, save one emergency
+checkpoint and end with 85 (requeue me). The plain launch (cold ranks, the task around torchrun
+without beats) under a real ``proctrack/pgid`` Slurm: tests/integration/test_launch_jobs.py's job
+without scontrol.
 
 Every wait is bounded and every process of the tree is killed (by pid) before the test returns.
 """
@@ -104,15 +106,13 @@ def test_process_groups_are_the_descendants_outside_ours(tmp_path):
         stranger.wait(timeout=30)
 
 
-def _task_argv(mode: str, run_dir: Path, out: Path) -> list[str]:
+def _task_argv(run_dir: Path, out: Path) -> list[str]:
+    """The node step's command in in-allocation mode (nodesteps), one node, no restart."""
     rank = [str(WORKER), "--run-dir", str(run_dir), "--out", str(out), "--loop", "clean",
             "--steps", str(STEPS), "--ckpt-every", "1000", "--sleep", "0.1", "--lr", "0.001"]
-    torchrun = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                "--max-restarts=0", "--monitor-interval=0.5"]
-    if mode == "warm":   # the node step's command in in-allocation mode (nodesteps)
-        return [PY, "-m", "slurmft.launch.task", *torchrun, "--no-python",
-                *warm.worker_command(rank)]
-    return [PY, "-m", "slurmft.launch.task", *torchrun, *rank]
+    return [PY, "-m", "slurmft.launch.task", PY, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node=2", "--max-restarts=0", "--monitor-interval=0.5", "--no-python",
+            *warm.worker_command(rank)]
 
 
 def _deliver(how: str, task_pid: int) -> None:
@@ -127,20 +127,19 @@ def _deliver(how: str, task_pid: int) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode, how", [("cold", "pgid"), ("warm", "pgid"), ("warm", "every")])
-def test_usr2_to_the_task_reaches_every_rank_which_saves_once(tmp_path, mode, how):
+@pytest.mark.parametrize("how", ["pgid", "every"])
+def test_usr2_to_the_task_reaches_every_warm_rank_which_saves_once(tmp_path, how):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURMFT_RUN_DIR", "SLURM_PROCID",
                         "SLURM_NTASKS", "SLURMFT_WARM_WORKERS")}
     env.update(OMP_NUM_THREADS="1", SLURM_JOB_ID="79", SLURM_NODEID="0", SLURM_STEP_ID="0")
-    if mode == "warm":   # in-allocation mode's task: it beats, and serves warm workers
-        sock_dir = Path(f"/tmp/relay-{os.getpid()}-{tmp_path.name}"[:60])
-        sock_dir.mkdir()
-        env.update(nodesteps.STEP_ENV, TMPDIR=str(sock_dir),
-                   **{task.ALIVE_ENV: str(RunDir(run_dir).alive("n1"))})
-        RunDir(run_dir).alive("n1").parent.mkdir(parents=True)
-    proc = subprocess.Popen(_task_argv(mode, run_dir, out), env=env, stdout=subprocess.DEVNULL,
+    sock_dir = Path(f"/tmp/relay-{os.getpid()}-{tmp_path.name}"[:60])   # the warm server's socket
+    sock_dir.mkdir()
+    env.update(nodesteps.STEP_ENV, TMPDIR=str(sock_dir),   # in-allocation mode: the task beats
+               **{task.ALIVE_ENV: str(RunDir(run_dir).alive("n1"))})
+    RunDir(run_dir).alive("n1").parent.mkdir(parents=True)
+    proc = subprocess.Popen(_task_argv(run_dir, out), env=env, stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "task.err", "wb"),
                             start_new_session=True)   # as slurmstepd: the task leads its group
     tree: list[int] = []
@@ -163,8 +162,7 @@ def test_usr2_to_the_task_reaches_every_rank_which_saves_once(tmp_path, mode, ho
             except ProcessLookupError:
                 pass
         proc.wait(timeout=30)
-        if mode == "warm":
-            shutil.rmtree(sock_dir, ignore_errors=True)
+        shutil.rmtree(sock_dir, ignore_errors=True)
     assert rc == 1, (rc, (tmp_path / "task.err").read_text()[-2000:])  # torchrun: a worker failed
     events = RunDir(run_dir).events
     (preempted,) = read_events(events, ["preemption"])   # one agreement, one emergency save
