@@ -2,8 +2,12 @@
 
 ``VerifyingReader`` is DCP's ``FileSystemReader`` with its ``read_data`` replaced (and, through
 :class:`slurmft.checkpoint.dcp_metadata.SafeMetadataReader`, ``.metadata`` read by the allow-list). Each rank reads
-each file its load plan needs once, front to back in 1 MiB pieces, hashing every byte and keeping
-the byte ranges its plan asks for; files no rank's plan needs (``.metadata``, which DCP already
+each file its load plan needs once, front to back in 1 MiB pieces, hashing every byte; the byte
+ranges its plan asks for are read straight into one host buffer each (uninitialised, never zeroed)
+and hashed there, and each tensor is then unpickled as a view of its buffer
+(:func:`slurmft.checkpoint.torch_compat.load_tensor`) and copied once, into the state. (Before,
+each byte was copied four times on the host and the buffers zeroed first: 0.47 GB/s from the page
+cache on this box, 12.3 s for 3.6 GB on an H200 node.) files no rank's plan needs (``.metadata``, which DCP already
 parsed, or shards another world size does not read) are hashed by one rank each, byte-balanced.
 The ranks then agree (one small all-gather on the checkpoint's control group) whether every file
 matched its manifest entry, and only then copy anything into the state: a checkpoint that fails
@@ -28,6 +32,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from slurmft import safeio
+from slurmft.checkpoint import torch_compat
 from slurmft.checkpoint.checksum import HASH_CHUNK, StreamHasher
 from slurmft.checkpoint.dcp_metadata import SafeMetadataReader
 from slurmft.checkpoint.manifest import REF_PREFIX, FileEntry, ref_target
@@ -49,9 +54,11 @@ class CorruptCheckpoint(RuntimeError):
 
 @dataclass
 class _Wanted:
-    req: ReadItem
+    """One byte range of a file, read into ``data``; ``reqs``: the read items it holds (several
+    when a resharded load reads one stored tensor for several pieces of the state)."""
     offset: int
-    data: bytearray
+    data: torch.Tensor  # uint8, contiguous, on the CPU
+    reqs: list[ReadItem]
     filled: int = 0
 
 
@@ -83,8 +90,12 @@ class VerifyingReader(SafeMetadataReader):
                     problems.append(f"{self.root / info.relative_path}: stored with DCP transforms, "
                                     f"which slurmft never writes")
                     continue
-                wanted.setdefault(info.relative_path, []).append(
-                    _Wanted(req, info.offset, bytearray(info.length)))
+                ranges = wanted.setdefault(info.relative_path, [])
+                same = next((w for w in ranges if w.offset == info.offset and w.data.numel() == info.length), None)
+                if same is not None:
+                    same.reqs.append(req)
+                else:
+                    ranges.append(_Wanted(info.offset, torch.empty(info.length, dtype=torch.uint8), [req]))
         except Exception as exc:
             problems.append(f"{self.root}: cannot plan the read: {type(exc).__name__}: {exc}")
         read_anywhere = set(self.union(sorted(wanted)))
@@ -99,7 +110,8 @@ class VerifyingReader(SafeMetadataReader):
             raise CorruptCheckpoint(problems)
         for parts in wanted.values():
             for part in parts:
-                _deliver(part, planner)
+                for req in part.reqs:
+                    _deliver(req, part.data, planner)
         done: Future[None] = Future()
         done.set_result(None)
         return done
@@ -132,8 +144,9 @@ class VerifyingReader(SafeMetadataReader):
         parts = sorted(parts, key=lambda p: p.offset)
         for part in parts:
             part.filled = 0
-        buf = bytearray(HASH_CHUNK)
-        view = memoryview(buf)
+        overlapping = [b for a, b in zip(parts, parts[1:]) if b.offset < a.offset + a.data.numel()]
+        if overlapping:  # DCP never writes that; a .metadata that says so is not ours
+            return [f"{path}: {overlapping[0].reqs[0].storage_index.fqn} overlaps another record"]
         try:  # no link followed, regular files only: the files may be swapped after the manifest check
             if root is not None:
                 try:
@@ -154,19 +167,15 @@ class VerifyingReader(SafeMetadataReader):
                         os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
                     except OSError:
                         pass
+                scratch = memoryview(bytearray(HASH_CHUNK))
                 pos = 0
-                while True:
-                    n = fh.readinto(buf)
-                    if not n:
+                for part in parts:  # the bytes before it (hashed only), then its own bytes
+                    pos = _hash_through(fh, hasher, scratch, pos, part.offset)
+                    if pos < part.offset:
                         break
-                    chunk = view[:n]
-                    hasher.update(chunk)
-                    for part in parts:  # few per file; each copies only its overlap
-                        start, end = max(pos, part.offset), min(pos + n, part.offset + len(part.data))
-                        if start < end:
-                            part.data[start - part.offset:end - part.offset] = chunk[start - pos:end - pos]
-                            part.filled += end - start
-                    pos += n
+                    part.filled = _read_into(fh, hasher, torch_compat.bytes_of(part.data))
+                    pos += part.filled
+                _hash_through(fh, hasher, scratch, pos, None)
         except safeio.UnsafeFileError as exc:
             return [str(exc)]
         except OSError as exc:
@@ -176,9 +185,9 @@ class VerifyingReader(SafeMetadataReader):
             return [f"{path}: wrong size {hasher.size}, manifest says {entry.size}"]
         if hasher.hexdigest() != entry.hash:
             return [f"{path}: wrong checksum {hasher.hexdigest()}, manifest says {entry.hash}"]
-        short = [p for p in parts if p.filled != len(p.data)]
+        short = [p for p in parts if p.filled != p.data.numel()]
         if short:
-            return [f"{path}: {short[0].req.storage_index.fqn} lies past the end of the file"]
+            return [f"{path}: {short[0].reqs[0].storage_index.fqn} lies past the end of the file"]
         return []
 
 
@@ -221,14 +230,36 @@ class VerifyingReader(SafeMetadataReader):
             os.close(root_fd)
 
 
-def _deliver(part: _Wanted, planner: LoadPlanner) -> None:
+def _hash_through(fh: Any, hasher: StreamHasher, scratch: memoryview, pos: int, until: int | None) -> int:
+    """Read and hash from ``pos`` up to ``until`` (None: the end of the file); the position reached."""
+    while until is None or pos < until:
+        n = fh.readinto(scratch if until is None else scratch[:min(len(scratch), until - pos)])
+        if not n:
+            break
+        hasher.update(scratch[:n])
+        pos += n
+    return pos
+
+
+def _read_into(fh: Any, hasher: StreamHasher, out: memoryview) -> int:
+    """Read into ``out`` in hash-sized pieces, hashing each while it is in the cache; bytes read."""
+    done = 0
+    while done < len(out):
+        piece = out[done:done + HASH_CHUNK]
+        n = fh.readinto(piece)
+        if not n:
+            break
+        hasher.update(piece[:n])
+        done += n
+    return done
+
+
+def _deliver(req: ReadItem, data: torch.Tensor, planner: LoadPlanner) -> None:
     """Hand one verified byte range to the planner, as DCP's own reader would."""
-    req = part.req
-    stream = io.BytesIO(part.data)
     if req.type == LoadItemType.BYTE_IO:
-        planner.load_bytes(req, stream)
+        planner.load_bytes(req, io.BytesIO(bytes(torch_compat.bytes_of(data))))
         return
-    tensor = torch.load(stream, map_location="cpu", weights_only=True)
+    tensor = torch_compat.load_tensor(data)  # a view of ``data``: copied once, below
     for dim, (offset, length) in enumerate(zip(req.storage_offsets, req.lengths)):
         if length < tensor.size(dim):
             tensor = tensor.narrow(dim, offset, length)
