@@ -22,6 +22,7 @@ from slurmft.checkpoint.state import TrainState
 
 WIDTH = 4096  # 64 MiB per fp32 tensor: above glibc's largest mmap threshold (32 MiB), so every
 LAYERS = 2    # buffer of that size is fresh memory, never a reused heap chunk
+SMALL_ALLOCATIONS = 4096  # page faults
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -52,8 +53,10 @@ def test_a_load_fills_fresh_memory_once_per_byte(tmp_path):
     loading = _faults(lambda: step.append(CheckpointManager(tmp_path / "run").load_latest(TrainState(restored))))
     assert step == [5]
     assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), restored.state_dict().values()))
-    # The old reader faulted ~3x `once` (zeroed buffer, BytesIO copy, torch.load's storage).
-    assert loading < 1.5 * once, (loading, once)
+    # The old reader faulted ~3x `once` (zeroed buffer, BytesIO copy, torch.load's storage): 98 k
+    # against 33 k here, the new one 33 k. The slack covers the load's small allocations (DCP's
+    # planning, the pickles) where huge pages make `once` tiny.
+    assert loading < 1.5 * once + SMALL_ALLOCATIONS, (loading, once)
 
 
 def test_a_tensor_loaded_in_place_views_the_verified_bytes():
