@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import sys
 import logging
 import os
 import pickle
@@ -160,6 +161,10 @@ def _fast_load() -> Callable[[torch.Tensor], torch.Tensor]:
         if bytes(bytes_of(data[:4])) != b"PK\x03\x04":  # not a zip archive: torch.load decides
             return _load_public(data)
         archive = reader_cls(_MemoryFile(bytes_of(data)))
+        if archive.has_record("byteorder") and archive.get_record("byteorder") != sys.byteorder.encode():
+            # torch byteswaps such an archive's storage in place: the verified bytes would
+            # change under a second read item of the same range; the public path copies first
+            return _load_public(data)
         start = data.storage_offset()  # bytes: uint8
         return load(archive, "cpu", unpickler, encoding="utf-8",  # as torch.load passes it
                     overall_storage=data.untyped_storage()[start:start + data.numel()])

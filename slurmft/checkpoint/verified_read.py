@@ -171,7 +171,7 @@ class VerifyingReader(SafeMetadataReader):
                 pos = 0
                 for part in parts:  # the bytes before it (hashed only), then its own bytes
                     pos = _hash_through(fh, hasher, scratch, pos, part.offset)
-                    if pos < part.offset:
+                    if pos != part.offset:   # past the end, or a negative offset: left short below
                         break
                     part.filled = _read_into(fh, hasher, torch_compat.bytes_of(part.data))
                     pos += part.filled

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -87,8 +88,13 @@ def install(torchrun: Callable[[], int | None]) -> Callable[[], None]:
 
     def handler(signum: int, frame: object) -> None:
         pid = torchrun()
-        if pid is not None:
+        if pid is None:
+            return
+        try:
             relay(pid, signum)
+        except Exception as exc:   # a relay that fails costs the relay, never the task
+            print(f"slurmft.launch.relay: could not pass signal {signum} on to torchrun's workers "
+                  f"(reading {PROC}: {exc})", file=sys.stderr, flush=True)
 
     previous = signal.signal(signal.SIGUSR2, handler)
 

@@ -166,7 +166,10 @@ def exit_like(status: int) -> None:
         sys.exit(status)
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(-status, signal.SIG_DFL)
+    try:
+        signal.signal(-status, signal.SIG_DFL)
+    except (OSError, ValueError):   # SIGKILL and SIGSTOP cannot be caught: already the default
+        pass
     os.kill(os.getpid(), -status)
     time.sleep(1.0)   # a signal whose default action is not to end (never torchrun's end)
     os._exit(128 - status)

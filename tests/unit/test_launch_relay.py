@@ -173,3 +173,26 @@ def test_usr2_to_the_task_reaches_every_warm_rank_which_saves_once(tmp_path, how
     assert committed == [step], committed
     ends = read_events(events, ["segment_end"])
     assert [e.get("exit_code") for e in ends] == [exitcodes.REQUEUE], [e.fields for e in ends]
+
+
+def test_the_task_ends_as_torchrun_did_also_when_torchrun_was_killed_by_sigkill():
+    """The task is torchrun's parent, not its exec: a torchrun killed -9 (the OOM killer, an
+    admin) must end the task killed -9 too, not exit 1 with a traceback (SIGKILL's disposition
+    cannot be set)."""
+    code = "from slurmft.launch import task; task.exit_like(task.run_torchrun(['sh', '-c', 'kill -9 $$']))"
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_relay_that_cannot_read_proc_costs_the_relay_not_the_task(tmp_path):
+    """USR2 while /proc cannot be listed: one line names it; the task still waits for torchrun and
+    passes its status on (before, the exception left the handler and ended the task mid-wait)."""
+    code = (f"import os, signal, threading; from pathlib import Path; from slurmft.launch import relay, task\n"
+            f"relay.process_groups.__defaults__ = (Path({str(tmp_path / 'no-proc')!r}),)\n"
+            f"signal.signal(signal.SIGUSR2, signal.SIG_IGN)\n"
+            f"threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGUSR2)).start()\n"
+            f"task.exit_like(task.run_torchrun(['sh', '-c', 'sleep 2; exit 7']))\n")
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
+    assert "could not pass signal" in done.stderr and "no-proc" in done.stderr

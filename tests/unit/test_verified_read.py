@@ -12,6 +12,7 @@ setting), in this process.
 from __future__ import annotations
 
 import resource
+import sys
 
 import pytest
 import torch
@@ -70,3 +71,49 @@ def test_a_tensor_loaded_in_place_views_the_verified_bytes():
     if torch_compat.private_paths()["load_in_place"]:
         start = loaded.untyped_storage().data_ptr()
         assert data.data_ptr() <= start < data.data_ptr() + data.numel()  # no copy made
+
+
+def test_an_archive_of_the_other_byte_order_reads_the_same_for_every_read_item(monkeypatch):
+    """Read items sharing one range unpickle the same verified bytes once each: torch byteswaps
+    an archive of the other byte order in place, so in place the second read saw swapped bytes."""
+    import io
+    import types
+
+    import torch.serialization as serialization
+
+    other = "big" if sys.byteorder == "little" else "little"
+    real = serialization.sys
+    monkeypatch.setattr(serialization, "sys", types.SimpleNamespace(
+        **{k: getattr(real, k) for k in dir(real) if not k.startswith("__") and k != "byteorder"}, byteorder=other))
+    stream = io.BytesIO()
+    torch.save(torch.arange(4, dtype=torch.int32), stream)
+    monkeypatch.setattr(serialization, "sys", real)
+    expected = torch.load(io.BytesIO(stream.getvalue()), weights_only=True)
+    data = torch.frombuffer(bytearray(stream.getvalue()), dtype=torch.uint8)
+    first = torch_compat.load_tensor(data).clone()
+    second = torch_compat.load_tensor(data).clone()
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+
+
+def test_a_record_said_to_start_before_its_file_is_a_problem_not_bytes_from_its_start(tmp_path):
+    """A hostile ``.metadata`` (its manifest rewritten to match) may give a negative offset: the
+    record must be refused, never filled from byte 0 with every later record shifted."""
+    from types import SimpleNamespace
+
+    from slurmft.checkpoint.checksum import StreamHasher
+    from slurmft.checkpoint.manifest import FileEntry
+    from slurmft.checkpoint.verified_read import VerifyingReader, _Wanted
+
+    blob = bytes(range(40))
+    (tmp_path / "f").write_bytes(blob)
+    hasher = StreamHasher()
+    hasher.update(blob)
+    reader = VerifyingReader.__new__(VerifyingReader)
+    reader.root, reader.also, reader.bytes_read, reader.dir_fd = tmp_path, (), 0, None
+    reader.files = {"f": FileEntry("f", len(blob), hasher.hexdigest())}
+
+    def wanted(offset: int, name: str) -> _Wanted:
+        return _Wanted(offset, torch.empty(10, dtype=torch.uint8), [SimpleNamespace(storage_index=SimpleNamespace(fqn=name))])
+
+    problems = reader._read_from(None, "f", [wanted(-5, "a"), wanted(5, "b")])
+    assert problems and "a" in problems[0], problems
