@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import subprocess
@@ -352,8 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parts = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in parts if s not in PARTS]
-    if unknown or args.size_gb <= 0:
-        p.error(f"unknown part(s) {unknown}; valid: {','.join(PARTS)}" if unknown else "--size-gb must be > 0")
+    if unknown:
+        p.error(f"unknown part(s) {unknown}; valid: {','.join(PARTS)}")
+    for flag, value in (("--size-gb", args.size_gb), ("--budget-s", args.budget_s)):
+        if not (math.isfinite(value) and value > 0):
+            p.error(f"{flag} must be a number > 0, got {value:g}")
     _DEADLINE[0] = time.monotonic() + args.budget_s
     out = args.out or Path(tempfile.mkdtemp(prefix="gpu-check-out-"))
     out.mkdir(parents=True, exist_ok=True)
