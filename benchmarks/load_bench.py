@@ -7,28 +7,32 @@ but the page cache's), and two slurmft source trees can be compared on the same 
     python benchmarks/load_bench.py TREE load DIR     # load it; COLD=1 drops its pages from the cache first
     python benchmarks/load_bench.py TREE micro DIR    # the floors: reads, a first touch, host-to-device copies
 
-TREE is a slurmft source tree (e.g. ``git archive <rev> slurmft | tar -x -C TREE``); ``DEV=cpu``
-(8192-wide layers on cuda, 2048 on the CPU). Each prints one ``RESULT {json}`` line. The load's
+TREE is a directory holding a slurmft source tree (e.g. ``git archive <rev> slurmft | tar -x -C
+TREE``); ``DEV=cpu`` (8192-wide layers on cuda, 2048 on the CPU). The load's
 phases are timed by wrapping the reader's methods: reading + hashing into host buffers,
 delivering (unpickling each tensor and copying it into the state), the rest of ``read_data``
 (allocating the buffers), and ``TrainState.load_state_dict``; plus CPU time, minor page faults,
 the share of the shard files in the page cache before the load, and a digest of the loaded state
-(equal across trees: the same bytes loaded). Results: docs/performance.md, "Loading".
+(equal across trees: the same bytes loaded). It prints a table of the result, or with ``--json``
+one JSON object. Results: docs/performance.md, "Loading".
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import hashlib
 import json
+import math
 import os
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
-DEV = os.environ.get("DEV", "cuda")
-SIZE = float(os.environ.get("SIZE", "3"))
+DEV = "cuda"   # $DEV and $SIZE, checked by main()
+SIZE = 3.0
 
 
 def _sync() -> None:
@@ -193,14 +197,41 @@ def _micro(where: str) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    tree, action, where = sys.argv[1:4]
-    sys.path.insert(0, tree)
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    global DEV, SIZE
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("tree", type=Path, help="a directory holding a slurmft source tree (TREE/slurmft)")
+    p.add_argument("action", choices=("save", "load", "micro"))
+    p.add_argument("dir", type=Path, help="the run directory the checkpoint is saved to / loaded from")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = p.parse_args(argv)
+    if not (args.tree / "slurmft" / "__init__.py").is_file():
+        p.error(f"TREE {args.tree}: no slurmft package in it")
+    DEV = os.environ.get("DEV", "cuda")
+    if DEV not in ("cuda", "cpu"):
+        p.error(f"DEV={DEV!r}: must be cuda or cpu")
+    try:
+        SIZE = float(os.environ.get("SIZE", "3"))
+    except ValueError:
+        SIZE = math.nan
+    if not (math.isfinite(SIZE) and SIZE > 0):
+        p.error(f"SIZE={os.environ.get('SIZE')!r}: must be a number of GiB > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    sys.path.insert(0, str(args.tree))
     import torch
 
-    result = {"tree": tree, "action": action, "torch": torch.__version__,
-              **{"save": _save, "load": _load, "micro": _micro}[action](where)}
-    print("RESULT " + json.dumps(result), flush=True)
+    result = {"tree": str(args.tree), "action": args.action, "torch": torch.__version__,
+              **{"save": _save, "load": _load, "micro": _micro}[args.action](str(args.dir))}
+    if args.json:
+        print(json.dumps(result), flush=True)
+        return
+    print("| what | value |\n| --- | --- |")
+    for key, value in result.items():
+        print(f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |")
 
 
 if __name__ == "__main__":
