@@ -7,11 +7,16 @@ rank must not act on its own flag: ``should_stop()`` all-reduces MAX of the flag
 and every rank gets the same answer at the same step. Then all ranks join one emergency save of
 that step and exit with ``slurmft.exitcodes.REQUEUE``.
 
-The agreement costs a collective and a host sync (``.item()``), so it runs only on every
-``check_every``-th call (``[preemption] check_every``, default 10): every rank counts its calls
-the same way, so they all agree at the same step. The price is latency: a signal is acted on at
-most ``check_every`` steps after it arrived (``check_every`` x step time must stay well inside
-the grace time the template asks for, 120 s). Without a process group there is nobody to agree
+The agreement costs a collective and a host sync (``.item()``), so it does not run on every call
+when steps are short: all ranks agree on the call count of the next agreement inside the agreement
+itself. Each rank proposes how many calls to wait, enough to cover about ``check_interval_s`` (5 s)
+at its own measured time per call and never more than ``check_every`` (10), and the ranks take the
+smallest proposal (the same all-reduce MAX carries the flag and the negated proposals). The first
+two calls always agree (the second measures the step time), so a signal is acted on within about
+``check_interval_s`` or ``check_every`` steps, whichever comes first: 0.1 s steps agree every 10
+steps, 60 s steps every step, and neither waits 10 minutes past the template's 120 s grace. A
+fixed count of steps could not know the step time; per-rank clocks alone would let ranks disagree
+on when to call the collective, and deadlock. Without a process group there is nobody to agree
 with and the local flag answers at once. ``benchmarks/step_cost_bench.py`` measures the cost.
 
 The handler only sets the flag; a second signal during the save sets it again and nothing else,
@@ -28,9 +33,11 @@ signal: the ranks agree at the next boundary, save and exit 85 (requeue me). Not
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -49,16 +56,18 @@ SECTION = "preemption"
 class PreemptionConfig:
     """``[preemption]`` settings (slurmft.toml, ``SLURMFT_PREEMPTION_<FIELD>``, or overrides).
 
-    check_every: steps between the ranks' agreements on "a signal arrived" in
+    check_every: the most steps between the ranks' agreements on "a signal arrived" in
       ``PreemptionHandler.should_stop()`` (10; each is one all-reduce and a host sync; ``Run`` agrees
       every step for free on ``report()``'s all-reduce).
+    check_interval_s: and about the most seconds between them, judged from the steps' measured
+      time (5.0): slow steps agree more often than every ``check_every``-th.
     """
 
-    check_every: int = 10  # steps between agreements (each one all-reduce + host sync)
+    check_every: int = 10  # the most steps between agreements (each one all-reduce + host sync)
+    check_interval_s: float = 5.0  # ... and about the most seconds
 
     def __post_init__(self) -> None:
-        if self.check_every < 1:
-            raise ValueError(f"check_every must be >= 1, got {self.check_every}")
+        _check_cadence(self.check_every, self.check_interval_s)
 
     @classmethod
     def load(cls, config_file: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
@@ -67,30 +76,43 @@ class PreemptionConfig:
         return load_section(cls, SECTION, config_file=config_file, environ=environ, overrides=overrides)
 
 
+def _check_cadence(check_every: int, check_interval_s: float) -> None:
+    if check_every < 1:
+        raise ValueError(f"check_every must be >= 1, got {check_every}")
+    if not (isinstance(check_interval_s, (int, float)) and math.isfinite(check_interval_s)
+            and check_interval_s > 0):
+        raise ValueError(f"check_interval_s must be a finite number > 0, got {check_interval_s!r}")
+
+
 class PreemptionHandler:
     """Installs the flag-setting handlers; ``should_stop()`` is the collective decision.
 
     signals: the signals that mean "save and requeue" (USR2, TERM). process_group: who agrees
     (default: the world). device: where the flag is all-reduced ("cpu"; a CUDA device for NCCL).
-    check_every: all-reduce on every k-th ``should_stop()`` call only (10; ``[preemption]``).
+    check_every, check_interval_s: the most calls of ``should_stop()`` between two all-reduces (10),
+    and about the most seconds at the measured time per call (5.0; both ``[preemption]``).
     parent_poll_s: how often the parent-watch thread checks that the process which started this
     rank is still its parent (0.5 s; None or 0: no watch).
     """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS, *,
                  process_group: Any = None, device: torch.device | str = "cpu",
-                 check_every: int = PreemptionConfig.check_every, parent_poll_s: float | None = 0.5) -> None:
-        if check_every < 1:
-            raise ValueError(f"check_every must be >= 1, got {check_every}")
+                 check_every: int = PreemptionConfig.check_every,
+                 check_interval_s: float = PreemptionConfig.check_interval_s,
+                 parent_poll_s: float | None = 0.5) -> None:
+        _check_cadence(check_every, check_interval_s)
         self.signals = tuple(signals)
         self.process_group = process_group
         self.device = torch.device(device)
         self.check_every = check_every
+        self.check_interval_s = float(check_interval_s)
         self.received: signal.Signals | None = None
         self.count = 0
         self.agreements = 0  # collectives run so far
         self._previous: dict[signal.Signals, Callable | int | None] = {}
         self._calls = 0
+        self._next_agreement = 1  # the call that agrees next: the first two calls always do
+        self._last_agreement: tuple[int, float] | None = None  # (call, time.monotonic() at its end)
         self.parent_poll_s = parent_poll_s
         self.orphaned = False  # the launcher that started this rank is gone
         self._stop_watch = threading.Event()
@@ -150,15 +172,26 @@ class PreemptionHandler:
     def should_stop(self, *, force: bool = False) -> bool:
         """Collective: True on every rank when any rank saw a signal. Call on every rank, every step.
 
-        The all-reduce runs on every ``check_every``-th call (all ranks count calls identically)
+        The all-reduce runs on the calls the ranks agreed on in the previous one (module docstring)
         or when ``force`` is given on every rank; other calls return False without communicating.
         """
         if not (dist.is_available() and dist.is_initialized()):
             return self.requested  # a single process: its own flag is the decision
         self._calls += 1
-        if not force and self._calls % self.check_every:
+        if not force and self._calls < self._next_agreement:
             return False
+        wait = 1  # no measurement yet: agree again at the next call, which measures
+        if self._last_agreement is not None:
+            # The time since the last agreement ended: this rank's steps, not the others' lateness.
+            calls, since = self._calls - self._last_agreement[0], time.monotonic() - self._last_agreement[1]
+            per_call = since / calls if calls > 0 else 0.0
+            wait = (self.check_every if per_call <= 0
+                    else max(1, min(self.check_every, int(self.check_interval_s / per_call))))
         self.agreements += 1
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.process_group)
-        return bool(flag.item())
+        # One MAX carries both: the flag, and the smallest proposal as the largest negated one.
+        both = torch.tensor([1 if self.requested else 0, -wait], dtype=torch.int64, device=self.device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.process_group)
+        flag, negated = both.tolist()
+        self._next_agreement = self._calls - negated
+        self._last_agreement = (self._calls, time.monotonic())
+        return bool(flag)

@@ -209,7 +209,9 @@ class Run(StepBoundary, RunEndings):
                                           on_fire=self._on_hang).start()
             self._checkpoints.watchdog = self._watchdog  # saves between steps are watched too
         self._preemption = PreemptionHandler(process_group=self.process_group, device=self.device,
-                                             check_every=self.preemption_config.check_every).install()
+                                             check_every=self.preemption_config.check_every,
+                                             check_interval_s=self.preemption_config.check_interval_s
+                                             ).install()
         self._boundary = BoundaryCheck(rank=self.rank, enabled=self.config.check_boundaries)
         self._boundary.mark()
         self._audit.trace_window()  # from here to the loop's first step: the lines that draw

@@ -171,9 +171,11 @@ def test_bad_config_value_exits_86_naming_the_key(tmp_path):
 @pytest.mark.timeout(60)
 def test_preemption_check_every_setting_reaches_the_handler(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURMFT_PREEMPTION_CHECK_EVERY", "3")
+    monkeypatch.setenv("SLURMFT_PREEMPTION_CHECK_INTERVAL_S", "30")
     model, optimizer, run = make_run(tmp_path / "run")
     with run:
         assert run.preemption is not None and run.preemption.check_every == 3
+        assert run.preemption.check_interval_s == 30
         for _step in run.steps(1):
             train(model, optimizer, run, draw_batch())
 
