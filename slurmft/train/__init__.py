@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "SamplerError": "slurmft.train.sampler",
     "PreemptionHandler": "slurmft.train.preemption",
     "PreemptionConfig": "slurmft.train.preemption",
+    "LoaderWorkerInit": "slurmft.train.loader_workers",
+    "loader_worker_init": "slurmft.train.loader_workers",
     "Heartbeat": "slurmft.train.heartbeat",
     "StepGuard": "slurmft.train.guards",
     "GuardConfig": "slurmft.train.guards",

@@ -11,9 +11,9 @@ import slurmft.train as train
 
 PUBLIC = [
     "BoundaryCheck", "CheckpointConfig", "CheckpointError", "CheckpointManager", "GuardConfig",
-    "GuardResult", "Heartbeat", "JobEnv", "PreemptionConfig", "PreemptionHandler", "ResumableSampler",
+    "GuardResult", "Heartbeat", "JobEnv", "LoaderWorkerInit", "PreemptionConfig", "PreemptionHandler", "ResumableSampler",
     "ResumeDivergenceWarning", "Run", "RunConfig", "SamplerError", "SaveStats", "Segment",
-    "StepGuard", "StepWatchdog", "TrainState", "Verdict", "step_generator",
+    "StepGuard", "StepWatchdog", "TrainState", "Verdict", "loader_worker_init", "step_generator",
 ]
 
 
