@@ -50,8 +50,9 @@ INALLOC_HANG_TIMEOUT_S = 60.0
 # world and torchrun restarts it in place; on the requeue path 3600 s leaves it to the watcher.
 INALLOC_WATCHDOG_S = 10.0
 MODES = {"watch": "slurmft watch (requeue)", "slurm": "Slurm alone", "operator": "slurmft watch --operator",
-         "inalloc": "in-allocation, 1 spare", "shrink": "in-allocation, shrink"}
-IN_ALLOCATION = ("inalloc", "shrink")
+         "inalloc": "in-allocation, 1 spare", "shrink": "in-allocation, shrink",
+         "spent": "in-allocation, no spare left (requeue)"}
+IN_ALLOCATION = ("inalloc", "shrink", "spent")
 # node_freeze: every process of a node SIGSTOPped, slurmd included. On this one-host devcluster
 # a killed node's sockets are closed by the kernel (its peers see a reset at once); a frozen node
 # keeps them open and answers nothing, as a powered-off or hung node on a real network does.
@@ -70,6 +71,8 @@ def mode_job(mode: str) -> tuple[int, list[str], dict[str, str]]:
         return NODES + 1, ["--no-kill"], {"SLURMFT_SPARE_NODES": "1"}
     if mode == "shrink":
         return NODES, ["--no-kill"], {"SLURMFT_IN_ALLOCATION": "1", "SLURMFT_MIN_NODES": str(NODES - 1)}
+    if mode == "spent":  # a spare already used: no spare, no room to shrink -> the requeue path
+        return NODES, ["--no-kill"], {"SLURMFT_IN_ALLOCATION": "1", "SLURMFT_MIN_NODES": str(NODES)}
     return NODES, [], {}
 
 
@@ -97,6 +100,7 @@ class Trial:
         self.victim: str | None = None
         self.states: set[str] = set()
         self.ended_since: float | None = None
+        self.timeline: list[tuple] = []
 
     def events(self, kinds: list[str] | None = None):
         return read_events(RunDir(self.run).events, kinds)
@@ -188,8 +192,10 @@ class Trial:
         Slurm alone, a job that stayed ended for ``ENDED_S`` after a crash or hang (nothing requeues it) ends
         the wait early; a requeue passes through ended-looking states only briefly."""
         try:
-            state = self.client.job(self.job_id).state
+            job = self.client.job(self.job_id)
+            state = job.state
             self.states.add(state.value)
+            self._note(job)
             if not state.finished:
                 self.ended_since = None
             elif self.mode == "slurm" and self.fault not in NODE_FAULTS:
@@ -200,12 +206,59 @@ class Trial:
             pass
         return predicate()
 
+    def _note(self, job) -> None:
+        """The job's timeline: each change of its state, reason or restart count, when seen."""
+        seen = (job.state.value + (" COMPLETING" if job.completing else ""), job.reason,
+                job.restart_count)
+        if not self.timeline or self.timeline[-1][1:] != seen:
+            self.timeline.append((time.time(), *seen))
+
+    def phases(self, fault_at: float, down_at: float | None, back: dict | None) -> dict:
+        """Where a requeue's seconds go, each phase's end in seconds after the fault: from the
+        journal (the launcher's detection and requeue, the watcher's actions, the new run's
+        start and its ranks' restart_phases), the job's states as polled and the node's DOWN."""
+        def after(t):
+            return None if t is None else round(t - fault_at, 2)
+
+        def first(kind, **match):
+            for e in self.events([kind]):
+                if e.time and e.time >= fault_at and all(e.get(k) == v for k, v in match.items()):
+                    return e
+            return None
+
+        out: dict = {}
+        e = first("fault_detected")
+        out["detected"] = after(e.time if e else None)
+        e = first("template", action="requeue")
+        out["launcher_requeue"] = after(e.time if e else None)
+        for t, state, reason, restarts in self.timeline:
+            if t < fault_at:
+                continue
+            if state != "RUNNING" and "left_running" not in out:
+                out["left_running"] = after(t)
+            if state.startswith("PENDING") and "pending" not in out:
+                out["pending"] = after(t)
+                out["pending_reason"] = reason
+            if state == "RUNNING" and restarts >= 1 and "running_again" not in out:
+                out["running_again"] = after(t)
+        out["node_down"] = after(down_at)
+        for e in self.events(["recovery_action"]):
+            if e.time and e.time >= fault_at and e.get("where") != "allocation":
+                out.setdefault(f"watch_{e.get('action')}", after(e.time))
+        e = first("segment_start")
+        out["segment_start"] = after(e.time if e else None)
+        out["training_again"] = after(back["time"] if back else None)
+        out["timeline"] = [(after(t), state, reason, restarts) for t, state, reason, restarts
+                           in self.timeline if t >= fault_at - 1]
+        return out
+
     def measure(self, cap: float) -> dict:
         self.start()
         fault_at = self.inject()
         result: dict = {"fault": self.fault, "mode": self.mode, "watched": self.watched,
                         "victim": self.victim}
-        if self.fault in NODE_FAULTS and self.mode not in IN_ALLOCATION:
+        down = None
+        if self.fault in NODE_FAULTS and self.mode not in ("inalloc", "shrink"):
             down = self.wait(lambda: self.observe(
                 lambda: self.client.nodes([self.victim])[self.victim].down and time.time()), cap)
             running = self.wait(lambda: self.observe(
@@ -215,6 +268,8 @@ class Trial:
         back = self.wait(lambda: self.observe(lambda: self.back(fault_at)), cap)
         if back and "ended" in back:
             result["ended"], back = back["ended"], None
+        if self.mode == "spent" or (self.fault in NODE_FAULTS and self.mode not in IN_ALLOCATION):
+            result["requeue_phases"] = self.phases(fault_at, down, back)
         result["recovered"] = back is not None
         result["recover_s"] = back["time"] - fault_at if back else None
         result["back"] = back

@@ -55,7 +55,8 @@ CLUSTER_NODES = NODES + 1  # room for the spare
 # A frozen node's last job may stay COMPLETING on it until Slurm gave up on it (SlurmdTimeout)
 RESET_S = 300.0
 MODE_FAULTS = {"watch": FAULTS, "slurm": FAULTS, "operator": NODE_FAULTS,
-               "inalloc": ("node_death", "node_freeze", "hang", "crash"), "shrink": NODE_FAULTS}
+               "inalloc": ("node_death", "node_freeze", "hang", "crash"), "shrink": NODE_FAULTS,
+               "spent": NODE_FAULTS}
 
 
 def cycle_with_many_jobs(cluster: DevCluster, root: Path, jobs: int) -> dict:

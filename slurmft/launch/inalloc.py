@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -34,7 +33,7 @@ from typing import Callable, Mapping, Sequence
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import beatnet, nodesteps, nodestate, orphan
+from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan
 from slurmft.launch import spare as spare_task
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
@@ -46,7 +45,6 @@ from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.settings import LaunchSettings
 from slurmft.launch.signals import SignalLog
 from slurmft.rundir import RunDir
-from slurmft.slurm.client import SlurmError
 
 POLL_S = 0.5
 STARTUP_S = 120.0        # srun + python + the first beat of a node's task on a loaded node
@@ -107,6 +105,7 @@ class Supervisor:
         self.node_states = nodestate.NodeStates(client, self._watched, voice.log,
                                                  poll_s=alloc.node_poll_s)
         self._warned_unfit: set[str] = set()
+        self.kills = handback.StepKills(client, ident.slurm_id, voice.log)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -333,15 +332,13 @@ class Supervisor:
             except subprocess.TimeoutExpired:  # unkillable: not waited on
                 pass
         if self.client is not None and step_id is not None:
-            # In a thread: the controller answers only once it gave up on a dead node (10 s+).
-            threading.Thread(target=self._kill_step, args=(node, step_id), daemon=True,
-                             name=f"slurmft-kill-{node}").start()
+            self.kills.send(node, step_id)
 
-    def _kill_step(self, node: str, step_id: str) -> None:
-        try:
-            self.client.signal_step(self.ident.slurm_id, step_id, "KILL")
-        except SlurmError as exc:
-            self.voice.log(f"WARNING: could not kill step {step_id} on {node} through Slurm: {exc}")
+    def lost(self, exclude: Sequence[str]) -> list[str]:
+        """The nodes this allocation lost (``exclude`` and every node fenced), but the batch
+        host: its death is the job's end, and its step holds the launcher."""
+        names = [*exclude, *self.alloc.fenced_nodes]
+        return [n for n in dict.fromkeys(names) if n != self.rdzv.host]
 
     # -- signals and the end -------------------------------------------------------------------
 

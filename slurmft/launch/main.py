@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 from slurmft import exitcodes, journal
 from slurmft.journal import read_events, segment_outcome
 from slurmft.launch import identity as identity_mod
-from slurmft.launch import alloc_settings, claim, inalloc, preflight, rendezvous, requeue
+from slurmft.launch import alloc_settings, claim, handback, inalloc, preflight, rendezvous, requeue
 from slurmft.launch import settings as settings_mod
 from slurmft.launch.journaling import Voice
 from slurmft.launch.outcome import Next, decide
@@ -197,6 +197,8 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
             srun_rc = supervisor.run(pending=signals.take())
         except inalloc.GoRequeue as exc:
             supervisor.stop_all()
+            handback.release_lost(client, ident.slurm_id, supervisor.lost(list(exc.exclude)),
+                                  supervisor.kills.reached, voice.log)
             return requeue.requeue_self(client, ident, voice, exc.reason, exc.exclude)
         except inalloc.GiveUp as exc:
             supervisor.stop_all()

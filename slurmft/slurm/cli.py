@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Sequence
 from slurmft import steppoint
 from slurmft.slurm import parse_steps, policy, validate
 from slurmft.slurm.client import (
-    InvalidArgument, Job, JobNotFound, Node, OutcomeUnknown, SlurmError, SlurmInfo,
+    InvalidArgument, Job, JobNotFound, JobState, Node, OutcomeUnknown, SlurmError, SlurmInfo,
 )
 from slurmft.slurm.config import SlurmConfig
 from slurmft.slurm.parse_jobs import SACCT_TEXT_FIELDS, parse_sacct, parse_sacct_text, parse_squeue
@@ -283,6 +283,24 @@ class CliSlurmClient:
             argv.append("StartTime=now")
         self._change(argv, lambda: policy.pending_update_done(self.job(job_id), extra, start_now,
                                                               readmit))
+
+    def release_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Take ``nodes`` out of the running job's allocation (``scontrol update JobId=J
+        NodeList=<the others>``, the owner may): Slurm then ends or requeues the job without
+        waiting on their slurmd. Raises SlurmError when the job is not RUNNING or would keep no
+        node, and does nothing when none of ``nodes`` is in it."""
+        job_id = validate.job_id(job_id)
+        gone = set(validate.node_names(nodes))
+        job = self.job(job_id)
+        if job.state is not JobState.RUNNING or job.completing:
+            raise SlurmError(f"job {job_id} is {job.state.value}, not RUNNING: no node released")
+        keep = [n for n in job.nodes if n not in gone]
+        if len(keep) == len(job.nodes):
+            return
+        if not keep:
+            raise SlurmError(f"job {job_id}: releasing {','.join(sorted(gone))} would leave it no node")
+        self._change(["scontrol", "update", f"JobId={job_id}", f"NodeList={validate.compress_nodes(keep)}"],
+                     lambda: not gone & set(self.job(job_id).nodes))
 
     def comment(self, job_id: str) -> str:
         """The job's comment text ('' when none): ``squeue -h -o %k`` (text output honours ``-j``

@@ -230,6 +230,10 @@ class SlurmClient(Protocol):
         """Merge ``exclude_nodes`` into the job's ExcNodeList, take ``readmit_nodes`` out of it,
         and/or set StartTime=now."""
 
+    def release_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        """Take ``nodes`` out of the running job's allocation (its owner may): Slurm then ends
+        or requeues the job without waiting on them."""
+
     def requeue_hold(self, job_id: str) -> bool:
         """``scontrol requeuehold``: a job that ended without success goes back into the queue held
         (visible in squeue; ``scontrol release`` starts it again), decided from its state like

@@ -270,6 +270,9 @@ class PyslurmClient:
     def user_jobs(self, user: str) -> dict:
         return self._cli.user_jobs(user)
 
+    def release_nodes(self, job_id: str, nodes: Sequence[str]) -> None:
+        self._cli.release_nodes(job_id, nodes)  # rare (a requeue from the allocation): the CLI suffices
+
     def set_down(self, node: str, reason: str) -> None:
         self._cli.set_down(node, reason)  # rare and operator-only: the CLI's checks suffice
 

@@ -211,3 +211,26 @@ def test_signal_step_refuses_what_is_not_a_step(job, step):
     with pytest.raises(InvalidArgument):
         c.signal_step(job, step)
     assert replay.calls == []
+
+
+def test_release_nodes_keeps_the_rest_of_a_running_job_and_refuses_an_ending_one():
+    """In-allocation mode's requeue hands a dead node back first (launch/handback.py): the
+    running job keeps its other nodes; nothing is sent for a node not in it, a bad name or a job
+    Slurm is already ending (the COMPLETING one right after a requeue, captured on 22.05)."""
+    running = (FIX / "2205/squeue_running_failed_completed.json").read_text()
+    c, replay = client("22.05.8", lambda argv: running if argv[0] == "squeue" else "")
+    c.release_nodes("1", ["n2"])
+    assert replay.calls[-1] == ("scontrol", "update", "JobId=1", "NodeList=n1")
+    sent = len(replay.calls)
+    c.release_nodes("1", ["n7"])  # not the job's: nothing to do
+    with pytest.raises(SlurmError, match="would leave it no node"):
+        c.release_nodes("1", ["n1", "n2"])
+    with pytest.raises(InvalidArgument):
+        c.release_nodes("1", ["n2;reboot"])
+    assert not any(call[:2] == ("scontrol", "update") for call in replay.calls[sent:])
+
+    completing = (FIX / "2205/squeue_requeued_completing.json").read_text()
+    c, replay = client("22.05.8", lambda argv: completing if argv[0] == "squeue" else "")
+    with pytest.raises(SlurmError, match="not RUNNING: no node released"):
+        c.release_nodes("1", ["n2"])
+    assert not any(call[:2] == ("scontrol", "update") for call in replay.calls)

@@ -1,0 +1,115 @@
+"""Before a requeue from the allocation, hand the lost nodes back to Slurm.
+
+Under ``--no-kill`` a requeued job stays COMPLETING until every node of it has ended it, and a
+node whose slurmd is dead never does: Slurm waits until it calls the node DOWN, SlurmdTimeout
+after its last answer (devcluster, a node killed with no spare left: 21 s of a 46 s recovery at
+SlurmdTimeout 10, 127 s of 149 s at 120; real clusters default to 300). Taken out of the job
+first (``scontrol update JobId=J NodeList=<the others>``, which the job's owner may do), the
+requeue ends in under a second.
+
+Only a node Slurm no longer schedules is released (NOT_RESPONDING, DOWN, DRAIN, FAIL): a dead
+node it still thinks up would be handed to the next job in the queue (seen on the devcluster:
+the requeued job itself started on it). Slurm flags a dead node NOT_RESPONDING once a message
+to it fails (here the KILL of its step sent at the fence; ~10-15 s on the devcluster, about
+MessageTimeout on a real network), so the launcher waits for that flag, bounded by ``WAIT_S``;
+not for a node whose step Slurm could signal (its slurmd answers: the job ends there at once).
+Whatever fails here, the requeue goes on as before: this only shortens it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Sequence
+
+from slurmft.slurm.client import Node, NodeState, SlurmError
+
+class StepKills:
+    """The KILLs sent through Slurm to fenced nodes' steps (``scancel --signal=KILL JOB.STEP``,
+    each in a thread: the controller answers only once it gave up on a dead node, 10 s+), and
+    whether Slurm could deliver each."""
+
+    def __init__(self, client, job_id: str, log: Callable[[str], None]) -> None:
+        self.client, self.job_id, self.log = client, job_id, log
+        self._threads: dict[str, threading.Thread] = {}
+        self._done: dict[str, bool] = {}
+
+    def send(self, node: str, step_id: str) -> None:
+        thread = threading.Thread(target=self._kill, args=(node, step_id), daemon=True,
+                                  name=f"slurmft-kill-{node}")
+        self._threads[node] = thread
+        thread.start()
+
+    def _kill(self, node: str, step_id: str) -> None:
+        try:
+            self.client.signal_step(self.job_id, step_id, "KILL")
+            self._done[node] = True
+        except SlurmError as exc:
+            self._done[node] = False
+            self.log(f"WARNING: could not kill step {step_id} on {node} through Slurm: {exc}")
+
+    def reached(self, node: str) -> bool | None:
+        """Could Slurm signal ``node``'s step (its slurmd answers)? None while the KILL is under
+        way; False when it failed or none was sent."""
+        if node in self._done:
+            return self._done[node]
+        thread = self._threads.get(node)
+        return None if thread is not None and thread.is_alive() else False
+
+
+WAIT_S = 60.0   # for Slurm to flag a dead node; past it the requeue waits on Slurm as before
+POLL_S = 1.0
+
+
+def unschedulable(node: Node) -> bool:
+    """Slurm will not start a job on it: not responding, DOWN, drained or failing."""
+    return (not node.responding or node.state is NodeState.DOWN or node.drained
+            or "FAIL" in node.flags or "FAILING" in node.flags)
+
+
+def release_lost(client, job_id: str, nodes: Sequence[str],
+                 reached: Callable[[str], bool | None], log: Callable[[str], None], *,
+                 wait_s: float = WAIT_S, poll_s: float = POLL_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> list[str]:
+    """Release from ``job_id`` those of ``nodes`` whose slurmd is gone, once Slurm flags them;
+    return the nodes released. ``reached(node)``: True when Slurm signalled the node's step
+    (its slurmd answers: nothing to release), False when it could not, None not known yet."""
+    if client is None or not nodes:
+        return []
+    deadline = clock() + wait_s
+    flagged: list[str] = []
+    while True:
+        waiting = [n for n in nodes if reached(n) is not True]
+        if not waiting:
+            return []
+        try:
+            states = client.nodes(list(waiting))
+        except SlurmError as exc:
+            log(f"WARNING: could not read the state of {','.join(waiting)}: {exc}; the requeue "
+                "waits on Slurm to end the job there")
+            return []
+        flagged = [n for n in waiting if n in states and unschedulable(states[n])]
+        if len(flagged) == len(waiting) or clock() >= deadline:
+            break
+        sleep(poll_s)
+    late = [n for n in waiting if n not in flagged]
+    if late:
+        log(f"{','.join(late)} not yet flagged by Slurm after {wait_s:g} s: left in the job (the "
+            "requeue waits on Slurm to end the job there)")
+    if not flagged:
+        return []
+    try:
+        client.release_nodes(job_id, flagged)
+    except SlurmError as exc:
+        log(f"WARNING: could not release {','.join(flagged)} from the job: {exc}; the requeue "
+            "waits on Slurm to end the job there")
+        return []
+    log(f"released {','.join(flagged)} from the job (Slurm flagged it "
+        f"{'/'.join(sorted(_flags(states[n]) for n in flagged))}): the requeue need not wait "
+        "for SlurmdTimeout")
+    return flagged
+
+
+def _flags(node: Node) -> str:
+    return ",".join([node.state.value, *sorted(node.flags)])
