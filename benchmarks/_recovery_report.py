@@ -17,7 +17,12 @@ ISSUE_KEYS = {"requeue_node_death_s": ("node_death", "watch"),
               "inalloc_node_freeze_s": ("node_freeze", "inalloc"),
               "requeue_node_freeze_s": ("node_freeze", "watch"),
               # a frozen rank on a healthy node, restarted in place (the ranks' watchdog)
-              "inalloc_hang_s": ("hang", "inalloc")}
+              "inalloc_hang_s": ("hang", "inalloc"),
+              # a node lost in the allocation with no spare left (the spare used): the requeue
+              "inalloc_requeue_node_death_s": ("node_death", "spent")}
+# The requeue's phases (``Trial.phases``), each in seconds after the fault, in order.
+REQUEUE_PHASES = ("detected", "launcher_requeue", "left_running", "pending", "watch_start_now",
+                  "running_again", "segment_start", "training_again", "node_down")
 
 
 def timeout_summary(results: list[dict], slurmd_timeout: int, cap: float) -> dict:
@@ -182,7 +187,7 @@ def print_run(run: dict, summary: dict) -> None:
               f"alone {run['slurm_alone_crash_recovered']} | "
               f"{'yes' if run['crash_recovered'] else 'NO'} |")
     for r in results:
-        if r["mode"] not in IN_ALLOCATION:
+        if r["mode"] not in IN_ALLOCATION or r["mode"] == "spent":  # spent: a requeue by design
             continue
         stayed = r.get("job_states_seen") == ["RUNNING"]
         back = r.get("back") or {}
@@ -195,6 +200,16 @@ def print_run(run: dict, summary: dict) -> None:
               f"step{', <= 15 s' if r['mode'] == 'inalloc' and r['fault'] != 'crash' else ''} | "
               f"states {','.join(r.get('job_states_seen', []))}, {fmt(r['recover_s'])} s, "
               f"fenced {r.get('fenced')} | {'yes' if all(checks) else 'NO'} |")
+    requeues = [r for r in results if r.get("requeue_phases")]
+    if requeues:
+        print("\nrequeue phases, seconds after the fault (the journal, the job's states as polled, "
+              "the node's DOWN):\n")
+        print("| fault | mode | " + " | ".join(REQUEUE_PHASES) + " |")
+        print("| --- | --- |" + " ---: |" * len(REQUEUE_PHASES))
+        for r in requeues:
+            ph = r["requeue_phases"]
+            print(f"| {r['fault']} | {MODES[r['mode']]} | "
+                  + " | ".join(fmt(ph.get(k)) for k in REQUEUE_PHASES) + " |")
     phases = run.get("restart_phases")
     if phases:
         print("\nrestart phases (the ranks' restart_phases event of the in-allocation recovery): "

@@ -1,4 +1,5 @@
-"""Before a requeue from the allocation, hand the lost nodes back to Slurm.
+"""The fenced nodes' step KILLs through Slurm, and before a requeue from the allocation the lost
+nodes handed back to Slurm.
 
 Under ``--no-kill`` a requeued job stays COMPLETING until every node of it has ended it, and a
 node whose slurmd is dead never does: Slurm waits until it calls the node DOWN, SlurmdTimeout
@@ -8,10 +9,10 @@ first (``scontrol update JobId=J NodeList=<the others>``, which the job's owner 
 requeue ends in under a second.
 
 Only a node Slurm no longer schedules is released (NOT_RESPONDING, DOWN, DRAIN, FAIL): a dead
-node it still thinks up would be handed to the next job in the queue (seen on the devcluster:
-the requeued job itself started on it). Slurm flags a dead node NOT_RESPONDING once a message
-to it fails (here the KILL of its step sent at the fence; ~10-15 s on the devcluster, about
-MessageTimeout on a real network), so the launcher waits for that flag, bounded by ``WAIT_S``;
+node it still thinks up would be handed to the next job in the queue (seen on the devcluster,
+with no ExcNodeList: the requeued job itself started on it). Slurm flags a dead node
+NOT_RESPONDING once a message to it fails (here the KILL of its step sent at the fence: 10-21 s
+after it on the devcluster), so the launcher waits for that flag, bounded by ``WAIT_S``;
 not for a node whose step Slurm could signal (its slurmd answers: the job ends there at once).
 Whatever fails here, the requeue goes on as before: this only shortens it.
 """

@@ -8,7 +8,6 @@ until SlurmdTimeout (127 s of a 149 s recovery here; 300 s by default on a real 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 

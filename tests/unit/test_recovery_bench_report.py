@@ -91,3 +91,23 @@ def test_a_timeout_given_again_is_a_run_of_its_own_and_its_worst_trial_is_the_is
     runs.append(timeout_summary([{**watch, "mode": "inalloc", "recover_s": None,
                                   "recovered": False}], 120, 240.0))
     assert issue_keys(runs)["inalloc_crash_s"]["120"] is None  # not recovered is the worst
+
+
+def test_a_requeue_from_the_allocation_prints_its_phases_and_is_not_judged_as_one_that_stayed():
+    """The 'spent' mode (in the allocation, no spare left: a requeue by design), measured before
+    the dead node was released from the job (2026-11-27): each phase after the fault, and no
+    'job never left RUNNING' target row for it."""
+    out = tables("recovery_bench_spent_before_2026-11-27.json")
+    assert ("| node_death | in-allocation, no spare left (requeue) | 4.6 | 5.2 | 5.4 | 132.1 | - | "
+            "133.6 | 148.8 | 149.2 | 132.1 |") in out
+    assert "job never left RUNNING" not in out
+    data = json.loads((RESULTS / "recovery_bench_spent_before_2026-11-27.json").read_text())
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _recovery_report import issue_keys, timeout_summary
+    finally:
+        sys.path.remove(str(BENCH))
+    # the keys as a run gives them now (the file was saved before the key was named)
+    keys = issue_keys([timeout_summary(r["trials"], r["slurmd_timeout_s"], r["cap_s"]) for r in data["runs"]])
+    assert {t: round(v, 1) for t, v in keys["inalloc_requeue_node_death_s"].items()} == \
+        {"10": 46.4, "120": 149.2}
