@@ -6,34 +6,32 @@ The rank only sets a flag and saves at the next agreed step boundary (``preempti
 usually draws another batch first; but torch's worker re-raises TERM's default action, and a
 spawned worker has no handler for USR2, so the worker dies and torch raises ``RuntimeError:
 DataLoader worker (pid(s) ...) exited unexpectedly`` in the rank, which then fails instead of
-saving. So the worker ignores USR2, and lets the first TERM pass: Slurm sends one (a preemption,
-the time limit, ``scancel``; then KILL after its grace). A second TERM ends it as before: that is
-how the rank's ``multiprocessing`` ends its daemonic workers at exit (terminate, then join without
-a bound), so a worker that ignored every TERM would hang a rank that exits without closing its
-loader, e.g. after its emergency save. Otherwise the worker ends as it always does: at the loader's
-shutdown, or when its watchdog sees the rank gone.
+saving. So the worker ignores USR2, and a TERM from anyone but its rank: a thread of its own takes
+every TERM (blocked in the worker, ``sigwaitinfo``), and ends the worker at once, exit 0, when the
+rank sent it, as torch's own handler does: that is how the rank's ``multiprocessing`` ends its
+daemonic workers at its exit (terminate, then join without a bound), so a worker that ignored every
+TERM would hang a rank that exits without closing its loader, e.g. after its emergency save.
+Otherwise the worker ends as it always does: at the loader's shutdown, when its watchdog sees the
+rank gone, or killed by Slurm at the end of the grace time.
 
-``DataLoader(..., worker_init_fn=slurmft.train.loader_worker_init)``, or
-``LoaderWorkerInit(your_fn)`` to run your own after it. torch calls it in each worker after its own
-signal handlers are set, so it overrides them. Picklable (a module-level class), for ``spawn`` and
-``forkserver`` workers. Not covered: multiprocessing's resource tracker and fork server (see
-docs/limitations.md).
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from typing import Callable
 
-from types import FrameType
 
-
-def _let_the_first_term_pass(signum: int, frame: FrameType | None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the next one ends the worker
+def _take_terms(rank: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == rank:
+            os._exit(0)  # the rank ends its worker: as torch's own TERM handler does
 
 
 class LoaderWorkerInit:
-    """In a DataLoader worker: ignore USR2 and the first TERM, then call ``then(worker_id)`` if given."""
+    """In a DataLoader worker: ignore USR2, and a TERM unless its rank sent it; then ``then(worker_id)``."""
 
     def __init__(self, then: Callable[[int], object] | None = None) -> None:
         if then is not None and not callable(then):
@@ -42,7 +40,11 @@ class LoaderWorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, _let_the_first_term_pass)
+        # Blocked before the thread starts, so that every thread of the worker inherits the mask
+        # and only the thread's sigwaitinfo takes a TERM.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        threading.Thread(target=_take_terms, args=(os.getppid(),), name="slurmft-loader-term",
+                         daemon=True).start()
         if self.then is not None:
             self.then(worker_id)
 

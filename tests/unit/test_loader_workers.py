@@ -6,19 +6,21 @@ rank fails before it can save."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from slurmft.train.loader_workers import LoaderWorkerInit, loader_worker_init
 
 RANK = textwrap.dedent("""
-    import os, signal, sys, time
+    import os, signal, subprocess, sys, time
     import torch
     from torch.utils.data import DataLoader, Dataset
     from slurmft.train import PreemptionHandler, loader_worker_init
@@ -33,12 +35,18 @@ RANK = textwrap.dedent("""
     with PreemptionHandler(parent_poll_s=None) as handler:
         loader = DataLoader(Numbers(), batch_size=4, num_workers=2, multiprocessing_context="fork",
                             persistent_workers=True,
-                            worker_init_fn=loader_worker_init if sys.argv[1] == "with" else None)
+                            worker_init_fn=None if sys.argv[1] == "without" else loader_worker_init)
         batches = iter(loader)
         for _ in range(3):  # batches come from workers 0, 1, 0: both have run their init
             next(batches)
+        if sys.argv[1] == "quiet":  # no preemption: the rank just ends, its loader still open
+            print("the rank ends")
+            sys.exit(0)
         try:  # torch raises a dead worker's error wherever the rank is, from its SIGCHLD handler
-            os.killpg(os.getpgrp(), signal.SIGTERM)  # every process of the step, as slurmstepd does
+            # every process of the step, from outside it, as slurmstepd sends it
+            subprocess.run([sys.executable, "-c", "import os, signal, sys; "
+                            "os.killpg(int(sys.argv[1]), signal.SIGTERM)", str(os.getpgrp())],
+                           start_new_session=True, check=True, timeout=60)
             deadline = time.monotonic() + 60
             while handler.received is None and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -49,39 +57,59 @@ RANK = textwrap.dedent("""
             sys.exit(3)
         print("batches still flow; the rank saw", handler.received.name)
     # ends without closing the loader, as after an emergency save: multiprocessing's exit hook
-    # terminates the workers (a second TERM) and joins them without a bound
+    # terminates the workers (a TERM from their rank) and joins them without a bound
 """)
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("init", ["with", "without"])
+@pytest.mark.parametrize("init", ["with", "without", "quiet"])
 def test_the_workers_live_through_a_term_to_the_whole_group_only_with_the_init(init):
     proc = subprocess.run([sys.executable, "-c", RANK, init], capture_output=True, text=True,
                           timeout=150, start_new_session=True)
     if init == "with":
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "batches still flow; the rank saw SIGTERM"
+    elif init == "quiet":  # the workers still end when their rank does, without a preemption
+        assert (proc.returncode, proc.stdout.strip()) == (0, "the rank ends"), proc.stderr[-2000:]
     else:  # what the init is for: torch's worker dies of the TERM, the rank with it
         assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr[-2000:])
         assert "rank failed: DataLoader worker" in proc.stdout
 
 
 def _seed(worker_id):
-    os.environ["SLURMFT_TEST_WORKER"] = str(worker_id)
+    print("then", worker_id, flush=True)
 
 
-def test_the_init_ignores_both_signals_then_runs_the_users_own_and_pickles():
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR2, signal.SIGTERM)}
+def _worker(init_pickled, ready):
+    pickle.loads(init_pickled)(7)  # as a spawn or forkserver worker gets it
+    ready.set()
+    while True:
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_a_term_from_a_stranger_is_ignored_one_from_the_rank_ends_the_worker_with_0(capfd):
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    worker = ctx.Process(target=_worker, args=(pickle.dumps(LoaderWorkerInit(_seed)), ready))
+    worker.start()
     try:
-        init = pickle.loads(pickle.dumps(LoaderWorkerInit(_seed)))  # as spawn/forkserver send it
-        init(7)
-        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
-        os.kill(os.getpid(), signal.SIGTERM)  # the first passes; a second would end the worker
-        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-        assert os.environ.pop("SLURMFT_TEST_WORKER") == "7"
-        assert pickle.loads(pickle.dumps(loader_worker_init)).then is None
+        assert ready.wait(60), "the worker never ran its init"
+        status = open(f"/proc/{worker.pid}/status").read()
+        ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+        assert ignored & (1 << (signal.SIGUSR2 - 1))
+        os.kill(worker.pid, signal.SIGUSR2)
+        subprocess.run(["kill", "-TERM", str(worker.pid)], check=True, timeout=30)  # a stranger's TERM
+        worker.join(2)
+        assert worker.exitcode is None, "a TERM from another process ended the worker"
+        os.kill(worker.pid, signal.SIGTERM)  # its rank's, as multiprocessing's terminate() sends
+        worker.join(60)
+        assert worker.exitcode == 0
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if worker.exitcode is None:
+            worker.kill()
+            worker.join(10)
+    assert capfd.readouterr().out == "then 7\n"
+    assert pickle.loads(pickle.dumps(loader_worker_init)).then is None
     with pytest.raises(TypeError, match="'then' must be callable, got int"):
         LoaderWorkerInit(3)  # type: ignore[arg-type]
