@@ -12,8 +12,11 @@ Only a node Slurm no longer schedules is released (NOT_RESPONDING, DOWN, DRAIN, 
 node it still thinks up would be handed to the next job in the queue (seen on the devcluster,
 with no ExcNodeList: the requeued job itself started on it). Slurm flags a dead node
 NOT_RESPONDING once a message to it fails (here the KILL of its step sent at the fence: 10-21 s
-after it on the devcluster), so the launcher waits for that flag, bounded by ``WAIT_S``;
-not for a node whose step Slurm could signal (its slurmd answers: the job ends there at once).
+after it on the devcluster), so the launcher waits for that flag, bounded by ``WAIT_S``, for a
+node whose step KILL Slurm could not deliver (or has not yet); not for one it delivered to (its
+slurmd answers: the job ends there at once), nor for one whose step had ended by itself (no KILL
+sent, no evidence: released only if Slurm flags it already; a task killed on a live node must
+not cost the wait).
 Whatever fails here, the requeue goes on as before: this only shortens it.
 """
 
@@ -25,10 +28,16 @@ from typing import Callable, Sequence
 
 from slurmft.slurm.client import Node, NodeState, SlurmError
 
+# What became of the KILL sent through Slurm to a fenced node's step (``StepKills.reached``).
+DELIVERED = "delivered"  # Slurm signalled the step: the node's slurmd answers
+FAILED = "failed"        # no answer or refused: likely a dead slurmd
+PENDING = "pending"      # under way (the controller answers a dead node's only after 10 s+)
+UNSENT = "unsent"        # none sent (the step had ended by itself): no evidence either way
+
+
 class StepKills:
     """The KILLs sent through Slurm to fenced nodes' steps (``scancel --signal=KILL JOB.STEP``,
-    each in a thread: the controller answers only once it gave up on a dead node, 10 s+), and
-    whether Slurm could deliver each."""
+    each in a thread), and whether Slurm could deliver each."""
 
     def __init__(self, client, job_id: str, log: Callable[[str], None]) -> None:
         self.client, self.job_id, self.log = client, job_id, log
@@ -49,13 +58,12 @@ class StepKills:
             self._done[node] = False
             self.log(f"WARNING: could not kill step {step_id} on {node} through Slurm: {exc}")
 
-    def reached(self, node: str) -> bool | None:
-        """Could Slurm signal ``node``'s step (its slurmd answers)? None while the KILL is under
-        way; False when it failed or none was sent."""
+    def reached(self, node: str) -> str:
+        """DELIVERED, FAILED, PENDING or UNSENT: what became of the KILL of ``node``'s step."""
         if node in self._done:
-            return self._done[node]
+            return DELIVERED if self._done[node] else FAILED
         thread = self._threads.get(node)
-        return None if thread is not None and thread.is_alive() else False
+        return PENDING if thread is not None and thread.is_alive() else UNSENT
 
 
 WAIT_S = 60.0   # for Slurm to flag a dead node; past it the requeue waits on Slurm as before
@@ -68,20 +76,19 @@ def unschedulable(node: Node) -> bool:
             or "FAIL" in node.flags or "FAILING" in node.flags)
 
 
-def release_lost(client, job_id: str, nodes: Sequence[str],
-                 reached: Callable[[str], bool | None], log: Callable[[str], None], *,
-                 wait_s: float = WAIT_S, poll_s: float = POLL_S,
+def release_lost(client, job_id: str, nodes: Sequence[str], reached: Callable[[str], str],
+                 log: Callable[[str], None], *, wait_s: float = WAIT_S, poll_s: float = POLL_S,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> list[str]:
     """Release from ``job_id`` those of ``nodes`` whose slurmd is gone, once Slurm flags them;
-    return the nodes released. ``reached(node)``: True when Slurm signalled the node's step
-    (its slurmd answers: nothing to release), False when it could not, None not known yet."""
+    return the nodes released. ``reached(node)``: what became of its step's KILL (``StepKills``):
+    a DELIVERED one is left alone; a FAILED or PENDING one is waited for (``wait_s``); an
+    UNSENT one (no evidence either way) is released only if Slurm flags it already."""
     if client is None or not nodes:
         return []
     deadline = clock() + wait_s
-    flagged: list[str] = []
     while True:
-        waiting = [n for n in nodes if reached(n) is not True]
+        waiting = [n for n in nodes if reached(n) != DELIVERED]
         if not waiting:
             return []
         try:
@@ -91,13 +98,14 @@ def release_lost(client, job_id: str, nodes: Sequence[str],
                 "waits on Slurm to end the job there")
             return []
         flagged = [n for n in waiting if n in states and unschedulable(states[n])]
-        if len(flagged) == len(waiting) or clock() >= deadline:
+        late = [n for n in waiting if n not in flagged]
+        if all(reached(n) == UNSENT for n in late) or clock() >= deadline:
             break
         sleep(poll_s)
-    late = [n for n in waiting if n not in flagged]
     if late:
-        log(f"{','.join(late)} not yet flagged by Slurm after {wait_s:g} s: left in the job (the "
-            "requeue waits on Slurm to end the job there)")
+        log(f"{','.join(late)} not flagged by Slurm"
+            + (f" after {wait_s:g} s" if any(reached(n) != UNSENT for n in late) else "")
+            + ": left in the job (the requeue waits on Slurm to end the job there)")
     if not flagged:
         return []
     try:

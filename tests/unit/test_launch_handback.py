@@ -55,7 +55,7 @@ class Slurm:
         self.released.append((job_id, list(nodes)))
 
 
-def _release(slurm, nodes, reached=lambda n: False, **kw):
+def _release(slurm, nodes, reached=lambda n: handback.FAILED, **kw):
     clock, lines = Clock(), []
     got = handback.release_lost(slurm, "7", nodes, reached, lines.append, clock=clock,
                                 sleep=clock.sleep, **kw)
@@ -78,17 +78,28 @@ def test_a_drained_node_counts_as_flagged_and_each_node_is_judged_alone():
     # n6 never flagged: waited the bound, then the flagged ones released and n6 left in the job
     assert got == ["n3", "n5"] and slurm.released == [("7", ["n3", "n5"])]
     assert clock.now >= 5.0
-    assert any("n6 not yet flagged by Slurm after 5 s" in line for line in lines)
+    assert any("n6 not flagged by Slurm after 5 s" in line for line in lines)
 
 
 def test_a_node_whose_step_slurm_could_signal_is_left_alone():
     slurm = Slurm(lambda name, poll: DEAD)
-    got, lines, _ = _release(slurm, ["n3"], reached=lambda n: True)
+    got, lines, _ = _release(slurm, ["n3"], reached=lambda n: handback.DELIVERED)
     assert got == [] and slurm.polls == 0 and slurm.released == [] and lines == []
 
 
+def test_a_node_whose_step_ended_by_itself_is_not_waited_for():
+    """No KILL was sent (its step had ended: a task killed on a node whose slurmd may well be
+    alive): one look, released only when Slurm flags it already, never the wait."""
+    kinds = {"n3": UP, "n5": DEAD}
+    slurm = Slurm(lambda name, poll: kinds[name])
+    got, lines, clock = _release(slurm, ["n3", "n5"], reached=lambda n: handback.UNSENT)
+    assert got == ["n5"] and slurm.released == [("7", ["n5"])] and slurm.polls == 1
+    assert clock.now == 0.0
+    assert lines[0] == "n3 not flagged by Slurm: left in the job (the requeue waits on Slurm to end the job there)"
+
+
 def test_a_kill_still_under_way_is_waited_for_and_a_node_it_reached_is_not_released():
-    answers = iter([None, None, True])  # the KILL sent at the fence answers on the third look
+    answers = iter([handback.PENDING] * 4 + [handback.DELIVERED])  # answers on the third look
     slurm = Slurm(lambda name, poll: UP)
     got, lines, _ = _release(slurm, ["n3"], reached=lambda n: next(answers))
     assert got == [] and slurm.released == [] and slurm.polls == 2
@@ -99,7 +110,7 @@ def test_never_flagged_nothing_is_released_and_the_wait_is_bounded():
     got, lines, clock = _release(slurm, ["n3"], wait_s=10.0)
     assert got == [] and slurm.released == []
     assert 10.0 <= clock.now <= 10.0 + handback.POLL_S
-    assert lines == ["n3 not yet flagged by Slurm after 10 s: left in the job (the requeue waits "
+    assert lines == ["n3 not flagged by Slurm after 10 s: left in the job (the requeue waits "
                      "on Slurm to end the job there)"]
 
 
@@ -129,13 +140,13 @@ def test_step_kills_say_whether_slurm_could_signal_the_step():
 
     lines: list[str] = []
     kills = handback.StepKills(Steps(), "7", lines.append)
-    assert kills.reached("n2") is False  # nothing sent
+    assert kills.reached("n2") == handback.UNSENT
     kills.send("n2", "2")
     kills.send("n3", "3")
     kills._threads["n3"].join(10)
-    assert kills.reached("n2") is None and kills.reached("n3") is False
+    assert kills.reached("n2") == handback.PENDING and kills.reached("n3") == handback.FAILED
     assert lines == ["WARNING: could not kill step 3 on n3 through Slurm: scancel --signal=KILL: "
                      "no answer within 10 s"]
     gate.set()
     kills._threads["n2"].join(10)
-    assert kills.reached("n2") is True
+    assert kills.reached("n2") == handback.DELIVERED
