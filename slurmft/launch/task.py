@@ -178,12 +178,17 @@ def exit_like(status: int) -> None:
 def run_torchrun(argv: list[str]) -> int:
     """torchrun as a child, USR2 relayed to its workers; its ``Popen.returncode``."""
 
+    early: list[int] = []  # a signal that came before torchrun existed to get it too
+
     def outlive(signum: int, frame: object) -> None:
-        pass   # torchrun got the same signal: it stops its workers and ends; we pass its status on
+        # torchrun got the same signal: it stops its workers and ends; we pass its status on
+        early.append(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, outlive)   # reset to the default in torchrun at its exec
     child = subprocess.Popen(argv)   # inherits USR2 ignored
+    if early:  # it came before the Popen (a step cancelled as it starts): torchrun never heard it
+        child.send_signal(early[0])
     restore = relay.install(lambda: None if child.returncode is not None else child.pid)
     try:
         return child.wait()

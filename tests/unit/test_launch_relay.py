@@ -185,6 +185,21 @@ def test_the_task_ends_as_torchrun_did_also_when_torchrun_was_killed_by_sigkill(
     assert "Traceback" not in done.stderr
 
 
+def test_a_term_that_comes_before_torchrun_is_started_still_ends_it():
+    """The step cancelled as the task starts: the TERM lands after the task set its handler but
+    before torchrun exists. torchrun must get it too (before, the task swallowed it and torchrun
+    trained on until Slurm's KILL); the task ends as torchrun did."""
+    code = ("import os, signal, subprocess; from slurmft.launch import task\n"
+            "popen = subprocess.Popen\n"
+            "def late(*args, **kwargs):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return popen(*args, **kwargs)\n"
+            "subprocess.Popen = late\n"
+            "task.exit_like(task.run_torchrun(['sleep', '30']))\n")
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+
+
 def test_a_relay_that_cannot_read_proc_costs_the_relay_not_the_task(tmp_path):
     """USR2 while /proc cannot be listed: one line names it; the task still waits for torchrun and
     passes its status on (before, the exception left the handler and ended the task mid-wait)."""
