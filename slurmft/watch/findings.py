@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 from slurmft.allocation import Allocation
 from slurmft.slurm.client import Job, Node
+from slurmft.sweep.config import REASON_PREFIX
 from slurmft.watch.runview import Beat, JournalSummary
 
 # Causes (journaled as fault_detected.cause; slurmft status groups restarts by them).
@@ -66,7 +67,7 @@ def planned(cause: str) -> bool:
     return cause in PLANNED
 
 
-SWEEPER_PREFIX = "slurmft:"
+SWEEPER_PREFIX = REASON_PREFIX  # a drain reason of this prefix is the sweeper's own (sweep/decide.py)
 
 
 @dataclass(frozen=True)
