@@ -33,8 +33,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _preemption_rank(rank: int, world: int, port: int, check_every: int, steps: int, repeats: int,
-                     out: "mp.Queue[list[float]]") -> None:
+def _preemption_rank(rank: int, world: int, port: int, settings: tuple[int, ...], steps: int,
+                     repeats: int, out: "mp.Queue[dict[int, list[float]]]") -> None:
     import torch.distributed as dist
 
     from slurmft.train.preemption import PreemptionHandler
@@ -42,30 +42,37 @@ def _preemption_rank(rank: int, world: int, port: int, check_every: int, steps: 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        handler = PreemptionHandler(check_every=check_every)
-        for _ in range(steps):  # warm-up: the first collectives set up connections
-            handler.should_stop()
-        costs = []
-        for _ in range(repeats):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(steps):
+        costs: dict[int, list[float]] = {}
+        # Every setting on the same ranks, one after the other: a rank's start (torch's import,
+        # gloo's connections) is paid once, and each setting is timed after its own warm-up.
+        for check_every in settings:
+            handler = PreemptionHandler(check_every=check_every)
+            for _ in range(steps):  # warm-up: the first collectives set up connections
                 handler.should_stop()
-            costs.append((time.perf_counter() - t0) / steps)
+            costs[check_every] = []
+            for _ in range(repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    handler.should_stop()
+                costs[check_every].append((time.perf_counter() - t0) / steps)
         if rank == 0:
             out.put(costs)
     finally:
         dist.destroy_process_group()
 
 
-def preemption_cost(check_every: int, ranks: int, steps: int, repeats: int) -> dict[str, float]:
+def preemption_costs(settings: tuple[int, ...], ranks: int, steps: int,
+                     repeats: int) -> list[dict[str, float | str]]:
+    """One row per ``check_every`` in ``settings``, all measured on one start of ``ranks`` ranks."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.start_processes(_preemption_rank, args=(ranks, _free_port(), check_every, steps, repeats, out),
+    mp.start_processes(_preemption_rank, args=(ranks, _free_port(), settings, steps, repeats, out),
                        nprocs=ranks, start_method="spawn")
     costs = out.get(timeout=60)
-    return {"what": "preemption", "setting": f"check_every={check_every}",
-            "median_us_per_step": statistics.median(costs) * 1e6, "max_us_per_step": max(costs) * 1e6}
+    return [{"what": "preemption", "setting": f"check_every={k}",
+             "median_us_per_step": statistics.median(costs[k]) * 1e6,
+             "max_us_per_step": max(costs[k]) * 1e6} for k in settings]
 
 
 def journal_cost(directory: Path, flush_every_events: int | None, steps: int,
@@ -99,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or args.ranks < 2 or args.step_ms <= 0:
         p.error("--steps and --repeats must be >= 1, --ranks >= 2, --step-ms > 0")
-    rows = [preemption_cost(k, args.ranks, args.steps, args.repeats) for k in (1, 10)]
+    rows: list[dict[str, float | str]] = preemption_costs((1, 10), args.ranks, args.steps, args.repeats)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         rows += [journal_cost(Path(tmp), k, args.steps, args.repeats) for k in (1, None)]
     for row in rows:
