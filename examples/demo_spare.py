@@ -1,11 +1,11 @@
 """The demo's second part (issue 27): the same node death, recovered inside the allocation by a
 hot spare instead of by a requeue.
 
-A second run on the same devcluster, once the first has finished: ``sbatch --nodes=4 --no-kill``
-with ``SLURMFT_SPARE_NODES=1`` (3 nodes train, 1 waits with its torchrun agent started), and
+A second run on the same devcluster, once the first has finished: ``sbatch --nodes=3 --no-kill``
+with ``SLURMFT_SPARE_NODES=1`` (2 nodes train, 1 waits with its torchrun agent started), and
 ``slurmft watch`` beside it as a user would run it. After a checkpoint, a training node other than
 the batch host dies (its slurmd and every process on it SIGKILLed); the launcher fences it, the
-spare takes its place, the ranks restore the newest checkpoint and go on on 3 nodes. Checked: the
+spare takes its place, the ranks restore the newest checkpoint and go on on 2 nodes. Checked: the
 recovery happened in the allocation (the job's restart count is still 0, it is RUNNING), the dead
 node is fenced and not among the active nodes, and, once the run finished, every step's loss
 equals the uninterrupted run's bit for bit (same world size: the spare keeps it).
@@ -32,7 +32,7 @@ from slurmft.slurm.client import JobState
 from slurmft.slurm.devcluster import DevCluster
 
 SPARES = 1
-TRAINING_NODES = 3
+TRAINING_NODES = 2  # the main run's world size: one uninterrupted run is the reference of both
 FAULT_TIMEOUT_S = 240
 PROGRESS_TIMEOUT_S = 300
 FINISH_TIMEOUT_S = 600
