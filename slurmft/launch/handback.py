@@ -12,11 +12,12 @@ Only a node Slurm no longer schedules is released (NOT_RESPONDING, DOWN, DRAIN, 
 node it still thinks up would be handed to the next job in the queue (seen on the devcluster,
 with no ExcNodeList: the requeued job itself started on it). Slurm flags a dead node
 NOT_RESPONDING once a message to it fails (here the KILL of its step sent at the fence: 10-21 s
-after it on the devcluster), so the launcher waits for that flag, bounded by ``WAIT_S``, for a
-node whose step KILL Slurm could not deliver (or has not yet); not for one it delivered to (its
-slurmd answers: the job ends there at once), nor for one whose step had ended by itself (no KILL
-sent, no evidence: released only if Slurm flags it already; a task killed on a live node must
-not cost the wait).
+after it on the devcluster, or a ping's: up to 2/3 x SlurmdTimeout; DOWN at SlurmdTimeout
+counts too), so the launcher waits for that flag, bounded by ``WAIT_S``, for a node whose step
+KILL got no answer (the controller was trying a dead slurmd) or has none yet; not for one Slurm
+delivered it to (its slurmd answers: the job ends there at once), nor for one whose KILL Slurm
+refused or that had none (its step had ended by itself: no evidence; released only if Slurm
+flags it already: a task killed on a live node must not cost the wait).
 Whatever fails here, the requeue goes on as before: this only shortens it.
 """
 
@@ -26,13 +27,15 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from slurmft.slurm.client import Node, NodeState, SlurmError
+from slurmft.slurm.client import Node, NodeState, OutcomeUnknown, SlurmError
 
 # What became of the KILL sent through Slurm to a fenced node's step (``StepKills.reached``).
 DELIVERED = "delivered"  # Slurm signalled the step: the node's slurmd answers
-FAILED = "failed"        # no answer or refused: likely a dead slurmd
+FAILED = "failed"        # no answer in the client's 10 s: the controller was trying a dead slurmd
 PENDING = "pending"      # under way (the controller answers a dead node's only after 10 s+)
+REFUSED = "refused"      # Slurm said no (the step gone...): no evidence about the node
 UNSENT = "unsent"        # none sent (the step had ended by itself): no evidence either way
+NO_EVIDENCE = (REFUSED, UNSENT)
 
 
 class StepKills:
@@ -42,7 +45,7 @@ class StepKills:
     def __init__(self, client, job_id: str, log: Callable[[str], None]) -> None:
         self.client, self.job_id, self.log = client, job_id, log
         self._threads: dict[str, threading.Thread] = {}
-        self._done: dict[str, bool] = {}
+        self._done: dict[str, str] = {}
 
     def send(self, node: str, step_id: str) -> None:
         thread = threading.Thread(target=self._kill, args=(node, step_id), daemon=True,
@@ -53,20 +56,28 @@ class StepKills:
     def _kill(self, node: str, step_id: str) -> None:
         try:
             self.client.signal_step(self.job_id, step_id, "KILL")
-            self._done[node] = True
+            self._done[node] = DELIVERED
+        except OutcomeUnknown as exc:
+            self._done[node] = FAILED
+            self.log(f"WARNING: could not kill step {step_id} on {node} through Slurm: {exc}")
         except SlurmError as exc:
-            self._done[node] = False
+            self._done[node] = REFUSED
             self.log(f"WARNING: could not kill step {step_id} on {node} through Slurm: {exc}")
 
     def reached(self, node: str) -> str:
-        """DELIVERED, FAILED, PENDING or UNSENT: what became of the KILL of ``node``'s step."""
+        """DELIVERED, FAILED, PENDING, REFUSED or UNSENT: what became of the KILL of ``node``'s
+        step."""
         if node in self._done:
-            return DELIVERED if self._done[node] else FAILED
+            return self._done[node]
         thread = self._threads.get(node)
         return PENDING if thread is not None and thread.is_alive() else UNSENT
 
 
-WAIT_S = 60.0   # for Slurm to flag a dead node; past it the requeue waits on Slurm as before
+# For Slurm to flag a dead node: NOT_RESPONDING once a message to it failed (a ping, sent to a
+# node silent SlurmdTimeout/3, comes up to 2/3 x SlurmdTimeout after the death), DOWN at
+# SlurmdTimeout; 330 s covers the default 300 s. For a dead node the wait never ends later than
+# the requeue's COMPLETING would have (that ended at DOWN); past it the requeue goes on as before.
+WAIT_S = 330.0
 POLL_S = 1.0
 
 
@@ -82,8 +93,8 @@ def release_lost(client, job_id: str, nodes: Sequence[str], reached: Callable[[s
                  sleep: Callable[[float], None] = time.sleep) -> list[str]:
     """Release from ``job_id`` those of ``nodes`` whose slurmd is gone, once Slurm flags them;
     return the nodes released. ``reached(node)``: what became of its step's KILL (``StepKills``):
-    a DELIVERED one is left alone; a FAILED or PENDING one is waited for (``wait_s``); an
-    UNSENT one (no evidence either way) is released only if Slurm flags it already."""
+    a DELIVERED one is left alone; a FAILED or PENDING one is waited for (``wait_s``); a
+    REFUSED or UNSENT one (no evidence either way) is released only if Slurm flags it already."""
     if client is None or not nodes:
         return []
     deadline = clock() + wait_s
@@ -99,12 +110,12 @@ def release_lost(client, job_id: str, nodes: Sequence[str], reached: Callable[[s
             return []
         flagged = [n for n in waiting if n in states and unschedulable(states[n])]
         late = [n for n in waiting if n not in flagged]
-        if all(reached(n) == UNSENT for n in late) or clock() >= deadline:
+        if all(reached(n) in NO_EVIDENCE for n in late) or clock() >= deadline:
             break
         sleep(poll_s)
     if late:
         log(f"{','.join(late)} not flagged by Slurm"
-            + (f" after {wait_s:g} s" if any(reached(n) != UNSENT for n in late) else "")
+            + (f" after {wait_s:g} s" if any(reached(n) not in NO_EVIDENCE for n in late) else "")
             + ": left in the job (the requeue waits on Slurm to end the job there)")
     if not flagged:
         return []

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 
 from slurmft.launch import handback
-from slurmft.slurm.client import OutcomeUnknown, SlurmUnavailable
+from slurmft.slurm.client import OutcomeUnknown, SlurmError, SlurmUnavailable
 from slurmft.slurm.parse_nodes import parse_nodes
 
 CAPTURED = parse_nodes((Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "2205" /
@@ -95,6 +95,9 @@ def test_a_node_whose_step_ended_by_itself_is_not_waited_for():
     got, lines, clock = _release(slurm, ["n3", "n5"], reached=lambda n: handback.UNSENT)
     assert got == ["n5"] and slurm.released == [("7", ["n5"])] and slurm.polls == 1
     assert clock.now == 0.0
+    # a KILL Slurm refused (the step already gone) is no evidence either
+    refused = Slurm(lambda name, poll: kinds[name])
+    assert _release(refused, ["n3"], reached=lambda n: handback.REFUSED)[0] == [] and refused.polls == 1
     assert lines[0] == "n3 not flagged by Slurm: left in the job (the requeue waits on Slurm to end the job there)"
 
 
@@ -136,6 +139,8 @@ def test_step_kills_say_whether_slurm_could_signal_the_step():
             if step_id == "2":
                 gate.wait(10)
                 return
+            if step_id == "4":
+                raise SlurmError("scancel: error: Kill job error on job id 7.4: Job/step already completing or completed")
             raise OutcomeUnknown("scancel --signal=KILL: no answer within 10 s")
 
     lines: list[str] = []
@@ -143,10 +148,13 @@ def test_step_kills_say_whether_slurm_could_signal_the_step():
     assert kills.reached("n2") == handback.UNSENT
     kills.send("n2", "2")
     kills.send("n3", "3")
+    kills.send("n4", "4")
     kills._threads["n3"].join(10)
+    kills._threads["n4"].join(10)
     assert kills.reached("n2") == handback.PENDING and kills.reached("n3") == handback.FAILED
-    assert lines == ["WARNING: could not kill step 3 on n3 through Slurm: scancel --signal=KILL: "
-                     "no answer within 10 s"]
+    assert kills.reached("n4") == handback.REFUSED
+    assert "WARNING: could not kill step 3 on n3 through Slurm: scancel --signal=KILL: no answer " \
+           "within 10 s" in lines
     gate.set()
     kills._threads["n2"].join(10)
     assert kills.reached("n2") == handback.DELIVERED
