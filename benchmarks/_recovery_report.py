@@ -4,7 +4,7 @@ keys of issue 27 across them) and its markdown tables. Also reads the older sing
 
 from __future__ import annotations
 
-from _recovery_trial import IN_ALLOCATION, MODES, NODES
+from _recovery_trial import IN_ALLOCATION, MODES, NODES, REQUEUES
 
 SPARE_TARGET_S = 15.0
 # issue 27's JSON keys: (fault, mode) whose recovery time each one is, per SlurmdTimeout
@@ -19,7 +19,8 @@ ISSUE_KEYS = {"requeue_node_death_s": ("node_death", "watch"),
               # a frozen rank on a healthy node, restarted in place (the ranks' watchdog)
               "inalloc_hang_s": ("hang", "inalloc"),
               # a node lost in the allocation with no spare left (the spare used): the requeue
-              "inalloc_requeue_node_death_s": ("node_death", "spent")}
+              "inalloc_requeue_node_death_s": ("node_death", "spent"),
+              "inalloc_spare_then_node_death_s": ("node_death", "spare2")}
 # The requeue's phases (``Trial.phases``), each in seconds after the fault, in order.
 REQUEUE_PHASES = ("detected", "launcher_requeue", "left_running", "pending", "watch_start_now",
                   "running_again", "segment_start", "training_again", "node_down")
@@ -187,7 +188,7 @@ def print_run(run: dict, summary: dict) -> None:
               f"alone {run['slurm_alone_crash_recovered']} | "
               f"{'yes' if run['crash_recovered'] else 'NO'} |")
     for r in results:
-        if r["mode"] not in IN_ALLOCATION or r["mode"] == "spent":  # spent: a requeue by design
+        if r["mode"] not in IN_ALLOCATION or r["mode"] in REQUEUES:  # a requeue by design
             continue
         stayed = r.get("job_states_seen") == ["RUNNING"]
         back = r.get("back") or {}

@@ -51,8 +51,10 @@ INALLOC_HANG_TIMEOUT_S = 60.0
 INALLOC_WATCHDOG_S = 10.0
 MODES = {"watch": "slurmft watch (requeue)", "slurm": "Slurm alone", "operator": "slurmft watch --operator",
          "inalloc": "in-allocation, 1 spare", "shrink": "in-allocation, shrink",
-         "spent": "in-allocation, no spare left (requeue)"}
-IN_ALLOCATION = ("inalloc", "shrink", "spent")
+         "spent": "in-allocation, no spare left (requeue)",
+         "spare2": "in-allocation, the spare used, then a 2nd node death (requeue)"}
+IN_ALLOCATION = ("inalloc", "shrink", "spent", "spare2")
+REQUEUES = ("spent", "spare2")  # in the allocation, but the fault measured is a requeue
 # node_freeze: every process of a node SIGSTOPped, slurmd included. On this one-host devcluster
 # a killed node's sockets are closed by the kernel (its peers see a reset at once); a frozen node
 # keeps them open and answers nothing, as a powered-off or hung node on a real network does.
@@ -67,7 +69,7 @@ def log(message: str) -> None:
 
 def mode_job(mode: str) -> tuple[int, list[str], dict[str, str]]:
     """Nodes to ask for, extra sbatch options and launcher settings of a mode."""
-    if mode == "inalloc":
+    if mode in ("inalloc", "spare2"):
         return NODES + 1, ["--no-kill"], {"SLURMFT_SPARE_NODES": "1"}
     if mode == "shrink":
         return NODES, ["--no-kill"], {"SLURMFT_IN_ALLOCATION": "1", "SLURMFT_MIN_NODES": str(NODES - 1)}
@@ -101,6 +103,7 @@ class Trial:
         self.states: set[str] = set()
         self.ended_since: float | None = None
         self.timeline: list[tuple] = []
+        self.first_victim: str | None = None
 
     def events(self, kinds: list[str] | None = None):
         return read_events(RunDir(self.run).events, kinds)
@@ -119,7 +122,7 @@ class Trial:
                                    for e in self.events(["checkpoint_committed"])), 300)
         if not ok:
             raise RuntimeError(f"job {self.job_id} never checkpointed step 10; see {self.log}")
-        if self.mode == "inalloc":  # a hot spare is one whose agent runs: wait for its beat
+        if self.mode in ("inalloc", "spare2"):  # a hot spare is one whose agent runs: wait for its beat
             spares = [n for n in self.allocation().get("spares") or [] if isinstance(n, str)]
             run = RunDir(self.run)
             if not self.wait(lambda: all(run.alive(n).exists() for n in spares), 120):
@@ -157,6 +160,13 @@ class Trial:
         return active[-1]
 
     def inject(self) -> float:
+        if self.mode == "spare2":  # the spare takes a first dead node's place; then the fault
+            first = self.pick_victim()
+            self.cluster.kill_node(first)
+            killed = time.time()
+            if not self.wait(lambda: self.back(killed), 180):
+                raise RuntimeError(f"job {self.job_id}: no training after the spare took {first}'s place")
+            self.first_victim = first
         if self.fault == "node_death":
             self.victim = self.pick_victim()
             self.cluster.kill_node(self.victim)
@@ -268,7 +278,7 @@ class Trial:
         back = self.wait(lambda: self.observe(lambda: self.back(fault_at)), cap)
         if back and "ended" in back:
             result["ended"], back = back["ended"], None
-        if self.mode == "spent" or (self.fault in NODE_FAULTS and self.mode not in IN_ALLOCATION):
+        if self.mode in REQUEUES or (self.fault in NODE_FAULTS and self.mode not in IN_ALLOCATION):
             result["requeue_phases"] = self.phases(fault_at, down, back)
         result["recovered"] = back is not None
         result["recover_s"] = back["time"] - fault_at if back else None
@@ -310,6 +320,8 @@ class Trial:
             self.client.cancel(self.job_id)
         except Exception:  # noqa: BLE001 - cleaning up; reset() settles the cluster
             pass
+        if self.first_victim is not None:
+            self.cluster.start_node(self.first_victim)
         if self.victim is not None:
             if self.fault == "node_freeze":
                 self.cluster.kill_node(self.victim)  # SIGKILL ends stopped processes too

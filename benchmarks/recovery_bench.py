@@ -56,7 +56,7 @@ CLUSTER_NODES = NODES + 1  # room for the spare
 RESET_S = 300.0
 MODE_FAULTS = {"watch": FAULTS, "slurm": FAULTS, "operator": NODE_FAULTS,
                "inalloc": ("node_death", "node_freeze", "hang", "crash"), "shrink": NODE_FAULTS,
-               "spent": NODE_FAULTS}
+               "spent": NODE_FAULTS, "spare2": ("node_death",)}
 
 
 def cycle_with_many_jobs(cluster: DevCluster, root: Path, jobs: int) -> dict:
@@ -119,7 +119,9 @@ def run_timeout(slurmd_timeout: int, args, root: Path, name: str | None = None) 
     load_start = os.getloadavg()[0]
     results = []
     try:
-        cluster = DevCluster.up(root / f"cluster-{name}", nodes=CLUSTER_NODES,
+        # spare2: two nodes dead, and room for the requeued 3 + 1 elsewhere
+        nodes = CLUSTER_NODES + (2 if "spare2" in args.modes else 0)
+        cluster = DevCluster.up(root / f"cluster-{name}", nodes=nodes,
                                 slurmd_timeout_s=slurmd_timeout)
     except DevClusterError as exc:
         raise SystemExit(f"recovery_bench: the devcluster did not start: {exc}") from None
