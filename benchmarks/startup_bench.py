@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from slurmft.journal import read_events  # noqa: E402
+from slurmft.launch import agent  # noqa: E402
 from slurmft.rundir import RunDir  # noqa: E402
 from slurmft.slurm.cli import CliSlurmClient  # noqa: E402
 from slurmft.slurm.client import JobState  # noqa: E402
@@ -83,7 +84,7 @@ def wait(predicate, timeout: float, what: str, poll: float = 0.1):
 
 def role(record: dict) -> str | None:
     argv = " ".join(record.get("orig_argv") or record.get("argv") or [])
-    if "slurmft.launch.task" in argv or "torch.distributed.run" in argv:
+    if "slurmft.launch.task" in argv or agent.MODULE in argv:
         return "task"
     if "slurmft.cli sweep" in argv:
         return "sweep"

@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Mapping
 
 from slurmft.journal import Event, read_events
+from slurmft.launch import agent
 from slurmft.rundir import RUN_DIR_ENV, RunDir
 
 KILL_WAIT_S = 30
@@ -30,7 +30,7 @@ def uninterrupted_run(run_dir: Path, script: Path, args: list[str], ranks: int, 
     full_env[RUN_DIR_ENV] = str(run_dir)
     log = run_dir.parent / f"{run_dir.name}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+        proc = subprocess.Popen([*agent.argv(), "--standalone",
                                  f"--nproc-per-node={ranks}", str(script), *args],
                                 env=full_env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

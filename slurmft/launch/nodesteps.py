@@ -2,7 +2,7 @@
 running that node's task (``slurmft.launch.task``) around an elastic torchrun.
 
   srun --nodes=1 --ntasks=1 --nodelist=NODE --kill-on-bad-exit=0 ...
-       python -m slurmft.launch.task python -m torch.distributed.run --nnodes=MIN:ACTIVE
+       python -m slurmft.launch.task python -m slurmft.launch.agent --nnodes=MIN:ACTIVE
        --rdzv-conf=is_host=0|1,keep_alive_interval=I,keep_alive_max_attempt=A,last_call_timeout=L
        --max-restarts=R ...
 
@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from slurmft.launch import procs, warm
+from slurmft.launch import agent, procs, warm
 from slurmft.launch.alloc_settings import AllocSettings
 from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.settings import LaunchSettings
@@ -72,7 +72,7 @@ def node_argv(node: str, rdzv: Rendezvous, alloc: AllocSettings, settings: Launc
     """One node's step: its task around an elastic torchrun (``rdzv.host`` hosts the store)."""
     return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=0",
             "--job-name=slurmft-train", python, "-m", "slurmft.launch.task",
-            python, "-m", "torch.distributed.run",
+            *agent.argv(python),
             f"--nnodes={alloc.min_nodes}:{len(alloc.active)}",
             f"--nproc-per-node={settings.nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={rdzv.rdzv_id}",

@@ -6,20 +6,22 @@ while the spare waits, then blocks on the task's pipe. On the task's go (one byt
 torchrun in this process exactly as ``python -m torch.distributed.run TORCHRUN_ARGS...`` does:
 as ``__main__`` through runpy, ``sys.argv`` torchrun's file and its arguments, the environment
 and the signal dispositions the task gave it (USR2 ignored; torchrun installs its own handlers),
-its exception or exit status the process's. On EOF without a go (the task stopped, or died) it
-exits 0 having run nothing. An import that fails is not reported here: torchrun's own start on
-the go fails the same way, with the same traceback, as a cold start would.
+its exception or exit status the process's (``agent.run_torchrun``). On EOF without a go (the
+task stopped, or died) it exits 0 having run nothing. An import that fails is not reported here: torchrun's own start on
+the go fails the same way, with the same traceback, as a cold start would. Either way it ends
+as the agent does (``agent``): as a script, without the interpreter's teardown of torch.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import runpy
 import sys
 from typing import Sequence
 
-MODULE = "torch.distributed.run"
+from slurmft.launch import agent, scriptend
+
+MODULE = agent.TORCHRUN
 GO = b"g"
 
 
@@ -48,10 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.modules.pop(MODULE, None)
     if not _wait_for_go(int(args[1])):
         return 0
-    sys.argv = [sys.argv[0], *args[3:]]   # run_module puts torchrun's file in argv[0]
-    runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+    agent.run_torchrun(args[3:])
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    scriptend.run_as_script(lambda: sys.exit(main()))

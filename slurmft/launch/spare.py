@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from slurmft import allocation
-from slurmft.launch import pretorchrun
+from slurmft.launch import agent, pretorchrun
 from slurmft.rundir import RunDir
 
 SPARE_ENV = "SLURMFT_SPARE_NODE"   # set by the launcher on a spare's step: the node's name
@@ -57,7 +57,6 @@ def wait_until_active(run_dir: Path, node: str, job_ids: set[str], stop: threadi
             return False
 
 
-TORCHRUN = ("-m", "torch.distributed.run")
 CANCEL_WAIT_S = 10.0
 
 
@@ -69,9 +68,10 @@ class ReadyTorchrun:
 
     @classmethod
     def start(cls, argv: Sequence[str], env: Mapping[str, str] | None) -> "ReadyTorchrun | None":
-        """Start ``argv`` (``PYTHON -m torch.distributed.run ARGS``) up to its ``main``; None for
-        another command (started cold on activation) or when it cannot be started."""
-        if len(argv) < 3 or tuple(argv[1:3]) != TORCHRUN:
+        """Start ``argv`` (the agent's: ``PYTHON -m slurmft.launch.agent ARGS``) up to torchrun's
+        ``main``; None for another command (started cold on activation) or when it cannot be
+        started."""
+        if not agent.is_agent(argv):
             return None
         read_fd, write_fd = os.pipe()
         try:

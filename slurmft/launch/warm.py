@@ -65,7 +65,7 @@ from typing import Mapping, Sequence
 from slurmft.launch import rankexit
 from slurmft.launch.cudafork import cuda_driver_mapped, cuda_fork_problem  # noqa: F401 (tests use the first)
 from slurmft.launch import warmclient as proto
-from slurmft.launch import warmworker
+from slurmft.launch import scriptend, warmworker
 
 ENABLE_ENV = "SLURMFT_WARM_WORKERS"
 IMPORTS_ENV = "SLURMFT_WARM_IMPORTS"
@@ -424,4 +424,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     # The server's end, as a worker's: without the interpreter's teardown of torch (~1 CPU-s per
     # node and job step; it has nothing left to write: each worker's end was journaled as reaped).
-    warmworker.finish(main())
+    scriptend.finish(main())

@@ -1,29 +1,22 @@
 """The warm server's fork becoming a rank (``slurmft.launch.warm``, issue 27): what a cold start
 of ``python -u SCRIPT`` / ``python -u -m MODULE`` would have given the process, applied to a fork
 of a server that already imported torch; and its end (``run``): what the interpreter does when a
-script ends (traceback and 1, SystemExit's code, non-daemon threads joined, atexit, stdio
-flushed, an unhandled KeyboardInterrupt dying of SIGINT), then ``os._exit`` instead of the
-interpreter's teardown. With torch loaded that teardown (every module and object freed, C++
-destructors) costs ~0.9 CPU-s per rank and writes nothing the rank asked for: the rank's own
-exit paths (the checkpoint manager's close, the journal's buffered events) are ``atexit``
-handlers, which run. It is what ``multiprocessing`` does with its own forked children; files the
-script left open and unflushed are flushed first, as their teardown would have."""
+script ends, then ``os._exit`` instead of the interpreter's teardown (``scriptend``). With torch
+loaded that teardown costs ~0.9 CPU-s per rank and writes nothing the rank asked for: the rank's
+own exit paths (the checkpoint manager's close, the journal's buffered events) are ``atexit``
+handlers, which run."""
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import gc
-import io
 import os
 import signal
 import select
 import sys
 import threading
 import time
-import traceback
 from typing import Collection, Mapping, NoReturn
 
+from slurmft.launch import scriptend
 from slurmft.launch import warmclient as proto
 
 WATCH_POLL_S = 0.5
@@ -133,71 +126,5 @@ def become_worker(req: dict, client_pid: int, mask: Collection[int] | None = Non
 
 def run(req: dict, client_pid: int, mask: Collection[int] | None = None) -> NoReturn:
     """Become the rank (``become_worker``), run it, and end the process as the interpreter ends a
-    script, without its teardown (module docstring). Never returns."""
-    code, interrupted = 0, False
-    try:
-        become_worker(req, client_pid, mask)
-    except SystemExit as exc:
-        code = _system_exit_code(exc)
-    except BaseException as exc:   # as PyErr_Print: the hook prints it, the process exits 1
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
-        try:
-            sys.excepthook(type(exc), exc, exc.__traceback__)
-        except BaseException:
-            traceback.print_exception(exc)
-        code = 1
-    finish(code, interrupted)
-
-
-def _system_exit_code(exc: SystemExit) -> int:
-    """The exit status the interpreter gives an uncaught SystemExit (``_Py_HandleSystemExit``)."""
-    code = exc.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code if -2**31 <= code < 2**31 else 255   # C's int, as PyLong_AsLong's -1
-    try:
-        print(code, file=sys.stderr)
-    except BaseException:
-        pass
-    return 1
-
-
-def finish(code: int, interrupted: bool = False) -> NoReturn:
-    """Py_FinalizeEx's part that the process's work can see, in its order, then ``os._exit``
-    (also the warm server's own end: it has torch loaded too)."""
-    try:
-        threading._shutdown()   # type: ignore[attr-defined]  # non-daemon threads joined
-    except BaseException as exc:
-        traceback.print_exception(exc)
-    atexit._run_exitfuncs()
-    _flush_open_files()
-    try:
-        ctypes.CDLL(None).fflush(None)   # C stdio buffers a native library wrote to
-    except (OSError, AttributeError):
-        pass
-    if interrupted:   # as the interpreter ends on an unhandled KeyboardInterrupt
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code & 0xFF)
-
-
-def _flush_open_files() -> None:
-    """Flush every writable file object still open (stdio first): the teardown would have, as it
-    closed each one."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except BaseException:
-            pass
-    kinds = {io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper}   # what open() returns
-    for obj in gc.get_objects():
-        if type(obj) in kinds:   # not isinstance: it reads __class__, which some shims warn on
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except BaseException:
-                pass
+    script, without its teardown (``scriptend``). Never returns."""
+    scriptend.run_as_script(lambda: become_worker(req, client_pid, mask))

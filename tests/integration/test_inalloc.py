@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from slurmft import exitcodes, journal
+from slurmft.launch import agent
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
@@ -237,7 +238,7 @@ def _seen(path, text):
         return False
 def _late():
     cmd = open("/proc/self/cmdline", "rb").read().split(b"\\0")
-    if cmd[1:3] != [b"-m", b"torch.distributed.run"] or "SLURMFT_LATE_LOG" not in os.environ:
+    if cmd[1:3] != [b"-m", {agent.MODULE.encode()!r}] or "SLURMFT_LATE_LOG" not in os.environ:
         return
     run = os.environ["SLURMFT_RUN_DIR"]
     if os.environ.get("SLURMD_NODENAME") != json.load(open(os.path.join(run, "allocation.json")))["active"][-1]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slurmft.journal import Event, read_events
+from slurmft.launch import agent
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import Job
@@ -216,7 +217,7 @@ def _reference_run(run_dir: Path, train_args: list[str], world_size: int, script
     env.update(extra)
     env["SLURMFT_RUN_DIR"] = str(run_dir)  # train_gpt.py's --run-dir default; Run reads it too
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        [*agent.argv(), "--standalone",
          f"--nproc-per-node={world_size}", str(script), *train_args],
         env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -10,7 +10,7 @@ import pytest
 
 from launch_envs import recorded
 from slurmft import allocation as record
-from slurmft.launch import alloc_settings, allocation, identity, liveness, nodesteps, settings, task
+from slurmft.launch import agent, alloc_settings, allocation, identity, liveness, nodesteps, settings, task
 from slurmft.launch.rendezvous import Rendezvous
 from slurmft.rundir import RunDir
 
@@ -162,7 +162,7 @@ def test_beats_go_on_every_period_until_stopped(tmp_path):
 
 
 def test_an_explicit_rdzv_conf_is_left_as_the_launcher_wrote_it():
-    argv = ["/py", "-m", "torch.distributed.run", "--rdzv-conf=is_host=0,x=1", "x.py"]
+    argv = [*agent.argv("/py"), "--rdzv-conf=is_host=0,x=1", "x.py"]
     assert task.argv_for_node(argv, "0") == argv
 
 

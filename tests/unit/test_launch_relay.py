@@ -29,7 +29,7 @@ import pytest
 
 from slurmft import exitcodes
 from slurmft.journal import read_events
-from slurmft.launch import nodesteps, relay, task, warm
+from slurmft.launch import agent, nodesteps, relay, task, warm
 from slurmft.rundir import RunDir, read_done
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
@@ -110,7 +110,7 @@ def _task_argv(run_dir: Path, out: Path) -> list[str]:
     """The node step's command in in-allocation mode (nodesteps), one node, no restart."""
     rank = [str(WORKER), "--run-dir", str(run_dir), "--out", str(out), "--loop", "clean",
             "--steps", str(STEPS), "--ckpt-every", "1000", "--sleep", "0.1", "--lr", "0.001"]
-    return [PY, "-m", "slurmft.launch.task", PY, "-m", "torch.distributed.run", "--standalone",
+    return [PY, "-m", "slurmft.launch.task", *agent.argv(PY), "--standalone",
             "--nproc-per-node=2", "--max-restarts=0", "--monitor-interval=0.5", "--no-python",
             *warm.worker_command(rank)]
 

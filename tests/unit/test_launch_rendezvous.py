@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from launch_envs import recorded
-from slurmft.launch import identity, procs, rendezvous, settings, task
+from slurmft.launch import agent, identity, procs, rendezvous, settings, task
 
 pytestmark = pytest.mark.timeout(60)
 ENV = {**recorded("nonarray"), "SLURM_RESTART_COUNT": "4", "SLURMFT_RUN_DIR": "/runs/a",
@@ -29,15 +29,15 @@ def test_step_argv_runs_one_task_per_node_that_execs_torchrun():
                                 ["train.py", "--steps", "5"], python="/py")
     assert argv[:5] == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     tail = argv[argv.index("slurmft.launch.task") + 1:]
-    assert tail[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert tail[:3] == ["/py", "-m", "slurmft.launch.agent"] == agent.argv("/py")
     assert "--nproc-per-node=2" in tail and "--rdzv-endpoint=n1:40001" in tail
     assert tail[-3:] == ["train.py", "--steps", "5"]
 
 
 @pytest.mark.parametrize("node_id, is_host", [("0", "1"), ("1", "0"), (None, "0")])
 def test_only_node_zero_hosts_the_store(node_id, is_host):
-    argv = task.argv_for_node(["/py", "-m", "torch.distributed.run", "--nnodes=2", "x.py"], node_id)
-    assert argv == ["/py", "-m", "torch.distributed.run", f"--rdzv-conf=is_host={is_host}",
+    argv = task.argv_for_node(["/py", "-m", "slurmft.launch.agent", "--nnodes=2", "x.py"], node_id)
+    assert argv == ["/py", "-m", "slurmft.launch.agent", f"--rdzv-conf=is_host={is_host}",
                     "--nnodes=2", "x.py"]
 
 

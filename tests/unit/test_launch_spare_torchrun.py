@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from slurmft import allocation
-from slurmft.launch import spare, task
+from slurmft.launch import agent, spare, task
 from slurmft.launch.allocation import fence, initial
 from slurmft.rundir import RunDir
 
@@ -64,7 +64,7 @@ def _rank_script(tmp_path: Path, out: Path) -> Path:
 
 
 def _argv(script: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+    return [*agent.argv(), "--standalone", "--nproc-per-node=1",
             "--max-restarts=0", "--monitor-interval=0.2", str(script), "--flag", "v"]
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from test_launch_warm import PY, WAIT_S, Srv, _script, _start
 
-from slurmft.launch import warm, warmclient
+from slurmft.launch import agent, warm, warmclient
 
 
 # -- settings and the launch argv ---------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_a_node_task_serves_torchrun_restarts_from_its_warm_server(tmp_path, mon
     monkeypatch.setenv("SLURM_STEP_ID", "3")
     for name, value in nodesteps.STEP_ENV.items():   # as the launcher's steps (a restart needs it)
         monkeypatch.setenv(name, value)
-    argv = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    argv = [*agent.argv(PY), "--standalone", "--nproc-per-node=2",
             "--max-restarts=1", "--monitor-interval=0.2", "--no-python",
             *warm.worker_command([str(script)])]
     assert task.supervise(argv, RunDir(tmp_path).alive("n1")) == 0

@@ -1,0 +1,58 @@
+"""torchrun's elastic agent as slurmft starts it, and the one definition of its command line.
+
+``python -m slurmft.launch.agent TORCHRUN_ARGS...`` runs ``torch.distributed.run`` exactly as
+``python -m torch.distributed.run TORCHRUN_ARGS...`` does (runpy's ``-m`` path: ``__main__``,
+``sys.argv[0]`` torchrun's file, ``sys.path[0]`` the working directory; torchrun's own handlers
+for TERM, INT, HUP and QUIT, which stop its workers and raise; its ``ChildFailedError`` report
+printed; its exit status: 0, or 1 when a rank failed or a signal stopped it), then ends as a
+script ends but without the interpreter's teardown of torch (``scriptend``: ~0.5 CPU-s per
+agent, which writes nothing). Every agent slurmft starts (each node's task in both modes, a
+spare's started ahead, the chaos reference) runs this way.
+
+``argv``/``is_agent`` are what starts it and what finds it (the node task, a spare, the chaos
+tools, the tests, the benchmarks' tracers): one definition, so they cannot drift.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+import types
+from typing import NoReturn, Sequence
+
+from slurmft.launch import scriptend
+
+MODULE = "slurmft.launch.agent"
+TORCHRUN = "torch.distributed.run"
+
+
+def argv(python: str = sys.executable) -> list[str]:
+    """The agent's command line before torchrun's arguments."""
+    return [python, "-m", MODULE]
+
+
+def is_agent(cmdline: Sequence[str | bytes]) -> bool:
+    """``cmdline`` (a process's argv, as str or as /proc's bytes) is the agent's."""
+    head = [c.decode(errors="replace") if isinstance(c, bytes) else c for c in cmdline[1:3]]
+    return head == ["-m", MODULE]
+
+
+def run_torchrun(args: Sequence[str] | None = None) -> None:
+    """torchrun as ``python -m torch.distributed.run`` runs it, ``args`` (default: this process's
+    own) its arguments; raises what it raises (SystemExit with its status)."""
+    if args is not None:
+        sys.argv = [sys.argv[0], *args]
+    own = sys.modules.get("__main__")   # this module when run by -m: kept alive while torchrun runs
+    sys.modules["__main__"] = types.ModuleType("__main__")   # torchrun's own namespace, as -m's
+    try:
+        runpy._run_module_as_main(TORCHRUN, alter_argv=True)  # type: ignore[attr-defined]
+    finally:
+        del own
+
+
+def main() -> NoReturn:
+    scriptend.run_as_script(run_torchrun)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""torchrun's agent as slurmft starts it (``python -m slurmft.launch.agent``, launch/agent.py):
+real torchrun (standalone, one rank) on each ending the node task, the relay and the launcher act
+on: the agent's exit status and report are torchrun's, its stdout and stderr are flushed, its
+``atexit`` handlers run, and the interpreter's teardown of torch does not."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmft.launch import agent
+
+WAIT_S = 180.0   # a loaded 2-core box: torch's import alone takes seconds
+
+# Loaded by every Python process of the test (PYTHONPATH), it acts in the agent only: a print
+# left in stdout's buffer by an atexit handler (stdout is a pipe: block-buffered) must come out,
+# and an object alive until the end whose finalizer only the interpreter's teardown runs.
+PROBE = """
+import atexit, os, sys
+if sys.orig_argv[1:3] == ["-m", {module!r}]:
+    class _Teardown:   # its globals and builtins may be gone when the teardown frees it
+        def __del__(self, path=os.path.join(os.environ["PROBE_DIR"], "teardown"), open=open):
+            with open(path, "w") as f:
+                f.write("freed")
+    probe = _Teardown()
+    atexit.register(lambda: print("agent atexit ran", end=""))
+"""
+
+RANK = """
+import os, sys, time
+with open(os.path.join(os.environ["PROBE_DIR"], "rank"), "w") as f:
+    f.write(str(os.getpid()))
+print("rank says hi", flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(300)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _start(tmp_path: Path, ending: str) -> subprocess.Popen:
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(PROBE.format(module=agent.MODULE))
+    (tmp_path / "rank.py").write_text(textwrap.dedent(RANK))
+    env = {**os.environ, "PROBE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *sys.path[1:]])}
+    return subprocess.Popen([*agent.argv(), "--standalone", "--nproc-per-node=1",
+                             "--max-restarts=0", "--monitor-interval=0.2",
+                             str(tmp_path / "rank.py"), ending],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("rank_exit", [0, 85, 86, 1])
+def test_the_agent_ends_as_torchrun_for_each_rank_exit_without_the_teardown(tmp_path, rank_exit):
+    proc = _start(tmp_path, str(rank_exit))
+    try:
+        out, err = (s.decode(errors="replace") for s in proc.communicate(timeout=WAIT_S))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # torchrun's status: 0, or its ChildFailedError (1) naming the rank's exit code
+    assert proc.returncode == (0 if rank_exit == 0 else 1), err[-3000:]
+    if rank_exit:
+        assert "torch.distributed.elastic.multiprocessing.errors.ChildFailedError" in err, err[-3000:]
+        assert re.search(rf"exitcode\s*:\s*{rank_exit}\b", err), err[-3000:]
+    else:
+        assert "Traceback" not in err, err[-3000:]
+    assert "rank says hi" in out and out.endswith("agent atexit ran"), out
+    assert not (tmp_path / "teardown").exists(), "the agent ran the interpreter's teardown"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_agent_stops_its_rank_and_ends_it_as_torchrun(tmp_path, sig):
+    proc = _start(tmp_path, "sleep")
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (tmp_path / "rank").exists() or not (tmp_path / "rank").read_text():
+            assert time.monotonic() < deadline, f"the rank did not start within {WAIT_S:.0f} s"
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        rank = int((tmp_path / "rank").read_text())
+        proc.send_signal(sig)
+        out, err = (s.decode(errors="replace") for s in proc.communicate(timeout=WAIT_S))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # torchrun's handler: its workers stopped, then its SignalException, uncaught (1)
+    assert proc.returncode == 1, err[-3000:]
+    assert "SignalException" in err, err[-3000:]
+    assert not _alive(rank), "the agent ended and left its rank running"
+    assert "rank says hi" in out and out.endswith("agent atexit ran"), out
+    assert not (tmp_path / "teardown").exists(), "the agent ran the interpreter's teardown"
+
+
+def test_the_agents_command_line_is_one_definition():
+    argv = [*agent.argv("/py"), "--standalone", "x.py"]
+    assert argv[:3] == ["/py", "-m", "slurmft.launch.agent"]
+    assert agent.is_agent(argv) and agent.is_agent([a.encode() for a in argv])
+    assert not agent.is_agent(["/py", "-m", "torch.distributed.run", "x.py"])
+    assert not agent.is_agent(["/py"])
