@@ -9,6 +9,7 @@ launcher, which owns the orchestration as small, unit-tested modules:
   ``nodecheck``  runs on each node: run dir, disk, torch, ``slurmft sweep --quick --dry-run``
   ``rendezvous`` torchrun's c10d endpoint from ``SLURM_JOB_NODELIST`` (python-hostlist)
   ``task``       one node's task of the training step: torchrun with USR2 ignored
+  ``agent``      torchrun's agent as slurmft starts it (``scriptend``: no teardown); its argv
   ``signals``    the handler (records only) and the judgement of a signal before training
   ``step``       the training ``srun``: signals go to that child only, re-sent with a floor
   ``procs``      srun children in their own process group, ended TERM-then-KILL at their bound
@@ -26,5 +27,5 @@ launcher, which owns the orchestration as small, unit-tested modules:
   ``main``       the order of the above, and the one place that exits
 
 Torch-free: torch is imported only by the training ranks, by the per-node torch check, by the
-warm server and by a spare's torchrun started ahead, each in its own process.
+warm server and by torchrun's agent (``agent``, a spare's started ahead), each in its own process.
 """
