@@ -1,7 +1,8 @@
 """torchrun's agent as slurmft starts it (``python -m slurmft.launch.agent``, launch/agent.py):
 real torchrun (standalone, one rank) on each ending the node task, the relay and the launcher act
-on: the agent's exit status and report are torchrun's, its stdout and stderr are flushed, its
-``atexit`` handlers run, and the interpreter's teardown of torch does not."""
+on: the agent's exit status and report are torchrun's (the same as ``python -m
+torch.distributed.run``'s: 0, or 1 with its report), its stdout and stderr are flushed, its
+``atexit`` handlers run, and the interpreter's teardown of torch does not (``teardown_probe``)."""
 
 from __future__ import annotations
 
@@ -9,30 +10,16 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+import teardown_probe
 from slurmft.launch import agent
 
 WAIT_S = 180.0   # a loaded 2-core box: torch's import alone takes seconds
-
-# Loaded by every Python process of the test (PYTHONPATH), it acts in the agent only: a print
-# left in stdout's buffer by an atexit handler (stdout is a pipe: block-buffered) must come out,
-# and an object alive until the end whose finalizer only the interpreter's teardown runs.
-PROBE = """
-import atexit, os, sys
-if sys.orig_argv[1:3] == ["-m", {module!r}]:
-    class _Teardown:   # its globals and builtins may be gone when the teardown frees it
-        def __del__(self, path=os.path.join(os.environ["PROBE_DIR"], "teardown"), open=open):
-            with open(path, "w") as f:
-                f.write("freed")
-    probe = _Teardown()
-    atexit.register(lambda: print("agent atexit ran", end=""))
-"""
 
 RANK = """
 import os, sys, time
@@ -46,11 +33,9 @@ sys.exit(int(sys.argv[1]))
 
 
 def _start(tmp_path: Path, ending: str) -> subprocess.Popen:
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(PROBE.format(module=agent.MODULE))
     (tmp_path / "rank.py").write_text(textwrap.dedent(RANK))
-    env = {**os.environ, "PROBE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *sys.path[1:]])}
+    env = {**teardown_probe.env(tmp_path, [agent.MODULE]), "PROBE_DIR": str(tmp_path),
+           "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([*agent.argv(), "--standalone", "--nproc-per-node=1",
                              "--max-restarts=0", "--monitor-interval=0.2",
                              str(tmp_path / "rank.py"), ending],
@@ -81,8 +66,8 @@ def test_the_agent_ends_as_torchrun_for_each_rank_exit_without_the_teardown(tmp_
         assert re.search(rf"exitcode\s*:\s*{rank_exit}\b", err), err[-3000:]
     else:
         assert "Traceback" not in err, err[-3000:]
-    assert "rank says hi" in out and out.endswith("agent atexit ran"), out
-    assert not (tmp_path / "teardown").exists(), "the agent ran the interpreter's teardown"
+    assert "rank says hi" in out and out.endswith(teardown_probe.ATEXIT_TEXT), out
+    assert not teardown_probe.tore_down(tmp_path), "the agent ran the interpreter's teardown"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -104,8 +89,8 @@ def test_a_signal_to_the_agent_stops_its_rank_and_ends_it_as_torchrun(tmp_path, 
     assert proc.returncode == 1, err[-3000:]
     assert "SignalException" in err, err[-3000:]
     assert not _alive(rank), "the agent ended and left its rank running"
-    assert "rank says hi" in out and out.endswith("agent atexit ran"), out
-    assert not (tmp_path / "teardown").exists(), "the agent ran the interpreter's teardown"
+    assert "rank says hi" in out and out.endswith(teardown_probe.ATEXIT_TEXT), out
+    assert not teardown_probe.tore_down(tmp_path), "the agent ran the interpreter's teardown"
 
 
 def test_the_agents_command_line_is_one_definition():

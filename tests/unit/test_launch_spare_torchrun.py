@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import teardown_probe
 from slurmft import allocation
 from slurmft.launch import agent, spare, task
 from slurmft.launch.allocation import fence, initial
@@ -72,6 +73,9 @@ def test_a_spares_torchrun_waits_imported_and_runs_as_a_cold_one_would(tmp_path,
     out = tmp_path / "seen.jsonl"
     argv = _argv(_rank_script(tmp_path, out))
     monkeypatch.setenv("X_SPARE_TEST", "spare")
+    probe = tmp_path / "probe"   # both torchruns end without the interpreter's teardown
+    probed = teardown_probe.env(probe, [agent.MODULE, "slurmft.launch.pretorchrun"])
+    monkeypatch.setenv("PYTHONPATH", probed["PYTHONPATH"])
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)   # task.main's: torchrun inherits it
     try:
@@ -79,6 +83,7 @@ def test_a_spares_torchrun_waits_imported_and_runs_as_a_cold_one_would(tmp_path,
     finally:
         signal.signal(signal.SIGUSR2, saved[signal.SIGUSR2])
     assert out.exists(), cold.stderr
+    assert cold.stdout.endswith(teardown_probe.ATEXIT_TEXT) and not teardown_probe.tore_down(probe)
     cold_seen = json.loads(out.read_text())
     out.unlink()
 
@@ -114,6 +119,7 @@ def test_a_spares_torchrun_waits_imported_and_runs_as_a_cold_one_would(tmp_path,
     assert before == [(True, False)]   # torch imported in the waiting torchrun, no rank yet
     # torchrun's status (the rank's 3 -> its ChildFailedError -> 1) and what it passed on
     assert rc == cold.returncode == 1
+    assert not teardown_probe.tore_down(probe), "the spare's torchrun ran the interpreter's teardown"
     assert json.loads(out.read_text()) == cold_seen
     assert cold_seen["argv"] == ["--flag", "v"] and cold_seen["usr2_ignored"] is True
     assert cold_seen["env"]["X_SPARE_TEST"] == "spare" and cold_seen["env"]["WORLD_SIZE"] == "1"
