@@ -200,7 +200,7 @@ def main() -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     argv = sys.argv[1:]
     if len(argv) < 3:
-        sys.exit("slurmft.launch.task: expected PYTHON -m torch.distributed.run ARGS...")
+        sys.exit("slurmft.launch.task: expected PYTHON -m slurmft.launch.agent TORCHRUN_ARGS...")
     full = argv_for_node(argv, os.environ.get("SLURM_NODEID"))
     alive = os.environ.get(ALIVE_ENV)
     if alive:
