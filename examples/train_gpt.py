@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import signal
 import time
@@ -236,3 +237,8 @@ if __name__ == "__main__":
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        # The interpreter's last collections walk torch's whole object graph on the way out:
+        # ~0.7 CPU-s per rank measured here (2.5 -> 1.8 CPU-s for a process that only imports
+        # torch and slurmft.train), paid by every rank of every start. Everything this script
+        # writes is closed by now (Run's exit, the process group), so keep them off that graph.
+        gc.freeze()
