@@ -49,6 +49,7 @@ import torch.distributed as dist
 from slurmft.config import load_section
 
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR2, signal.SIGTERM)
+ORPHANED = "launcher gone"  # the reason when the rank's launcher died (the parent watch)
 SECTION = "preemption"
 
 
@@ -167,7 +168,17 @@ class PreemptionHandler:
         """What this rank saw: the signal's name, "launcher gone", or None."""
         if self.received is not None:
             return self.received.name
-        return "launcher gone" if self.orphaned else None
+        return ORPHANED if self.orphaned else None
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Every ``reason`` this handler can give, in a fixed order (the same on every rank)."""
+        return (*(sig.name for sig in self.signals), ORPHANED)
+
+    def seen(self) -> list[float]:
+        """This rank's ``reason`` as one 0/1 slot per ``reasons``: summed over the ranks (``Run``'s
+        ``report()``), they say what any rank saw, not only this one."""
+        return [1.0 if name == self.reason else 0.0 for name in self.reasons]
 
     def should_stop(self, *, force: bool = False) -> bool:
         """Collective: True on every rank when any rank saw a signal. Call on every rank, every step.

@@ -130,6 +130,7 @@ class Run(StepBoundary, RunEndings):
         self._total: int | None = None
         self._reported = False
         self._stop_agreed = False
+        self._stop_seen: str | None = None  # what the ranks saw, when they agreed on report()
         self._signalled_at_end: str | None = None  # a preemption agreed in the last step: who saw it
         self._fields: dict[str, Any] = {}
         self._watchdog: StepWatchdog | None = None
@@ -360,14 +361,20 @@ class Run(StepBoundary, RunEndings):
         if self._reported:
             raise RuntimeError(f"Run.report() called twice in step {self._in_step}")
         self._reported = True
-        requested = self._preemption is not None and self._preemption.requested
-        values = self._values(loss, 0.0 if grad_norm is None else grad_norm, 1.0 if requested else 0.0)
+        handler = self._preemption
+        requested = handler is not None and handler.requested
+        seen = handler.seen() if handler is not None else []
+        values = self._values(loss, 0.0 if grad_norm is None else grad_norm, 1.0 if requested else 0.0,
+                              *seen)
         if self._distributed and self.world_size > 1:
             dist.all_reduce(values, op=dist.ReduceOp.SUM, group=self.process_group)
-        loss_sum, norm_sum, flags = values.tolist()
+        loss_sum, norm_sum, flags, *seen_sums = values.tolist()
         self.loss = loss_sum / self.world_size
         self.grad_norm = None if grad_norm is None else norm_sum / self.world_size
         self._stop_agreed = flags > 0
+        # What the ranks saw, for the journal when this one saw nothing itself (not "peer").
+        self._stop_seen = (None if handler is None or not self._stop_agreed else
+                           "+".join(n for n, k in zip(handler.reasons, seen_sums) if k > 0) or None)
         self._fields = fields
         self.result = self.guard.check(self.loss, self.grad_norm or 0.0)
         if not self.result.ok and self.state.optimizer is not None:

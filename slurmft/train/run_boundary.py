@@ -40,6 +40,7 @@ class StepBoundary:
     result: GuardResult | None
     _boundary: BoundaryCheck
     _stop_agreed: bool
+    _stop_seen: str | None
     _signalled_at_end: str | None
     _reported: bool
     _fields: dict[str, Any]
@@ -102,11 +103,17 @@ class StepBoundary:
         if phases is not None:  # the segment's first step: what its start cost, by phase
             self.segment.record(journal.RESTART_PHASES, step=step, **phases)
         if stop and step >= total:  # nothing left to train: steps() ends with the final save and DONE
-            self._signalled_at_end = (self._preemption.reason if self._preemption is not None else None) or "peer"
+            self._signalled_at_end = self._stop_reason()
         elif stop:
             self._preempt(step)
         if self.checkpoints.due(step) and step < total:
             self.checkpoints.save(step, self.state)
+
+    def _stop_reason(self) -> str:
+        """Why the ranks stop: this rank's own reason, else what the ranks saw (``report()``),
+        else "peer" (agreed without ``report()`` on another rank's flag)."""
+        own = self._preemption.reason if self._preemption is not None else None
+        return own or (self._stop_seen if self._reported else None) or "peer"
 
     def _busy_per_step(self) -> float | None:
         """The forward time per step since the last beat (asked for only when a beat is written)."""

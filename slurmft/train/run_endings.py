@@ -74,6 +74,7 @@ class RunEndings:
     _audit: ResumeAudit | None
     _alloc_watch: AllocationWatch | None
     close: Callable[[], None]
+    _stop_reason: Callable[[], str]
 
     if TYPE_CHECKING:  # Run.checkpoints, which these methods read
         @property
@@ -111,13 +112,13 @@ class RunEndings:
                 exc, self.env.node_silent_s + 5, lambda: bool(self._preemption and self._preemption.requested))
 
     def _preempt(self, step: int) -> None:
-        seen = self._preemption.reason if self._preemption is not None else None
+        seen = self._stop_reason()
         try:
             self.checkpoints.emergency_save(step, self.state)
             reason = f"preempted: emergency checkpoint at step {step}"
         except CheckpointError as exc:  # the previous checkpoint is intact: requeueing still helps
             reason = f"preempted: emergency checkpoint at step {step} FAILED ({exc}); resuming from an older one"
-        self.segment.record(journal.PREEMPTION, step=step, signal=seen or "peer")
+        self.segment.record(journal.PREEMPTION, step=step, signal=seen)
         self._end(exitcodes.REQUEUE, reason, step=step)
 
     def _finish(self, total: int) -> None:

@@ -99,7 +99,9 @@ def test_preempted_and_resumed_run_equals_uninterrupted_one(warm_ranks, tmp_path
     assert_exits(first, exitcodes.REQUEUE)
     ends = read_events(RunDir(run).events, ["segment_end"])
     assert [(e.get("exit_code"), e.get("step")) for e in ends] == [(exitcodes.REQUEUE, 6)]
-    assert [e.get("step") for e in read_events(RunDir(run).events, ["preemption"])] == [6]
+    # Journaled by rank 0, which saw nothing itself: the reason the ranks agreed on, not "peer".
+    assert [(e.get("step"), e.get("signal")) for e in read_events(RunDir(run).events, ["preemption"])] \
+        == [(6, "SIGUSR2")]
     assert RunDir(run).committed_steps() == [4, 6]
     # Quiet: one line from rank 0 for the whole job, no traceback anywhere.
     stderr = first[0][1] + first[1][1]
@@ -125,7 +127,7 @@ def test_final_save_and_done_happen_once_also_when_preempted_in_the_last_step(wa
     assert_exits(run_ranks(warm_ranks, tmp_path, run, ["--steps", "6", "--signal-at", "6"]), 0)
     assert read_events(RunDir(run).events, ["preemption"]) == []
     first_end = read_events(RunDir(run).events, ["segment_end"])[0]
-    assert "a preemption signal, peer, came in the last step" in first_end.text("reason"), first_end
+    assert "a preemption signal, SIGUSR2, came in the last step" in first_end.text("reason"), first_end
     done = RunDir(run).done
     marker = read_done(RunDir(run))
     assert (marker.step, marker.total_steps) == (6, 6)
