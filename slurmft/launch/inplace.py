@@ -127,7 +127,11 @@ class ProcessFaults(JournalFollower):
 
     @property
     def newest_commit(self) -> int | None:
-        """The newest checkpoint step this segment's ranks journaled as committed."""
+        """The newest checkpoint step this segment's ranks journaled as committed, the journal
+        read up to now first: an admin's drain is judged against the newest checkpoint at its first
+        sight (``nodestate``), and a reading one loop old took a commit just before the drain for
+        one after it (the node fenced at once, the steps since that commit lost)."""
+        self._follow()
         return self.seen.newest_commit
 
     @property

@@ -151,3 +151,15 @@ def test_a_crash_whose_node_stopped_beating_or_that_a_fence_explains_is_not_a_pr
     _crash(run)
     pf2.fenced()                # fenced before the settle: dropped although its node beats
     assert pf2.poll() == ([], [])
+
+
+def test_the_newest_commit_reads_the_journal_up_to_now(tmp_path):
+    """An admin's drain is judged against the newest checkpoint at its first sight: a commit
+    journaled since the last poll() must count, or a checkpoint from before the drain passes for
+    one after it and the node is fenced at once (seen under load in test_inalloc_nodestate)."""
+    run, pf = _faults(tmp_path)
+    _put(run, journal.SEGMENT_START, attempt=0)
+    _put(run, journal.CHECKPOINT_COMMITTED, step=10)
+    pf.poll()
+    _put(run, journal.CHECKPOINT_COMMITTED, step=15)  # no poll() since
+    assert pf.newest_commit == 15
