@@ -165,8 +165,8 @@ def hang(target: Target) -> str:
                                     training_only=True), signal.SIGSTOP)
     if not stopped:
         raise FaultError(f"job {target.job_id}: no process of rank 1 to stop")
-    return ("SIGSTOP to rank 1's training process (a warm rank's worker, not its client): the other "
-            "ranks wait in a collective, nothing exits")
+    return ("SIGSTOP to rank 1's training process (of a warm rank, its worker, not its client): the "
+            "other ranks wait in a collective, nothing exits")
 
 
 def active_nodes(run_dir: RunDir) -> list[str]:
