@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Callable, Sequence
 
 from slurmft.slurm.client import Node, NodeState, OutcomeUnknown, SlurmError
@@ -78,7 +79,7 @@ class StepKills:
 # SlurmdTimeout; 330 s covers the default 300 s. For a dead node the wait never ends later than
 # the requeue's COMPLETING would have (that ended at DOWN); past it the requeue goes on as before.
 WAIT_S = 330.0
-POLL_S = 1.0
+POLL_S = 2.0  # a node query per job every 2 s: a rack's failure must not flood the controller
 
 
 def unschedulable(node: Node) -> bool:
@@ -87,14 +88,35 @@ def unschedulable(node: Node) -> bool:
             or "FAIL" in node.flags or "FAILING" in node.flags)
 
 
+# The wait ends this long before the job's time limit at the latest: the template's USR2 comes
+# 120 s before it (which ends the wait too), and the requeue must go out before Slurm's TERM.
+END_MARGIN_S = 150.0
+
+
+def wait_bound(client, job_id: str, now: datetime | None = None) -> float:
+    """``WAIT_S``, or less when the job's time limit comes sooner (its end less ``END_MARGIN_S``;
+    0 when that has passed). ``WAIT_S`` when the job cannot be read or has no limit."""
+    try:
+        end = client.job(job_id).time_limit_end
+    except SlurmError:
+        return WAIT_S
+    if end is None:
+        return WAIT_S
+    end = end if end.tzinfo else end.replace(tzinfo=timezone.utc)
+    left = (end - (now or datetime.now(timezone.utc))).total_seconds() - END_MARGIN_S
+    return max(0.0, min(WAIT_S, left))
+
+
 def release_lost(client, job_id: str, nodes: Sequence[str], reached: Callable[[str], str],
                  log: Callable[[str], None], *, wait_s: float = WAIT_S, poll_s: float = POLL_S,
+                 stop: Callable[[], bool] = lambda: False,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> list[str]:
     """Release from ``job_id`` those of ``nodes`` whose slurmd is gone, once Slurm flags them;
     return the nodes released. ``reached(node)``: what became of its step's KILL (``StepKills``):
-    a DELIVERED one is left alone; a FAILED or PENDING one is waited for (``wait_s``); a
-    REFUSED or UNSENT one (no evidence either way) is released only if Slurm flags it already."""
+    a DELIVERED one is left alone; a FAILED or PENDING one is waited for (``wait_s``, and only
+    while ``stop()`` is false: a signal to the job, its time limit near, ends the wait at once);
+    a REFUSED or UNSENT one (no evidence either way) is released only if Slurm flags it already."""
     if client is None or not nodes:
         return []
     deadline = clock() + wait_s
@@ -111,6 +133,10 @@ def release_lost(client, job_id: str, nodes: Sequence[str], reached: Callable[[s
         flagged = [n for n in waiting if n in states and unschedulable(states[n])]
         late = [n for n in waiting if n not in flagged]
         if all(reached(n) in NO_EVIDENCE for n in late) or clock() >= deadline:
+            break
+        if stop():
+            log(f"a signal came while waiting for Slurm to flag {','.join(late)}: the requeue "
+                "goes out now (it waits on Slurm to end the job there)")
             break
         sleep(poll_s)
     if late:

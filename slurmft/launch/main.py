@@ -198,7 +198,9 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         except inalloc.GoRequeue as exc:
             supervisor.stop_all()
             handback.release_lost(client, ident.slurm_id, supervisor.lost(list(exc.exclude)),
-                                  supervisor.kills.reached, voice.log)
+                                  supervisor.kills.reached, voice.log,
+                                  wait_s=handback.wait_bound(client, ident.slurm_id) if client else 0.0,
+                                  stop=lambda: bool(signals.received))
             return requeue.requeue_self(client, ident, voice, exc.reason, exc.exclude)
         except inalloc.GiveUp as exc:
             supervisor.stop_all()

@@ -14,6 +14,12 @@ TERM would hang a rank that exits without closing its loader, e.g. after its eme
 Otherwise the worker ends as it always does: at the loader's shutdown, when its watchdog sees the
 rank gone, or killed by Slurm at the end of the grace time.
 
+``DataLoader(..., worker_init_fn=slurmft.train.loader_worker_init)``, or ``LoaderWorkerInit(your_fn)``
+to run your own after it; torch calls it in each worker after setting its own handlers. Picklable
+(a module-level class), but only a ``fork`` worker is kept alive: a spawned one already runs a
+second thread when the init runs, which does not block TERM. A program the worker starts inherits
+the blocked TERM (``Popen.terminate()`` does not end it). Not covered either: multiprocessing's
+resource tracker and fork server (docs/limitations.md).
 """
 
 from __future__ import annotations

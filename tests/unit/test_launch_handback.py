@@ -158,3 +158,40 @@ def test_step_kills_say_whether_slurm_could_signal_the_step():
     gate.set()
     kills._threads["n2"].join(10)
     assert kills.reached("n2") == handback.DELIVERED
+
+
+def test_a_signal_to_the_job_ends_the_wait_at_once():
+    """The job's time limit (the template's USR2), a preemption or a scancel while Slurm has not
+    flagged the node yet: the requeue must go out now, not after the wait (Slurm's TERM and KILL
+    would end the job first: TIMEOUT, never requeued)."""
+    slurm = Slurm(lambda name, poll: UP if poll <= 3 else DEAD)
+    signalled = lambda: slurm.polls >= 2  # noqa: E731 -- the USR2 came during the second look
+    got, lines, clock = _release(slurm, ["n3"], stop=signalled)
+    assert got == [] and slurm.released == [] and slurm.polls == 2
+    assert clock.now == handback.POLL_S
+    assert "a signal came while waiting for Slurm to flag n3: the requeue goes out now" in lines[0]
+
+
+def test_the_wait_ends_before_the_jobs_time_limit():
+    from datetime import datetime, timedelta, timezone
+
+    from slurmft.slurm.client import Job, JobState
+
+    now = datetime(2026, 11, 27, 12, 0, tzinfo=timezone.utc)
+
+    class Limited:
+        def __init__(self, end):
+            self.end = end
+
+        def job(self, job_id):
+            if self.end == "unreadable":
+                raise SlurmUnavailable("slurmctld not answering")
+            return Job(job_id=job_id, name="train", state=JobState.RUNNING, time_limit_end=self.end)
+
+    assert handback.wait_bound(Limited(None), "7", now) == handback.WAIT_S  # no limit
+    assert handback.wait_bound(Limited("unreadable"), "7", now) == handback.WAIT_S
+    assert handback.wait_bound(Limited(now + timedelta(hours=20)), "7", now) == handback.WAIT_S
+    assert handback.wait_bound(Limited(now + timedelta(seconds=250)), "7", now) == 250 - handback.END_MARGIN_S
+    assert handback.wait_bound(Limited(now + timedelta(seconds=100)), "7", now) == 0.0
+    naive = (now + timedelta(seconds=300)).replace(tzinfo=None)  # a backend's naive UTC stamp
+    assert handback.wait_bound(Limited(naive), "7", now) == 300 - handback.END_MARGIN_S
