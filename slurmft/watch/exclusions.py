@@ -9,8 +9,10 @@ whole node table is the job's pool.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Mapping
 
+from slurmft.allocation import Allocation
 from slurmft.slurm.client import Job, JobState, Node
 from slurmft.watch.detect import node_problem
 
@@ -18,6 +20,19 @@ from slurmft.watch.detect import node_problem
 def needed_nodes(job: Job) -> int:
     """The job's smallest size in nodes."""
     return max(job.min_nodes or 0, 1) if job.min_nodes else max(job.node_count, 1)
+
+
+def sized_as_allocated(job: Job, record: Allocation | None) -> Job:
+    """``job`` with at least the size of the in-allocation segment ``record`` describes (its
+    active, spare and fenced nodes: the whole allocation it started with). The launcher takes a
+    dead node out of the job before it requeues itself (``launch/handback.py``); Slurm then shows
+    the pending job with the smaller count (22.05: NumNodes 2 of 3) but starts it only on the size
+    it asked for at submission, so a fit judged by the count shown would leave a requeued job that
+    can never start (the soak of 2026-11-27: 3 of 6 nodes excluded, 4 needed, 3 counted)."""
+    if record is None or not record.for_job(job.ids):
+        return job
+    size = len({*record.active, *record.spares, *record.fenced_nodes})
+    return job if size <= needed_nodes(job) else dataclasses.replace(job, min_nodes=size)
 
 
 def pools(job: Job, nodes: Mapping[str, Node]) -> list[set[str]]:

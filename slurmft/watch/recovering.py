@@ -19,7 +19,7 @@ from slurmft.watch import detect, giveup, slurmhold
 from slurmft.watch.act import Actor
 from slurmft.watch.config import WatchConfig
 from slurmft.watch.detect import Finding, Memory, RunObservation
-from slurmft.watch.exclusions import fit_exclusions, readmit_to_fit
+from slurmft.watch.exclusions import fit_exclusions, readmit_to_fit, sized_as_allocated
 from slurmft.watch.runview import done_for
 from slurmft.watch.state import (
     DOING, DONE, FINISHED, GAVE_UP, RECOVERING, SKIP, TODO, WATCHING, Recovery, RunState,
@@ -270,7 +270,8 @@ class Recovering:
         (``excluding``: what this cycle just excluded, not yet in the job as read)."""
         if rec.readmit_attempts >= MAX_EXCLUDE_ATTEMPTS:
             return
-        readmit = readmit_to_fit(job, obs.nodes, excluding, self.state.excluded)
+        readmit = readmit_to_fit(sized_as_allocated(job, obs.allocation), obs.nodes, excluding,
+                                 self.state.excluded)
         if not readmit:
             return
         try:
@@ -286,7 +287,7 @@ class Recovering:
             rec.pending_since = obs.now
         if rec.exclude_step in (TODO, DOING):
             wanted = [n for n in rec.exclude if n not in job.excluded_nodes]
-            keep, dropped = fit_exclusions(job, obs.nodes, wanted)
+            keep, dropped = fit_exclusions(sized_as_allocated(job, obs.allocation), obs.nodes, wanted)
             if dropped:
                 self.emit(journal.WATCH_WARNING, what="no_fit", nodes=dropped,
                           detail=f"not excluding {','.join(dropped)}: the job would no longer fit "

@@ -285,6 +285,31 @@ def test_readmission_counts_only_the_jobs_partition():
     assert readmit_to_fit(replace(pending, excluded_nodes=("b1",)), nodes, [], ["b1"]) == []
 
 
+def test_a_job_the_launcher_shrank_before_its_requeue_is_judged_at_its_allocated_size():
+    """The soak of 2026-11-27: the in-allocation launcher released dead n6 (3 of 4 nodes left),
+    requeued, and Slurm showed the pending job with NumNodes 3 (22.05 shows the shrunk count; it
+    starts the job only on the 4 it was submitted with). With n3, n4, n6 excluded of 6 nodes, the
+    3 counted fit; the 4 needed did not: never runnable, and nothing was readmitted. Judged at the
+    allocation's size, our repaired exclusions come back."""
+    from slurmft.allocation import Allocation, Fence
+    from slurmft.watch.exclusions import sized_as_allocated
+
+    nodes = {n: Node(n, NodeState.IDLE) for n in ("n1", "n2", "n3", "n4", "n5", "n6")}
+    nodes["n6"] = Node("n6", NodeState.DOWN, frozenset({"NOT_RESPONDING"}))
+    shown = Job(job_id="1", name="t", state=JobState.PENDING, node_count=3, min_nodes=3,
+                excluded_nodes=("n3", "n4", "n6"))
+    record = Allocation(job_id="1", generation=3, active=("n1", "n2", "n5"), spares=(),
+                        fenced=(Fence("n6", "node_silent", 1.0),))
+    assert readmit_to_fit(shown, nodes, [], ["n3", "n4", "n6"]) == []  # what the watcher did
+    sized = sized_as_allocated(shown, record)
+    assert sized.min_nodes == 4
+    assert readmit_to_fit(sized, nodes, [], ["n3", "n4", "n6"]) == ["n3"]
+    # another job's record, no record, or a record no bigger than the job: the job as Slurm shows it
+    assert sized_as_allocated(shown, replace(record, job_id="2")) is shown
+    assert sized_as_allocated(shown, None) is shown
+    assert sized_as_allocated(replace(shown, min_nodes=5), record).min_nodes == 5
+
+
 # -- fault counts fade -------------------------------------------------------------------------
 
 def test_a_nodes_faults_fade_after_it_serves_healthily():
