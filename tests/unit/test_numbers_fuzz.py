@@ -181,6 +181,11 @@ journal_lines = st.lists(st.one_of(
 
 @FEW
 @given(lines=journal_lines)
+# Found by a fresh-clone run (s8z): times that go backwards made the watcher's ETTR 1.0006.
+@example(lines=[_line(1800000255.0, "segment_start", {}),
+                *[_line(1800000000.0, "segment_start", {})] * 4,
+                _line(1800000000.0, "loss", {"step": 1, "blocking_s": 0.0}),
+                _line(1800000873.0, "loss", {"step": 0, "blocking_s": 0.0})])
 def test_status_and_interval_over_any_journal_show_the_run_or_say_what_is_missing(tmp_path_factory, lines):
     """Before: OverflowError (a 400-digit time or field), "Out of range float values are not
     JSON compliant" under --json, TypeError (nodes that are a number, an action that is a list)."""
