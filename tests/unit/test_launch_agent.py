@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import teardown_probe
+from procs import alive
 from slurmft.launch import agent
 
 WAIT_S = 180.0   # a loaded 2-core box: torch's import alone takes seconds
@@ -41,14 +42,6 @@ def _start(tmp_path: Path, ending: str) -> subprocess.Popen:
                              str(tmp_path / "rank.py"), ending],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("rank_exit", [0, 85, 86, 1])
@@ -88,7 +81,7 @@ def test_a_signal_to_the_agent_stops_its_rank_and_ends_it_as_torchrun(tmp_path, 
     # torchrun's handler: its workers stopped, then its SignalException, uncaught (1)
     assert proc.returncode == 1, err[-3000:]
     assert "SignalException" in err, err[-3000:]
-    assert not _alive(rank), "the agent ended and left its rank running"
+    assert not alive(rank), "the agent ended and left its rank running"
     assert "rank says hi" in out and out.endswith(teardown_probe.ATEXIT_TEXT), out
     assert not teardown_probe.tore_down(tmp_path), "the agent ran the interpreter's teardown"
 

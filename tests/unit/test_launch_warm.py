@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import alive
 from slurmft.launch import warm, warmclient
 
 PY = sys.executable
@@ -30,14 +31,6 @@ def _until(what: str, cond, timeout: float = WAIT_S) -> None:
         time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _children(pid: int) -> list[int]:
     found = []
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -46,7 +39,7 @@ def _children(pid: int) -> list[int]:
                 found += [int(c) for c in f.read().split()]
         except OSError:
             pass
-    return [c for c in found if _alive(c)]
+    return [c for c in found if alive(c)]
 
 
 class Srv:
@@ -263,11 +256,11 @@ def test_client_killed_9_takes_its_worker_and_children(srv, tmp_path):
     proc = _start(srv, script, tmp_path)
     _until("the worker's pid file", pids.exists)
     worker, child = (int(p) for p in pids.read_text().split())
-    assert _alive(worker) and _alive(child)
+    assert alive(worker) and alive(child)
     proc.kill()
     proc.wait(timeout=WAIT_S)
     _until("the worker and its child to die with the client",
-           lambda: not _alive(worker) and not _alive(child))
+           lambda: not alive(worker) and not alive(child))
 
 
 def test_the_worker_watches_its_client_itself(tmp_path):
@@ -289,7 +282,7 @@ def test_the_worker_watches_its_client_itself(tmp_path):
         try:
             proc.kill()
             proc.wait(timeout=WAIT_S)
-            _until("the worker to end by its own watch", lambda: not _alive(worker))
+            _until("the worker to end by its own watch", lambda: not alive(worker))
         finally:
             os.kill(server.proc.pid, signal.SIGCONT)
     finally:
@@ -353,7 +346,7 @@ def test_orphaned_client_gives_its_worker_usr2(srv, tmp_path):
     _until("the worker's ready file", ready.exists)
     parent.kill()
     parent.wait(timeout=WAIT_S)
-    _until("the worker to be told (SIGUSR2) and end", lambda: told.exists() and not _alive(client_pid))
+    _until("the worker to be told (SIGUSR2) and end", lambda: told.exists() and not alive(client_pid))
 
 
 def test_the_servers_death_takes_its_workers_and_later_clients_run_cold(tmp_path):
@@ -375,7 +368,7 @@ def test_the_servers_death_takes_its_workers_and_later_clients_run_cold(tmp_path
         server.proc.wait(timeout=WAIT_S)
         _, err = proc.communicate(timeout=WAIT_S)
         assert proc.returncode == 1 and "lost the warm server" in err
-        _until("the worker to die with its server", lambda: not _alive(worker))
+        _until("the worker to die with its server", lambda: not alive(worker))
         assert os.path.exists(server.path)            # left behind by a killed server
         res = _run(server, [str(_script(tmp_path, "print('cold')\n", "c.py"))], tmp_path)
         assert res.stdout.strip() == "cold" and "starting this rank cold" in res.stderr
