@@ -11,7 +11,7 @@ checks that nothing started a thread or initialised CUDA (torch's own flag, and 
 library ``libcuda.so*`` mapped in the process must say it was not initialised: a module may call
 the driver without torch, :mod:`slurmft.launch.cudafork`; forking then would be unsafe: it refuses
 every client, which runs its rank cold, one log line),
-and serves. torchrun's worker command is the
+moves what it imported out of the collector's reach (``gc.freeze``), and serves. torchrun's worker command is the
 torch-free client (``slurmft.launch.warmclient``); per client the server forks a worker that
 
   becomes the rank: its own session (torchrun signals a worker's process group), the client's
@@ -48,6 +48,7 @@ puts after torchrun's ``--no-python``.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import re
@@ -411,6 +412,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is not None:   # every client is answered at once, and runs its rank cold
             _log(f"no warm workers on this node: {problem}")
             server.refusing = problem
+        else:
+            # What every fork inherits (torch's ~170k objects) leaves the collector's reach: a
+            # worker's collections and its end's scan for open files (``scriptend``) would walk
+            # it all, ~0.15 CPU-s per rank and each full collection, and dirty every page it
+            # touches (copy-on-write). The gc module's own advice for fork without exec.
+            gc.freeze()
         server.serve()
     except _BecomeWorker as become:
         worker = become

@@ -112,6 +112,17 @@ def test_module_runs_as_main(srv, tmp_path):
     assert (res.returncode, res.stdout.strip()) == (3, "__main__ ['z']"), res.stderr
 
 
+def test_what_the_server_imported_is_frozen_before_it_forks(srv, tmp_path):
+    """The server's heap (torch's ~170k objects on a node) is out of the collector's reach in
+    every worker: no full collection of a rank, nor its end's scan for open files, walks it."""
+    script = _script(tmp_path, """
+        import gc, json
+        print(gc.get_freeze_count() > 0, any(o is json.dumps for o in gc.get_objects()))
+    """)
+    res = _run(srv, [str(script)], tmp_path)
+    assert (res.returncode, res.stdout.split()) == (0, ["True", "False"]), res.stderr
+
+
 def test_worker_ends_like_an_interpreter(srv, tmp_path):
     script = _script(tmp_path, """
         import atexit, sys, threading, time
