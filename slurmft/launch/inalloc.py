@@ -337,8 +337,15 @@ class Supervisor:
     def lost(self, exclude: Sequence[str]) -> list[str]:
         """The nodes this allocation lost (``exclude`` and every node fenced), but the batch
         host: its death is the job's end, and its step holds the launcher."""
-        names = [*exclude, *self.alloc.fenced_nodes]
-        return [n for n in dict.fromkeys(names) if n != self.rdzv.host]
+        return list(self.exclusions(dict.fromkeys(exclude, "")))
+
+    def exclusions(self, exclude: Mapping[str, str]) -> dict[str, str]:
+        """What the requeue from this allocation excludes, each node with its evidence: every
+        node fenced here (never used again by this job: the one whose loss ends the allocation
+        and those lost before it, a spare's included) and ``exclude``; never the batch host."""
+        found = {f.node: "; ".join(f.evidence) or f.cause for f in self.alloc.fenced}
+        found.update({n: why or found.get(n, "") for n, why in exclude.items()})
+        return {n: why for n, why in found.items() if n != self.rdzv.host}
 
     # -- signals and the end -------------------------------------------------------------------
 

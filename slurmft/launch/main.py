@@ -201,7 +201,8 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
                                   supervisor.kills.reached, voice.log,
                                   wait_s=handback.wait_bound(client, ident.slurm_id) if client else 0.0,
                                   stop=lambda: bool(signals.received))
-            return requeue.requeue_self(client, ident, voice, exc.reason, exc.exclude)
+            return requeue.requeue_self(client, ident, voice, exc.reason,
+                                        supervisor.exclusions(exc.exclude))
         except inalloc.GiveUp as exc:
             supervisor.stop_all()
             return give_up(voice, str(exc))

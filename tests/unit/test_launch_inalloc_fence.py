@@ -94,6 +94,10 @@ def test_without_a_spare_the_world_shrinks_down_to_the_minimum_then_requeues(tmp
         with pytest.raises(inalloc.GoRequeue) as below:
             sup.fence(inalloc.Fault("n2", "node_silent", ["no beat"]))
         assert below.value.exclude == {"n2": "no beat"}
+        # The requeue avoids every node this allocation lost, not only the last one.
+        assert sup.exclusions(below.value.exclude) == {"n3": "its step ended", "n2": "no beat"}
+        assert sorted(sup.lost(list(below.value.exclude))) == ["n2", "n3"]
+        assert "n1" not in sup.exclusions({"n1": "its step ended"})   # the batch host: never
         assert "below SLURMFT_MIN_NODES=3" in below.value.reason
         # Nothing more is published: the requeue path takes over.
         assert json.loads(run.allocation.read_text())["generation"] == 1
@@ -111,6 +115,7 @@ def test_a_dead_spare_is_fenced_without_moving_the_generation(tmp_path):
         assert (alloc["generation"], alloc["active"], alloc["spares"]) == (0, ["n1", "n2", "n3"], [])
         [action] = _events(run, journal.RECOVERY_ACTION)
         assert (action.get("action"), action.get("world_nodes")) == ("fence", 3)
+        assert sup.exclusions({}) == {"n4": "no beat"}   # a dead spare too, in a later requeue
     finally:
         _stop(sup)
 
