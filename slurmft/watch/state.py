@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from slurmft import numbers, records
+from slurmft.health.result import one_line
 from slurmft.numbers import UnixTime
 from slurmft.rundir import RunDir, atomic_write_json
 from slurmft.slurm.client import Job, JobState
@@ -178,8 +179,9 @@ class RunState:
                                      "to start afresh)")
                 state.epochs = [Epoch(**e) for e in epochs]
         except TypeError as exc:
-            raise StateError(f"{where}: unreadable watch state ({exc}; remove the file to start "
-                             "afresh)") from None
+            # one line: the message may quote a key of the file (``'\r'``)
+            raise StateError(f"{where}: unreadable watch state ({one_line(str(exc))}; remove the "
+                             "file to start afresh)") from None
         _check_types(state, where)
         return state
 

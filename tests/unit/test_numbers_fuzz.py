@@ -120,6 +120,19 @@ class _Slurm:
         return None
 
 
+@pytest.mark.parametrize("where", ["state", "recovery"])
+def test_a_watch_state_key_with_a_line_break_is_refused_in_one_line(tmp_path, where):
+    """The case hypothesis found in a fresh-clone run (s9u): ``{"recovery": {"\\r": null}}``; the
+    error quoted the key as it was, and its message broke in two lines."""
+    from slurmft.watch.state import RunState, StateError
+
+    data = _saved_state()
+    (data if where == "state" else data["recovery"])["\r\nx"] = None
+    with pytest.raises(StateError, match="unreadable watch state") as refused:
+        RunState.from_json(data, tmp_path / "state.json")
+    assert len(str(refused.value).splitlines()) == 1
+
+
 @FEW
 @given(where=st.sampled_from(["state", "recovery"]), field=st.data(), value=hostile_values)
 def test_any_watch_state_checks_or_is_a_state_error_and_a_checked_one_can_be_acted_on(
