@@ -144,11 +144,15 @@ def test_heartbeat_at_its_cap(tmp_path):
     from slurmft.rundir import RunDir
     from slurmft.watch.runview import MAX_SMALL_FILE, read_heartbeats
 
+    # One time for every size tried: a float's repr varies in length (``largest_under`` measured
+    # one and wrote another, a byte over the cap: the reader passed it over, s9a's fresh run).
+    now = time.time()
+
     def reader_for(d):
         run = _dir(tmp_path, d)
         (run / "heartbeat").mkdir()
         raw = largest_under(MAX_SMALL_FILE // d, lambda n: compact(
-            {"node": "n01", "time": time.time(), "step": 5, "restart_count": 0, "job_id": "1",
+            {"node": "n01", "time": now, "step": 5, "restart_count": 0, "job_id": "1",
              **{f"k{i}": i for i in range(n)}}))
         (run / "heartbeat" / "n01.json").write_bytes(raw)
 
