@@ -33,12 +33,13 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-def _start(tmp_path: Path, ending: str) -> subprocess.Popen:
+def _start(tmp_path: Path, ending: str, *options: str) -> subprocess.Popen:
     (tmp_path / "rank.py").write_text(textwrap.dedent(RANK))
+    (tmp_path / "tmp").mkdir()
     env = {**teardown_probe.env(tmp_path, [agent.MODULE]), "PROBE_DIR": str(tmp_path),
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
     return subprocess.Popen([*agent.argv(), "--standalone", "--nproc-per-node=1",
-                             "--max-restarts=0", "--monitor-interval=0.2",
+                             "--max-restarts=0", "--monitor-interval=0.2", *options,
                              str(tmp_path / "rank.py"), ending],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -61,6 +62,8 @@ def test_the_agent_ends_as_torchrun_for_each_rank_exit_without_the_teardown(tmp_
         assert "Traceback" not in err, err[-3000:]
     assert "rank says hi" in out and out.endswith(teardown_probe.ATEXIT_TEXT), out
     assert not teardown_probe.tore_down(tmp_path), "the agent ran the interpreter's teardown"
+    # torchrun's log directory (where a failed rank's error file is read from) is gone with it
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -84,6 +87,16 @@ def test_a_signal_to_the_agent_stops_its_rank_and_ends_it_as_torchrun(tmp_path, 
     assert not alive(rank), "the agent ended and left its rank running"
     assert "rank says hi" in out and out.endswith(teardown_probe.ATEXIT_TEXT), out
     assert not teardown_probe.tore_down(tmp_path), "the agent ran the interpreter's teardown"
+    # torchrun's log directory (where a failed rank's error file is read from) is gone with it
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_log_dir_the_command_names_is_torchruns_and_kept(tmp_path):
+    proc = _start(tmp_path, "1", f"--log-dir={tmp_path / 'logs'}")
+    _, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 1, err[-3000:]
+    assert list((tmp_path / "logs").rglob("attempt_0"))   # torchrun's, left as it leaves them
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 def test_the_agents_command_line_is_one_definition():
