@@ -30,14 +30,14 @@ class Finished:
 
 
 def run_bounded(argv: Sequence[str], timeout: float, *, env: Mapping[str, str] | None = None,
-                reap_s: float = REAP_S) -> Finished:
+                reap_s: float = REAP_S, cwd: str | None = None) -> Finished:
     """Run ``argv`` (no shell, stdin from /dev/null) for at most ``timeout`` + ``reap_s`` seconds.
 
     Raises ``OSError`` (``FileNotFoundError``...) when it cannot be started.
     """
     proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=None if env is None else dict(env),
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
         return Finished(proc.returncode, out, err)

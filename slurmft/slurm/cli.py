@@ -28,6 +28,7 @@ again blindly; the job or node is re-read to learn whether it happened (``policy
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -58,9 +59,9 @@ class CliSlurmClient:
         """Every command this client runs passes here (tests count the calls)."""
         return self._runner.run(argv, **kwargs)
 
-    def _change(self, argv: Sequence[str], happened: Callable[[], bool]) -> None:
+    def _change(self, argv: Sequence[str], happened: Callable[[], bool], **kwargs) -> None:
         """Run a state change; after no answer, ``happened()`` on re-read state decides."""
-        policy.change_confirmed(lambda: self._run(argv, idempotent=False), happened)
+        policy.change_confirmed(lambda: self._run(argv, idempotent=False, **kwargs), happened)
 
     def info(self) -> SlurmInfo:
         """Release (from ``sinfo --version``) and the data_parser in use (cached)."""
@@ -299,8 +300,12 @@ class CliSlurmClient:
             return
         if not keep:
             raise SlurmError(f"job {job_id}: releasing {','.join(sorted(gone))} would leave it no node")
-        self._change(["scontrol", "update", f"JobId={job_id}", f"NodeList={validate.compress_nodes(keep)}"],
-                     lambda: not gone & set(self.job(job_id).nodes))
+        # scontrol writes slurm_job_<id>_resize.{sh,csh} (the shrunk job's variables) into its
+        # working directory: in a job, the user's submit directory. Ours is a scratch one.
+        with tempfile.TemporaryDirectory(prefix="slurmft-resize-") as scratch:
+            self._change(["scontrol", "update", f"JobId={job_id}",
+                          f"NodeList={validate.compress_nodes(keep)}"],
+                         lambda: not gone & set(self.job(job_id).nodes), cwd=scratch)
 
     def comment(self, job_id: str) -> str:
         """The job's comment text ('' when none): ``squeue -h -o %k`` (text output honours ``-j``

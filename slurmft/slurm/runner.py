@@ -115,24 +115,26 @@ class Runner:
         return env
 
     def run(self, argv: Sequence[str], *, check: bool = True, idempotent: bool = True,
-            timeout: float | None = None, env: Mapping[str, str] | None = None) -> Result:
-        """Run ``argv``; retry transient failures; raise the typed error (``check``) or return."""
+            timeout: float | None = None, env: Mapping[str, str] | None = None,
+            cwd: str | None = None) -> Result:
+        """Run ``argv`` (in ``cwd``, default ours); retry transient failures; raise the typed
+        error (``check``) or return."""
         argv = tuple(argv)
         if not argv or not all(isinstance(a, str) for a in argv):
             raise InvalidArgument(f"argv must be a non-empty list of strings, got {argv!r}")
         limit = timeout or self.config.timeout
         environment = self.environment(env)
         try:
-            return retrying(self.config, self._sleep, _Transient)(self._attempt, argv, limit, environment, check, idempotent)
+            return retrying(self.config, self._sleep, _Transient)(self._attempt, argv, limit, environment, check, idempotent, cwd)
         except _Transient as exc:
             raise SlurmUnavailable(
                 f"could not observe: {' '.join(argv[:2])}: {exc} (after {self.config.retries + 1} attempts)"
             ) from None
 
     def _attempt(self, argv: tuple[str, ...], limit: float, env: dict[str, str], check: bool,
-                 idempotent: bool) -> Result:
+                 idempotent: bool, cwd: str | None = None) -> Result:
         try:
-            proc = run_bounded(argv, limit, env=env)
+            proc = run_bounded(argv, limit, env=env, cwd=cwd)
         except FileNotFoundError:
             raise SlurmError(f"{argv[0]}: command not found (install slurm-wlm, or fix PATH)") from None
         if proc.returncode is None:  # killed after the timeout

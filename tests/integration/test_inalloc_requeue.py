@@ -55,6 +55,8 @@ def test_a_requeue_from_the_allocation_does_not_wait_for_slurm_to_call_the_dead_
                          and j.restart_count >= 1, 240, "run after the requeue")
     assert victim not in again.nodes
     assert f"released {victim} from the job" in job.log_text(), job.context()
+    # scontrol's slurm_job_<id>_resize.{sh,csh} went to a scratch directory, not the job's own
+    assert not list(run.parent.glob("slurm_job_*_resize.*")), sorted(p.name for p in run.parent.iterdir())
     requeues = [e for e in job.events(["template"]) if e.get("action") == "requeue"
                 and e.count("restart_count") == 0]
     assert [r.get("exclude") for r in requeues] == [victim]

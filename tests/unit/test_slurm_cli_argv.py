@@ -26,6 +26,7 @@ class Replay:
     def run(self, argv, **kwargs):
         argv = tuple(argv)
         self.calls.append(argv)
+        self.kwargs = kwargs
         answer = self.answers(argv) if callable(self.answers) else self.answers[argv]
         if isinstance(answer, Exception):
             raise answer
@@ -221,6 +222,9 @@ def test_release_nodes_keeps_the_rest_of_a_running_job_and_refuses_an_ending_one
     c, replay = client("22.05.8", lambda argv: running if argv[0] == "squeue" else "")
     c.release_nodes("1", ["n2"])
     assert replay.calls[-1] == ("scontrol", "update", "JobId=1", "NodeList=n1")
+    # in a scratch directory, gone after: scontrol writes the job's resize scripts into its cwd
+    scratch = replay.kwargs.get("cwd")
+    assert scratch and "slurmft-resize-" in scratch and not Path(scratch).exists()
     sent = len(replay.calls)
     c.release_nodes("1", ["n7"])  # not the job's: nothing to do
     with pytest.raises(SlurmError, match="would leave it no node"):
