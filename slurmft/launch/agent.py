@@ -4,11 +4,11 @@
 ``python -m torch.distributed.run TORCHRUN_ARGS...`` does (runpy's ``-m`` path: ``__main__``,
 ``sys.argv[0]`` torchrun's file, ``sys.path[0]`` the working directory; torchrun's own handlers
 for TERM, INT, HUP and QUIT, which stop its workers and raise; its ``ChildFailedError`` report
-printed; its exit status: 0, or 1 when a rank failed or a signal stopped it; its log directory,
-which torchrun makes in the temp dir and leaves there, removed unless the command names one), then
-ends as a script ends but without the interpreter's teardown of torch (``scriptend``: ~0.5
-CPU-s per agent, which writes nothing). Every agent slurmft starts (each node's task in both modes, a
-spare's started ahead, the chaos reference) runs this way.
+printed; its exit status: 0, or 1 when a rank failed or a signal stopped it; its log
+directory, which torchrun makes in the temp dir and leaves there, removed unless the command
+names one), then ends as a script ends but without the interpreter's teardown of torch
+(``scriptend``: ~0.5 CPU-s per agent, which writes nothing). Every agent slurmft starts (each
+node's task in both modes, a spare's started ahead, the chaos reference) runs this way.
 
 ``argv``/``is_agent`` are what starts it and what finds it (the node task, a spare, the chaos
 tools, the tests, the benchmarks' tracers): one definition, so they cannot drift.

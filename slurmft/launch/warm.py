@@ -10,9 +10,9 @@ imports (``DEFAULT_IMPORTS``) and ``SLURMFT_WARM_IMPORTS``,
 checks that nothing started a thread or initialised CUDA (torch's own flag, and a CUDA driver
 library ``libcuda.so*`` mapped in the process must say it was not initialised: a module may call
 the driver without torch, :mod:`slurmft.launch.cudafork`; forking then would be unsafe: it refuses
-every client, which runs its rank cold, one log line),
-moves what it imported out of the collector's reach (``gc.freeze``), and serves. torchrun's worker command is the
-torch-free client (``slurmft.launch.warmclient``); per client the server forks a worker that
+every client, which runs its rank cold, one log line), moves what it imported out of the
+collector's reach (``gc.freeze``), and serves. torchrun's worker command is the torch-free
+client (``slurmft.launch.warmclient``); per client the server forks a worker that
 
   becomes the rank: its own session (torchrun signals a worker's process group), the client's
   fds 0-2, cwd, environment, argv and ignored signals; ``sys.path[0]`` as the interpreter sets
