@@ -188,12 +188,17 @@ argv = ["/bin/sh", "-c", "[ \\"$SLURMD_NODENAME\\" != n2 ] || {{ echo 'ERROR: GP
         scontrol(cluster, "reconfigure")
         client = CliSlurmClient(env=cluster.env)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not client.nodes()["n2"].drained:
+        n1_report = tmp_path / "reports" / "n1.json"
+        # each slurmd runs the program on its own clock: n2's drain says nothing of n1's run (s9c's
+        # fresh run read n1's report the moment n2 drained: not written yet)
+        while time.monotonic() < deadline and not (client.nodes()["n2"].drained
+                                                    and n1_report.exists()):
             time.sleep(1)
         nodes = client.nodes()
         assert nodes["n2"].drained and nodes["n2"].reason == "slurmft: external_site: ERROR: GPU 3 missing"
         assert not nodes["n1"].drained
-        assert json.loads((tmp_path / "reports" / "n1.json").read_text())["status"] == "ok"
+        assert n1_report.exists(), f"no report from n1 in 60 s: {sorted(os.listdir(tmp_path))}"
+        assert json.loads(n1_report.read_text())["status"] == "ok"
     finally:
         cluster.down()
         shutil.rmtree(short, ignore_errors=True)
