@@ -42,12 +42,14 @@ import* take the task's values (torchrun's per-rank variables are all read later
 modules are the ones on the node when the server started.
 
 The task's side is ``start_server``/``stop_server``; ``worker_command`` is what the launcher
-puts after torchrun's ``--no-python``.
+puts after torchrun's ``--no-python``. A task killed -9 leaves its server's directory behind:
+the next server started on the node as the same user removes it (``sweep_stale``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import os
@@ -55,11 +57,13 @@ import re
 import selectors
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -78,6 +82,10 @@ REQUEST_READ_S = 10.0
 REAP_POLL_S = 0.2
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _SOCK_PATH_MAX = 100   # sun_path is 108 bytes
+DIR_PREFIX = "slurmft-warm-"
+SOCKET_NAME = "s"
+STALE_AFTER_S = 60.0
+PROBE_S = 1.0
 
 
 class WarmSettingsError(ValueError):
@@ -125,12 +133,64 @@ def start_server(env: Mapping[str, str], python: str = sys.executable
     base = env.get("TMPDIR") or "/tmp"
     if len(base) > _SOCK_PATH_MAX - 30 or not os.path.isdir(base):
         base = "/tmp"
-    sock_dir = tempfile.mkdtemp(prefix="slurmft-warm-", dir=base)   # 0700
-    path = os.path.join(sock_dir, "s")
+    sweep_stale(base)
+    sock_dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base)   # 0700
+    path = os.path.join(sock_dir, SOCKET_NAME)
     _, imports = settings(env)
     proc = subprocess.Popen([python, "-m", "slurmft.launch.warm", "--socket", path,
                              "--imports", ",".join(imports)], env=dict(env))
     return proc, path
+
+
+def sweep_stale(base: str, now: float | None = None) -> list[str]:
+    """Remove this uid's server directories in ``base`` that no server serves any more, and
+    return them: a task killed -9 (a fenced node's step, KillWait's KILL after a TERM, the OOM
+    killer) never ran ``stop_server``, and its directory stayed. Stale: the socket refuses a
+    connection (nobody listens on it, whatever the namespaces; a live server takes the probe
+    for a client that closed before its request and says nothing) and was bound over
+    ``STALE_AFTER_S`` ago (a server binds, then listens: never judged between the two). A
+    directory without a socket, of another uid, or holding anything else is left alone;
+    nothing here raises."""
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    try:
+        entries = [e for e in os.scandir(base) if e.name.startswith(DIR_PREFIX)]
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for entry in entries:
+        path = os.path.join(entry.path, SOCKET_NAME)
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(
+                    follow_symlinks=False).st_uid != uid:
+                continue
+            st = os.lstat(path)
+            if (not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid
+                    or now - st.st_mtime < STALE_AFTER_S
+                    or not set(os.listdir(entry.path)) <= {SOCKET_NAME, proto.STOPPING_NAME}
+                    or _listened_on(path)):
+                continue
+            for leftover in (path, proto.stopping_marker(path)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover)
+            os.rmdir(entry.path)
+        except OSError:
+            continue
+        removed.append(entry.path)
+    return removed
+
+
+def _listened_on(path: str) -> bool:
+    """False only when a connection to ``path`` is refused: nobody listens on it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(PROBE_S)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            return False
+        except OSError:   # a full backlog, a timeout, a vanished file: not proven stale
+            return True
+    return True
 
 
 def mark_stopping(path: str) -> None:
@@ -289,6 +349,9 @@ class Server:
         conn.settimeout(REQUEST_READ_S)
         try:
             req, fds = proto.recv_request(conn)
+        except proto.ClosedUnasked:
+            conn.close()
+            return
         except (OSError, ValueError, proto.ProtocolError) as exc:
             _log(f"a bad request: {exc}")
             conn.close()
