@@ -175,14 +175,14 @@ def part_nccl(out: Path, tmp: Path) -> dict[str, Any]:
 
 
 def _server(env: dict[str, str], log: Path):
-    """``warm.start_server`` as the node's task calls it, its stderr into ``log``."""
-    from slurmft.launch import warm
+    """``warmtask.start_server`` as the node's task calls it, its stderr into ``log``."""
+    from slurmft.launch import warmtask
 
     saved = os.dup(2)
     with open(log, "wb") as f:
         os.dup2(f.fileno(), 2)
         try:
-            return warm.start_server(env)
+            return warmtask.start_server(env)
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -190,7 +190,7 @@ def _server(env: dict[str, str], log: Path):
 
 _IMPORT_PROBE = """
 import importlib, json, sys
-from slurmft.launch import warm
+from slurmft.launch import warm, warmtask
 from slurmft.launch.cudafork import cuda_driver_mapped, driver_initialised
 rows = []
 for name in warm.DEFAULT_IMPORTS:
@@ -212,7 +212,7 @@ def _driver_after_imports() -> Any:
 
 
 def part_warm(out: Path, tmp: Path) -> dict[str, Any]:
-    from slurmft.launch import warm, warmclient
+    from slurmft.launch import warm, warmclient, warmtask
 
     result: dict[str, Any] = {"driver_after_each_import": _driver_after_imports()}
     # 1. default imports: the server must serve, its worker must get CUDA and NCCL.
@@ -226,7 +226,7 @@ def part_warm(out: Path, tmp: Path) -> dict[str, Any]:
         got["forked_by_server"] = got.get("ppid") == proc.pid
         result["default_imports"] = got
     finally:
-        warm.stop_server(proc, path)
+        warmtask.stop_server(proc, path)
     result["default_imports"]["server_log"] = _tail((tmp / "server-default.log").read_text(), 10)
     # 2. imports that touch CUDA: the server refuses, the client runs its rank cold.
     mods = tmp / "mods"
@@ -244,7 +244,7 @@ def part_warm(out: Path, tmp: Path) -> dict[str, Any]:
             client = subprocess.run(warm.worker_command([str(script)]), env=env, capture_output=True,
                                     text=True, timeout=_bound(100))
         finally:
-            warm.stop_server(proc, path)
+            warmtask.stop_server(proc, path)
         who = json.loads(client.stdout) if client.returncode == 0 and client.stdout.strip() else {}
         server_log = log.read_text()
         result[mod] = {"rc": client.returncode, "client_stderr": _tail(client.stderr, 5),

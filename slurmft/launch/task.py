@@ -23,7 +23,7 @@ host dead, it requeues the job (Slurm keeps a ``--no-kill`` job running without 
 When torchrun's workers are warm clients (the launcher's decision: warm workers are on unless
 ``SLURMFT_WARM_WORKERS=0``) it also keeps the node's warm server (``slurmft.launch.warm``) for
 them, and stops it when torchrun ends; before it passes a TERM or INT on to torchrun it marks
-the node stopping (``warm.mark_stopping``), so that the clients leave that stop's ranks to
+the node stopping (``warmtask.mark_stopping``), so that the clients leave that stop's ranks to
 torchrun's own bound instead of killing a frozen one early (``warmclient.StopWatch``).
 """
 
@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from slurmft.launch import beatsend, orphan, relay, spare, warm
+from slurmft.launch import beatsend, orphan, relay, spare, warm, warmtask
 from slurmft.launch.warmclient import SOCKET_ENV
 from slurmft.rundir import atomic_write_json
 
@@ -80,7 +80,7 @@ def _warm_server(argv: list[str]) -> tuple[subprocess.Popen, str] | None:
     """This node's warm server when torchrun's workers are its clients (``slurmft.launch.warm``)."""
     try:
         if warm.serves(argv):
-            return warm.start_server(os.environ)
+            return warmtask.start_server(os.environ)
     except (OSError, warm.WarmSettingsError) as exc:   # the clients then run their ranks cold
         print(f"slurmft.launch.task: no warm server: {exc}", file=sys.stderr, flush=True)
     return None
@@ -98,7 +98,7 @@ def supervise(argv: list[str], alive: Path) -> int:
     def forward(signum: int, frame: object) -> None:
         stopping.set()
         if server is not None:   # first: the ranks this stop reaches keep torchrun's bound
-            warm.mark_stopping(server[1])
+            warmtask.mark_stopping(server[1])
         if child and child[0].poll() is None:
             child[0].send_signal(signum)
 
@@ -148,7 +148,7 @@ def supervise(argv: list[str], alive: Path) -> int:
             restore()
         stop.set()
         if server is not None:
-            warm.stop_server(*server)
+            warmtask.stop_server(*server)
     beater.join(timeout=5 * ALIVE_PERIOD_S)
     rc = rc if rc >= 0 else 128 - rc
     # The last beat says the task ended by itself: its node is alive (not a node death).

@@ -28,12 +28,12 @@ client (``slurmft.launch.warmclient``); per client the server forks a worker tha
 A client may ask the server to kill its worker (``warmclient.KILL_REQUEST``): torchrun stopped it
 for a restart and it is frozen or did not end (``warmclient.StopWatch``); the server kills its
 process group and journals no crash for it (a stop, like torchrun's own KILL). The task marks its
-node stopping (``mark_stopping``) before it passes a TERM or INT on to torchrun, so that a real
-stop keeps torchrun's bound.
+node stopping (``warmtask.mark_stopping``) before it passes a TERM or INT on to torchrun, so
+that a real stop keeps torchrun's bound.
 
-A TERM (Slurm's to the whole step: a preemption, ``scancel``; or ``stop_server``) stops the server
-forking; it exits once its workers ended, as their ranks and clients decide (they save first: a
-server that killed them at its TERM cut a preemption's emergency checkpoint).
+A TERM (Slurm's to the whole step: a preemption, ``scancel``; or ``warmtask.stop_server``) stops
+the server forking; it exits once its workers ended, as their ranks and clients decide (they
+save first: a server that killed them at its TERM cut a preemption's emergency checkpoint).
 
 The server reaps each worker and sends its status to its client, which exits with it; a crash
 (``rankexit``'s rule) it also journals as ``rank_exit`` at once, for the launcher. What a
@@ -41,15 +41,14 @@ fork cannot give a rank: environment variables read by torch or the pre-imported
 import* take the task's values (torchrun's per-rank variables are all read later), and the
 modules are the ones on the node when the server started.
 
-The task's side is ``start_server``/``stop_server``; ``worker_command`` is what the launcher
-puts after torchrun's ``--no-python``. A task killed -9 leaves its server's directory behind:
-the next server started on the node as the same user removes it (``sweep_stale``).
+The task's side (starting, marking and stopping a node's server, and removing what a killed
+task left) is ``warmtask``; ``worker_command`` is what the launcher puts after torchrun's
+``--no-python``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import importlib
 import os
@@ -57,13 +56,9 @@ import re
 import selectors
 import signal
 import socket
-import stat
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -81,11 +76,6 @@ DEFAULT_IMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint",
 REQUEST_READ_S = 10.0
 REAP_POLL_S = 0.2
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_SOCK_PATH_MAX = 100   # sun_path is 108 bytes
-DIR_PREFIX = "slurmft-warm-"
-SOCKET_NAME = "s"
-STALE_AFTER_S = 60.0
-PROBE_S = 1.0
 
 
 class WarmSettingsError(ValueError):
@@ -123,106 +113,6 @@ def serves(torchrun_argv: Sequence[str]) -> bool:
     """Whether torchrun's workers are warm clients (``worker_command``): the node task then
     starts the server. The launcher's argv is the one decision (``SLURMFT_WARM_WORKERS``)."""
     return proto.__file__ in torchrun_argv
-
-
-# -- the task's side -----------------------------------------------------------------------------
-
-def start_server(env: Mapping[str, str], python: str = sys.executable
-                 ) -> tuple[subprocess.Popen, str]:
-    """Start this node's server; returns it and its socket path (for ``SLURMFT_WARM_SOCKET``)."""
-    base = env.get("TMPDIR") or "/tmp"
-    if len(base) > _SOCK_PATH_MAX - 30 or not os.path.isdir(base):
-        base = "/tmp"
-    sweep_stale(base)
-    sock_dir = tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base)   # 0700
-    path = os.path.join(sock_dir, SOCKET_NAME)
-    _, imports = settings(env)
-    proc = subprocess.Popen([python, "-m", "slurmft.launch.warm", "--socket", path,
-                             "--imports", ",".join(imports)], env=dict(env))
-    return proc, path
-
-
-def sweep_stale(base: str, now: float | None = None) -> list[str]:
-    """Remove this uid's server directories in ``base`` that no server serves any more, and
-    return them: a task killed -9 (a fenced node's step, KillWait's KILL after a TERM, the OOM
-    killer) never ran ``stop_server``, and its directory stayed. Stale: the socket refuses a
-    connection (nobody listens on it, whatever the namespaces; a live server takes the probe
-    for a client that closed before its request and says nothing) and was bound over
-    ``STALE_AFTER_S`` ago (a server binds, then listens: never judged between the two). A
-    directory without a socket, of another uid, or holding anything else is left alone;
-    nothing here raises."""
-    now = time.time() if now is None else now
-    removed: list[str] = []
-    try:
-        entries = [e for e in os.scandir(base) if e.name.startswith(DIR_PREFIX)]
-    except OSError:
-        return removed
-    uid = os.getuid()
-    for entry in entries:
-        path = os.path.join(entry.path, SOCKET_NAME)
-        try:
-            if not entry.is_dir(follow_symlinks=False) or entry.stat(
-                    follow_symlinks=False).st_uid != uid:
-                continue
-            st = os.lstat(path)
-            if (not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid
-                    or now - st.st_mtime < STALE_AFTER_S
-                    or not set(os.listdir(entry.path)) <= {SOCKET_NAME, proto.STOPPING_NAME}
-                    or _listened_on(path)):
-                continue
-            for leftover in (path, proto.stopping_marker(path)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(leftover)
-            os.rmdir(entry.path)
-        except OSError:
-            continue
-        removed.append(entry.path)
-    return removed
-
-
-def _listened_on(path: str) -> bool:
-    """False only when a connection to ``path`` is refused: nobody listens on it."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(PROBE_S)
-        try:
-            probe.connect(path)
-        except ConnectionRefusedError:
-            return False
-        except OSError:   # a full backlog, a timeout, a vanished file: not proven stale
-            return True
-    return True
-
-
-def mark_stopping(path: str) -> None:
-    """Say this node's torchrun is being stopped for real (the task passes a TERM or INT on):
-    its clients then leave their workers to torchrun's own bound (``warmclient.StopWatch``).
-    An empty file in the server's private directory; a failure to create it is said, not raised
-    (the task's signal handler calls this: the stop itself must go on)."""
-    try:
-        os.close(os.open(proto.stopping_marker(path), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW,
-                         0o600))
-    except OSError as exc:
-        print(f"slurmft.launch.warm: cannot mark the node stopping: {exc}", file=sys.stderr,
-              flush=True)
-
-
-def stop_server(proc: subprocess.Popen, path: str, timeout_s: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout_s)
-    for leftover in (path, proto.stopping_marker(path)):
-        try:
-            os.unlink(leftover)
-        except OSError:
-            pass
-    try:
-        os.rmdir(os.path.dirname(path))
-    except OSError:
-        pass
 
 
 # -- the server ----------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ class ProtocolError(Exception):
 
 class ClosedUnasked(ProtocolError):
     """The peer closed before sending a byte: not a request (a stale-directory probe,
-    ``warm.sweep_stale``, or a client that died at once)."""
+    ``warmtask.sweep_stale``, or a client that died at once)."""
 
 
 def encode_request(payload: dict) -> bytes:

@@ -48,7 +48,7 @@ from typing import Iterator, Mapping, Sequence
 
 import pytest
 
-from slurmft.launch import warm, warmclient
+from slurmft.launch import warm, warmclient, warmtask
 
 # Read by the ranks only after the server's imports (torch.distributed's init, slurmft's
 # JobEnv and settings, the checkpoint fault hooks, pytest's own per-test marker): a rank may
@@ -111,7 +111,7 @@ class _Server:
         self.ready = True
 
     def stop(self) -> None:
-        warm.stop_server(self.proc, self.path)
+        warmtask.stop_server(self.proc, self.path)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from slurmft.chaos import faults
-from slurmft.launch import warm, warmclient
+from slurmft.launch import warmclient, warmtask
 
 PY = sys.executable
 WAIT_S = 120.0
@@ -64,4 +64,4 @@ def test_a_warm_rank_is_found_with_its_worker_and_only_its_own(tmp_path):
         for c in clients:
             c.kill()
             c.wait(30)
-        warm.stop_server(server, sock)
+        warmtask.stop_server(server, sock)

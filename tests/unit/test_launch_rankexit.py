@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurmft import exitcodes, journal
-from slurmft.launch import rankexit, warm, warmclient
+from slurmft.launch import rankexit, warmclient, warmtask
 from slurmft.rundir import RunDir
 
 PY = sys.executable
@@ -32,7 +32,7 @@ def server():
     proc = subprocess.Popen([PY, "-m", "slurmft.launch.warm", "--socket", path, "--imports", "json"],
                             stderr=subprocess.PIPE, text=True)
     yield path
-    warm.stop_server(proc, path)
+    warmtask.stop_server(proc, path)
 
 
 def _rank(server: str, tmp_path: Path, body: str, rank: int = 1) -> subprocess.Popen:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from procs import alive
-from slurmft.launch import warm, warmclient
+from slurmft.launch import warm, warmclient, warmtask
 
 PY = sys.executable
 CLIENT = [PY, "-I", "-S", warmclient.__file__, "--"]
@@ -54,7 +54,7 @@ class Srv:
         return {**os.environ, warmclient.SOCKET_ENV: self.path, **extra}
 
     def stop(self) -> str:
-        warm.stop_server(self.proc, self.path)
+        warmtask.stop_server(self.proc, self.path)
         return self.proc.stderr.read() if self.proc.stderr else ""
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from test_launch_warm import CLIENT, WAIT_S, Srv, _script, _until
 
-from slurmft.launch import warm, warmclient
+from slurmft.launch import warm, warmclient, warmtask
 
 torch_mp = pytest.importorskip("torch.distributed.elastic.multiprocessing.subprocess_handler")
 
@@ -142,7 +142,7 @@ def test_a_rank_on_a_node_being_stopped_keeps_torchruns_bound(srv, tmp_path):
     even a stopped rank is left to torchrun's own bound."""
     script = _script(tmp_path, SAVES)
     handler, worker = _torchrun_starts(srv, script, tmp_path, SLURMFT_WARM_STOP_GRACE_S="1")
-    warm.mark_stopping(srv.path)
+    warmtask.mark_stopping(srv.path)
     try:
         os.kill(worker, signal.SIGSTOP)
         _until("the worker stopped", lambda: _state(worker) == "T")

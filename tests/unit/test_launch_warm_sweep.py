@@ -1,5 +1,5 @@
 """A warm server's directory left by a task killed -9 is removed by the next server started on
-the node (``warm.sweep_stale``): real Unix sockets, one listened on, one not."""
+the node (``warmtask.sweep_stale``): real Unix sockets, one listened on, one not."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from slurmft.launch import warm, warmclient
+from slurmft.launch import warmclient, warmtask
 
-OLD = time.time() - 2 * warm.STALE_AFTER_S
+OLD = time.time() - 2 * warmtask.STALE_AFTER_S
 
 
 def _server_dir(base: Path, name: str, *, listening: bool, bound_at: float = OLD,
                 stopping: bool = False) -> tuple[Path, socket.socket]:
-    d = base / f"{warm.DIR_PREFIX}{name}"
+    d = base / f"{warmtask.DIR_PREFIX}{name}"
     d.mkdir(mode=0o700)
-    path = d / warm.SOCKET_NAME
+    path = d / warmtask.SOCKET_NAME
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
     if listening:
@@ -36,9 +36,9 @@ def test_a_dead_servers_directory_goes_and_a_live_ones_stays(tmp_path):
     dead, _ = _server_dir(tmp_path, "dead", listening=False, stopping=True)
     live, sock = _server_dir(tmp_path, "live", listening=True)
     try:
-        assert warm.sweep_stale(str(tmp_path)) == [str(dead)]
+        assert warmtask.sweep_stale(str(tmp_path)) == [str(dead)]
         assert not dead.exists()
-        assert (live / warm.SOCKET_NAME).exists()
+        assert (live / warmtask.SOCKET_NAME).exists()
         # The probe the live server got is a connection closed before any byte: not a request.
         conn, _ = sock.accept()
         conn.settimeout(5)
@@ -57,53 +57,53 @@ def test_a_dead_servers_directory_goes_and_a_live_ones_stays(tmp_path):
 def test_a_socket_bound_moments_ago_is_never_judged(tmp_path):
     # a server between its bind and its listen refuses connections too
     fresh, _ = _server_dir(tmp_path, "fresh", listening=False, bound_at=time.time())
-    assert warm.sweep_stale(str(tmp_path)) == []
-    assert (fresh / warm.SOCKET_NAME).exists()
-    assert warm.sweep_stale(str(tmp_path), now=time.time() + 2 * warm.STALE_AFTER_S) == [
+    assert warmtask.sweep_stale(str(tmp_path)) == []
+    assert (fresh / warmtask.SOCKET_NAME).exists()
+    assert warmtask.sweep_stale(str(tmp_path), now=time.time() + 2 * warmtask.STALE_AFTER_S) == [
         str(fresh)]
 
 
 def test_anything_but_a_dead_servers_own_directory_is_left_alone(tmp_path):
-    unbound = tmp_path / f"{warm.DIR_PREFIX}nosocket"   # a task killed before its server bound
+    unbound = tmp_path / f"{warmtask.DIR_PREFIX}nosocket"   # a task killed before its server bound
     unbound.mkdir()
     crowded, _ = _server_dir(tmp_path, "crowded", listening=False)
     (crowded / "other").write_text("not ours to remove")
-    plain = tmp_path / f"{warm.DIR_PREFIX}file"
+    plain = tmp_path / f"{warmtask.DIR_PREFIX}file"
     plain.write_text("")
     target, _ = _server_dir(tmp_path, "dead", listening=False)
-    link = tmp_path / f"{warm.DIR_PREFIX}link"
+    link = tmp_path / f"{warmtask.DIR_PREFIX}link"
     outside = tmp_path / "outside"
     outside.mkdir()
     link.symlink_to(outside)
-    (outside / warm.SOCKET_NAME).write_text("")
-    removed = warm.sweep_stale(str(tmp_path))
+    (outside / warmtask.SOCKET_NAME).write_text("")
+    removed = warmtask.sweep_stale(str(tmp_path))
     assert removed == [str(target)]
     assert unbound.is_dir() and plain.is_file() and link.is_symlink()
-    assert (outside / warm.SOCKET_NAME).is_file()
-    assert (crowded / warm.SOCKET_NAME).exists() and (crowded / "other").exists()
+    assert (outside / warmtask.SOCKET_NAME).is_file()
+    assert (crowded / warmtask.SOCKET_NAME).exists() and (crowded / "other").exists()
 
 
 def test_a_base_that_cannot_be_listed_removes_nothing(tmp_path):
-    assert warm.sweep_stale(str(tmp_path / "missing")) == []
+    assert warmtask.sweep_stale(str(tmp_path / "missing")) == []
 
 
 def test_another_users_dead_server_is_left_alone(tmp_path):
     if os.getuid() != 0:
         pytest.skip("needs root to give a directory to another uid")
     theirs, _ = _server_dir(tmp_path, "theirs", listening=False)
-    os.chown(theirs / warm.SOCKET_NAME, 65534, 65534, follow_symlinks=False)
+    os.chown(theirs / warmtask.SOCKET_NAME, 65534, 65534, follow_symlinks=False)
     os.chown(theirs, 65534, 65534)
-    assert warm.sweep_stale(str(tmp_path)) == []
-    assert (theirs / warm.SOCKET_NAME).exists()
+    assert warmtask.sweep_stale(str(tmp_path)) == []
+    assert (theirs / warmtask.SOCKET_NAME).exists()
 
 
 def test_a_node_task_starting_its_server_sweeps_first(tmp_path):
     dead, _ = _server_dir(tmp_path, "dead", listening=False)
     # /bin/true stands for the server's interpreter: what is tested is the task's side
-    proc, path = warm.start_server({**os.environ, "TMPDIR": str(tmp_path)}, python="/bin/true")
+    proc, path = warmtask.start_server({**os.environ, "TMPDIR": str(tmp_path)}, python="/bin/true")
     try:
         assert not dead.exists()
         assert Path(path).parent.parent == tmp_path
     finally:
-        warm.stop_server(proc, path)
+        warmtask.stop_server(proc, path)
     assert not Path(path).parent.exists()

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from slurmft.launch import warm, warmclient
+from slurmft.launch import warmclient, warmtask
 
 PY = sys.executable
 WAIT_S = 120.0   # a loaded 2-core box: bound every wait generously
@@ -52,7 +52,7 @@ def _serve_one(tmp_path: Path, lib: Path) -> tuple[dict, str, int]:
                              env={**env, warmclient.SOCKET_ENV: path}, capture_output=True, text=True,
                              timeout=WAIT_S)
     finally:
-        warm.stop_server(server, path)
+        warmtask.stop_server(server, path)
     log = server.stderr.read() if server.stderr else ""
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout), log + res.stderr, server.pid
