@@ -9,10 +9,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
+from procs import wait_until
 from slurmft.chaos import faults
 from slurmft.launch import warmclient, warmtask
 
@@ -21,13 +21,6 @@ WAIT_S = 120.0
 JOB = {"SLURM_JOB_ID": "424242", "SLURM_CLUSTER_NAME": "chaoswarm"}
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _until(what, cond, timeout=WAIT_S):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_warm_rank_is_found_with_its_worker_and_only_its_own(tmp_path):
@@ -48,7 +41,7 @@ def test_a_warm_rank_is_found_with_its_worker_and_only_its_own(tmp_path):
                 env={**os.environ, **JOB, "RANK": str(rank), warmclient.SOCKET_ENV: sock,
                      "PID_FILE": str(tmp_path / f"rank{rank}.pid")}, stderr=err))
         pids = {r: tmp_path / f"rank{r}.pid" for r in (0, 1)}
-        _until("both workers' pids", lambda: all(p.exists() and p.read_text() for p in pids.values()))
+        wait_until("both workers' pids", lambda: all(p.exists() and p.read_text() for p in pids.values()))
         workers = {r: int(p.read_text()) for r, p in pids.items()}
         assert workers[1] not in (c.pid for c in clients)  # forked by the server, not the client
 

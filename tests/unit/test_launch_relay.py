@@ -16,17 +16,16 @@ Every wait is bounded and every process of the tree is killed (by pid) before th
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from procs import alive, json_lines, wait_until
 from slurmft import exitcodes
 from slurmft.journal import read_events
 from slurmft.launch import agent, nodesteps, relay, task, warm
@@ -35,26 +34,6 @@ from slurmft.rundir import RunDir, read_done
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "trap_worker.py"
 PY = sys.executable
 STEPS = 3000          # 0.1 s each: far more than any bound below, so only a signal ends the run
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait(what: str, predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 def _descendants(root: int) -> list[int]:
@@ -88,14 +67,14 @@ def test_process_groups_are_the_descendants_outside_ours(tmp_path):
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         a, b, c = map(int, tree.stdout.readline().split())
-        _wait("the tree's grandchildren", lambda: len(_descendants(tree.pid)) >= 5, 30)
+        wait_until("the tree's grandchildren", lambda: len(_descendants(tree.pid)) >= 5, 30)
         assert relay.process_groups(tree.pid, own_pgid=tree.pid) == {a, b}
         assert c not in relay.process_groups(tree.pid, own_pgid=tree.pid)
         members = [p for p in _descendants(tree.pid) if os.getpgid(p) in (a, b)]
         assert len(members) == 4   # a; b (sh) and its two sleeps
         assert relay.relay(tree.pid, signal.SIGTERM, own_pgid=tree.pid) == sorted([a, b])
-        _wait("the relayed groups to end", lambda: not any(map(_alive, members)), 30)
-        assert _alive(c) and _alive(tree.pid) and stranger.poll() is None
+        wait_until("the relayed groups to end", lambda: not any(map(alive, members)), 30)
+        assert alive(c) and alive(tree.pid) and stranger.poll() is None
     finally:
         for pid in [*_descendants(tree.pid), tree.pid, stranger.pid]:
             try:
@@ -145,8 +124,8 @@ def test_usr2_to_the_task_reaches_every_warm_rank_which_saves_once(tmp_path, how
     tree: list[int] = []
     try:
         ranks = [Path(f"{out}.rank{r}") for r in range(2)]
-        _wait("both ranks to train 3 steps", lambda: all(len(_rows(p)) >= 4 for p in ranks), 180)
-        pids = [_rows(p)[0]["pid"] for p in ranks]
+        wait_until("both ranks to train 3 steps", lambda: all(len(json_lines(p)) >= 4 for p in ranks), 180)
+        pids = [json_lines(p)[0]["pid"] for p in ranks]
         assert all(os.getpgid(pid) != proc.pid for pid in pids)   # in sessions of their own
         tree = _descendants(proc.pid)
         _deliver(how, proc.pid)

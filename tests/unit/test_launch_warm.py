@@ -15,20 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from procs import alive
+from procs import alive, wait_until
 from slurmft.launch import warm, warmclient, warmtask
 
 PY = sys.executable
 CLIENT = [PY, "-I", "-S", warmclient.__file__, "--"]
 WAIT_S = 120.0   # a loaded 2-core box: bound every liveness wait generously
-
-
-def _until(what: str, cond, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def _children(pid: int) -> list[int]:
@@ -239,7 +231,7 @@ def test_signals_to_the_client_reach_the_worker(srv, tmp_path):
             time.sleep(0.05)
     """)
     proc = _start(srv, script, tmp_path)
-    _until("the worker's ready file", ready.exists)
+    wait_until("the worker's ready file", ready.exists)
     os.killpg(proc.pid, signal.SIGUSR1)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGTERM)             # what torchrun's stop does
@@ -265,12 +257,12 @@ def test_client_killed_9_takes_its_worker_and_children(srv, tmp_path):
         time.sleep(600)
     """)
     proc = _start(srv, script, tmp_path)
-    _until("the worker's pid file", pids.exists)
+    wait_until("the worker's pid file", pids.exists)
     worker, child = (int(p) for p in pids.read_text().split())
     assert alive(worker) and alive(child)
     proc.kill()
     proc.wait(timeout=WAIT_S)
-    _until("the worker and its child to die with the client",
+    wait_until("the worker and its child to die with the client",
            lambda: not alive(worker) and not alive(child))
 
 
@@ -287,13 +279,13 @@ def test_the_worker_watches_its_client_itself(tmp_path):
     """)
     try:
         proc = _start(server, script, tmp_path)
-        _until("the worker's pid file", pids.exists)
+        wait_until("the worker's pid file", pids.exists)
         worker = int(pids.read_text())
         os.kill(server.proc.pid, signal.SIGSTOP)
         try:
             proc.kill()
             proc.wait(timeout=WAIT_S)
-            _until("the worker to end by its own watch", lambda: not alive(worker))
+            wait_until("the worker to end by its own watch", lambda: not alive(worker))
         finally:
             os.kill(server.proc.pid, signal.SIGCONT)
     finally:
@@ -329,7 +321,7 @@ def test_a_worker_keeps_its_fds_when_the_servers_objects_are_collected(srv, tmp_
     before = set(_children(srv.proc.pid))
     holders = [_start(srv, holder, tmp_path) for _ in range(2)]
     try:
-        _until("both holders' workers", lambda: len(set(_children(srv.proc.pid)) - before) >= 2)
+        wait_until("both holders' workers", lambda: len(set(_children(srv.proc.pid)) - before) >= 2)
         res = _run(srv, [str(script)], tmp_path)
     finally:
         release.touch()
@@ -354,10 +346,10 @@ def test_orphaned_client_gives_its_worker_usr2(srv, tmp_path):
          "time.sleep(600)", *CLIENT, str(script)],
         cwd=tmp_path, env=srv.env(), stdout=subprocess.PIPE, text=True)
     client_pid = int(parent.stdout.readline())
-    _until("the worker's ready file", ready.exists)
+    wait_until("the worker's ready file", ready.exists)
     parent.kill()
     parent.wait(timeout=WAIT_S)
-    _until("the worker to be told (SIGUSR2) and end", lambda: told.exists() and not alive(client_pid))
+    wait_until("the worker to be told (SIGUSR2) and end", lambda: told.exists() and not alive(client_pid))
 
 
 def test_the_servers_death_takes_its_workers_and_later_clients_run_cold(tmp_path):
@@ -373,13 +365,13 @@ def test_the_servers_death_takes_its_workers_and_later_clients_run_cold(tmp_path
     """)
     try:
         proc = _start(server, script, tmp_path)
-        _until("the worker's pid file", pids.exists)
+        wait_until("the worker's pid file", pids.exists)
         worker = int(pids.read_text())
         server.proc.kill()
         server.proc.wait(timeout=WAIT_S)
         _, err = proc.communicate(timeout=WAIT_S)
         assert proc.returncode == 1 and "lost the warm server" in err
-        _until("the worker to die with its server", lambda: not alive(worker))
+        wait_until("the worker to die with its server", lambda: not alive(worker))
         assert os.path.exists(server.path)            # left behind by a killed server
         res = _run(server, [str(_script(tmp_path, "print('cold')\n", "c.py"))], tmp_path)
         assert res.stdout.strip() == "cold" and "starting this rank cold" in res.stderr
@@ -468,7 +460,7 @@ def test_a_term_that_came_while_the_client_waited_for_its_fork_ends_the_rank(tmp
             except OSError:
                 return False
 
-        _until("the client's connection", connected)
+        wait_until("the client's connection", connected)
         assert server.proc.poll() is None   # the server still imports: no fork yet
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=WAIT_S)

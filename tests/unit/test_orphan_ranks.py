@@ -8,7 +8,6 @@ Every wait has a timeout and every process is killed (by pid) before the test re
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import alive, json_lines, wait_until
 from slurmft import exitcodes
 from slurmft.journal import read_events
 from slurmft.rundir import RunDir, read_done
@@ -32,27 +32,7 @@ def _free_port() -> int:
     return nodecheck.free_port()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 ORPHAN_BOUND_S = 30.0  # from the killpg to every rank gone
-
-
-def _rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _wait(what: str, predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(300)
@@ -71,19 +51,19 @@ def test_sigusr2_to_torchruns_process_group_ends_every_rank_with_an_emergency_ch
     pids: list[int] = []
     try:
         ranks = [Path(f"{out}.rank{r}") for r in range(2)]
-        _wait("both ranks to train 3 steps", lambda: all(len(_rows(p)) >= 4 for p in ranks), 180)
-        pids = [_rows(p)[0]["pid"] for p in ranks]
+        wait_until("both ranks to train 3 steps", lambda: all(len(json_lines(p)) >= 4 for p in ranks), 180)
+        pids = [json_lines(p)[0]["pid"] for p in ranks]
         sent = time.monotonic()
         os.killpg(torchrun.pid, signal.SIGUSR2)  # what `kill -USR2 -<pgid>` does
         torchrun.wait(timeout=60)
-        _wait("every rank to exit", lambda: not any(_alive(pid) for pid in pids), 120)
+        wait_until("every rank to exit", lambda: not any(alive(pid) for pid in pids), 120)
         gone_s = time.monotonic() - sent
     finally:
         if torchrun.poll() is None:
             torchrun.kill()
             torchrun.wait(timeout=30)
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     # Issue 30: "within seconds". The ranks see it at their next parent poll (0.5 s) and step
     # boundary (0.1 s steps), then save and exit: a liveness bound, generous for a loaded 2-core box.

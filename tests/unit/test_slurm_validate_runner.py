@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from procs import alive
 from slurmft.config import ConfigError, load_section
 from slurmft.slurm import validate
 from slurmft.slurm.client import (
@@ -170,17 +171,9 @@ def test_a_timed_out_command_leaves_no_process_behind(tmp_path):
     assert pidfile.exists(), "the stand-in command did not start its child within 5 s"
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(child):
+    while time.monotonic() < deadline and alive(child):
         time.sleep(0.05)
-    assert not _alive(child), f"the command's child {child} outlived the timeout"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert not alive(child), f"the command's child {child} outlived the timeout"
 
 
 def test_non_idempotent_call_not_retried_after_timeout(tmp_path):

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 
 import pytest
 
+from procs import alive
 from slurmft.watch.notify import MAX_OUTPUT, run_hook
 
 pytestmark = pytest.mark.timeout(60)
@@ -20,15 +21,6 @@ pytestmark = pytest.mark.timeout(60)
 PY = sys.executable
 EVENT = {"kind": "fault_detected", "job_id": "42", "cause": "node_down", "nodes": ["n2"],
          "fault_time": 1700000000.5}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as fh:  # a zombie is dead too
-        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_the_event_arrives_as_one_json_object_on_stdin(tmp_path):
@@ -75,9 +67,9 @@ def test_a_slow_hook_is_killed_with_its_whole_process_group(tmp_path):
     assert "did not finish within 1 s: killed" in result.error and result.output == "started\n"
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(child), "the hook's child outlived the timeout"
+    assert not alive(child), "the hook's child outlived the timeout"
 
 
 def test_output_is_bounded_and_a_chatty_hook_never_blocks():
