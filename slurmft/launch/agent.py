@@ -4,11 +4,13 @@
 ``python -m torch.distributed.run TORCHRUN_ARGS...`` does (runpy's ``-m`` path: ``__main__``,
 ``sys.argv[0]`` torchrun's file, ``sys.path[0]`` the working directory; torchrun's own handlers
 for TERM, INT, HUP and QUIT, which stop its workers and raise; its ``ChildFailedError`` report
-printed; its exit status: 0, or 1 when a rank failed or a signal stopped it; its log
-directory, which torchrun makes in the temp dir and leaves there, removed unless the command
-names one), then ends as a script ends but without the interpreter's teardown of torch
-(``scriptend``: ~0.5 CPU-s per agent, which writes nothing). Every agent slurmft starts (each
-node's task in both modes, a spare's started ahead, the chaos reference) runs this way.
+printed; its exit status: 0, or 1 when a rank failed or a signal stopped it), except its log
+directory: torchrun makes one in the temp dir and leaves it there, so the agent gives it one of
+its own, removed when the agent ends or, when it was killed, by the next agent on the node
+(``ownedtmp``; a directory the command names is torchrun's and kept). It then ends as a script
+ends but without the interpreter's teardown of torch (``scriptend``: ~0.5 CPU-s per agent,
+which writes nothing). Every agent slurmft starts (each node's task in both modes, a spare's
+started ahead, the chaos reference) runs this way.
 
 ``argv``/``is_agent`` are what starts it and what finds it (the node task, a spare, the chaos
 tools, the tests, the benchmarks' tracers): one definition, so they cannot drift.
@@ -18,21 +20,21 @@ from __future__ import annotations
 
 import os
 import runpy
-import shutil
 import sys
-import tempfile
 import types
 from typing import NoReturn, Sequence
 
-from slurmft.launch import scriptend
+from slurmft.launch import ownedtmp, scriptend
 
 MODULE = "slurmft.launch.agent"
 TORCHRUN = "torch.distributed.run"
 # torchrun's own spellings (and its variable for it); without one it makes a ``torchelastic_*``
 # directory in the temp dir for its error files and never removes it: one per agent, every start
-# and restart of every node.
+# and restart of every node. The agent gives it one of its own instead, held for its lifetime
+# (``ownedtmp``): removed when it ends, or by a later agent on the node when it was killed.
 LOG_DIR_OPTIONS = ("--log-dir", "--log_dir")
 LOG_DIR_ENV = "PET_LOG_DIR"
+LOG_DIR_PREFIX = "slurmft-torchelastic-"
 
 
 def argv(python: str = sys.executable) -> list[str]:
@@ -55,8 +57,8 @@ def run_torchrun(args: Sequence[str] | None = None) -> None:
     if not os.environ.get(LOG_DIR_ENV) and not any(
             a in LOG_DIR_OPTIONS or a.startswith(tuple(f"{o}=" for o in LOG_DIR_OPTIONS))
             for a in sys.argv[1:]):
-        log_dir = tempfile.mkdtemp(prefix="torchelastic_")
-        sys.argv.insert(1, f"--log-dir={log_dir}")
+        log_dir = ownedtmp.make(LOG_DIR_PREFIX)
+        sys.argv.insert(1, f"--log-dir={log_dir[0]}")
     own = sys.modules.get("__main__")   # this module when run by -m: kept alive while torchrun runs
     sys.modules["__main__"] = types.ModuleType("__main__")   # torchrun's own namespace, as -m's
     try:
@@ -64,7 +66,7 @@ def run_torchrun(args: Sequence[str] | None = None) -> None:
     finally:
         del own
         if log_dir is not None:
-            shutil.rmtree(log_dir, ignore_errors=True)
+            ownedtmp.release(*log_dir)
 
 
 def main() -> NoReturn:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import teardown_probe
-from procs import alive
+from procs import alive, wait_until
 from slurmft.launch import agent
 
 WAIT_S = 180.0   # a loaded 2-core box: torch's import alone takes seconds
@@ -35,7 +35,7 @@ sys.exit(int(sys.argv[1]))
 
 def _start(tmp_path: Path, ending: str, *options: str) -> subprocess.Popen:
     (tmp_path / "rank.py").write_text(textwrap.dedent(RANK))
-    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {**teardown_probe.env(tmp_path, [agent.MODULE]), "PROBE_DIR": str(tmp_path),
            "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
     return subprocess.Popen([*agent.argv(), "--standalone", "--nproc-per-node=1",
@@ -88,6 +88,26 @@ def test_a_signal_to_the_agent_stops_its_rank_and_ends_it_as_torchrun(tmp_path, 
     assert "rank says hi" in out and out.endswith(teardown_probe.ATEXIT_TEXT), out
     assert not teardown_probe.tore_down(tmp_path), "the agent ran the interpreter's teardown"
     # torchrun's log directory (where a failed rank's error file is read from) is gone with it
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_killed_agents_log_dir_is_removed_by_the_next_agent_on_the_node(tmp_path):
+    proc = _start(tmp_path, "sleep")
+    try:
+        wait_until("the rank to start", lambda: (tmp_path / "rank").exists()
+                   and (tmp_path / "rank").read_text(), WAIT_S)
+        rank = int((tmp_path / "rank").read_text())
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)   # as Slurm kills a node's step: nothing runs after
+        proc.wait(timeout=WAIT_S)
+        if alive(rank):
+            os.kill(rank, signal.SIGKILL)
+    left = list((tmp_path / "tmp").iterdir())
+    assert [p.name.startswith(agent.LOG_DIR_PREFIX) for p in left] == [True], left
+    (tmp_path / "rank").unlink()
+    proc = _start(tmp_path, "0")
+    _, err = proc.communicate(timeout=WAIT_S)
+    assert proc.returncode == 0, err[-3000:]
     assert not list((tmp_path / "tmp").iterdir())
 
 
