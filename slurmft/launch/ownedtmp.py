@@ -6,9 +6,10 @@ the calling process until it ends: the kernel lets go of the lock when the proce
 -9 too, whatever its pid or network namespace (a pid recorded in the directory would say nothing
 across namespaces). ``release`` removes the directory when the process is done with it. A
 process killed first (its node's step KILLed, KillWait's KILL after a TERM, the OOM killer)
-leaves it: ``make`` first removes this user's directories of the same prefix whose lock it can
-take (their process is gone), and those with no lock file made over ``UNLOCKED_AFTER_S`` ago (a
-process killed between ``mkdtemp`` and its lock). Anything else (another user's, a symlink, a
+leaves it: ``make`` first removes this user's directories of the same prefix, made over
+``MIN_AGE_S`` ago, whose lock it can take (their process is gone) or that have no lock file (a
+process killed between ``mkdtemp`` and its lock). A younger one is never judged: its process may
+be between creating its lock file and locking it. Anything else (another user's, a symlink, a
 lock held) is left alone; nothing in the sweep raises. Used for torchrun's log directory
 (``agent``); a warm server's directory has its own evidence, its socket (``warmtask``).
 """
@@ -22,7 +23,7 @@ import tempfile
 import time
 
 LOCK_NAME = ".slurmft-owner.lock"
-UNLOCKED_AFTER_S = 60.0
+MIN_AGE_S = 60.0
 
 
 def make(prefix: str, base: str | None = None) -> tuple[str, int]:
@@ -58,15 +59,15 @@ def sweep(prefix: str, base: str, now: float | None = None) -> list[str]:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if not entry.is_dir(follow_symlinks=False) or st.st_uid != uid:
+        if (not entry.is_dir(follow_symlinks=False) or st.st_uid != uid
+                or now - st.st_mtime < MIN_AGE_S):
             continue
         try:
             fd = os.open(os.path.join(entry.path, LOCK_NAME),
                          os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            if now - st.st_mtime >= UNLOCKED_AFTER_S:
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed.append(entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
             continue
         except OSError:
             continue

@@ -18,7 +18,7 @@ import pytest
 
 import teardown_probe
 from procs import alive, wait_until
-from slurmft.launch import agent
+from slurmft.launch import agent, ownedtmp
 
 WAIT_S = 180.0   # a loaded 2-core box: torch's import alone takes seconds
 
@@ -104,6 +104,8 @@ def test_a_killed_agents_log_dir_is_removed_by_the_next_agent_on_the_node(tmp_pa
             os.kill(rank, signal.SIGKILL)
     left = list((tmp_path / "tmp").iterdir())
     assert [p.name.startswith(agent.LOG_DIR_PREFIX) for p in left] == [True], left
+    long_ago = time.time() - 2 * ownedtmp.MIN_AGE_S   # a directory only minutes old is not judged
+    os.utime(left[0], (long_ago, long_ago))
     (tmp_path / "rank").unlink()
     proc = _start(tmp_path, "0")
     _, err = proc.communicate(timeout=WAIT_S)

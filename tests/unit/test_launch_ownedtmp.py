@@ -17,6 +17,12 @@ from procs import wait_until
 from slurmft.launch import ownedtmp
 
 PREFIX = "test-owned-"
+LATER = time.time() + 2 * ownedtmp.MIN_AGE_S
+
+
+def _age(path: Path) -> None:
+    old = time.time() - 2 * ownedtmp.MIN_AGE_S
+    os.utime(path, (old, old))
 
 HOLDER = textwrap.dedent("""
     import sys, time
@@ -42,9 +48,12 @@ def test_a_live_holders_directory_stays_and_a_killed_ones_goes(tmp_path):
         (killed_dir / "attempt_0").mkdir()   # what torchrun writes in it
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=30)
-        assert ownedtmp.sweep(PREFIX, str(tmp_path)) == [str(killed_dir)]
+        # a directory made moments ago is never judged (its maker may not hold its lock yet)
+        assert ownedtmp.sweep(PREFIX, str(tmp_path)) == []
+        assert ownedtmp.sweep(PREFIX, str(tmp_path), now=LATER) == [str(killed_dir)]
         assert not killed_dir.exists() and live_dir.is_dir()
-        # the next one made sweeps first, and keeps the live one's
+        # the next one made sweeps first, and keeps the live one's, however old
+        _age(live_dir)
         path, fd = ownedtmp.make(PREFIX, str(tmp_path))
         assert sorted(tmp_path.iterdir()) == sorted([live_dir, Path(path)])
         ownedtmp.release(path, fd)
@@ -60,8 +69,7 @@ def test_a_directory_without_its_lock_goes_only_once_old(tmp_path):
     young = tmp_path / f"{PREFIX}young"
     young.mkdir()
     assert ownedtmp.sweep(PREFIX, str(tmp_path)) == []
-    old = time.time() - 2 * ownedtmp.UNLOCKED_AFTER_S
-    os.utime(young, (old, old))
+    _age(young)
     assert ownedtmp.sweep(PREFIX, str(tmp_path)) == [str(young)]
 
 
@@ -74,6 +82,8 @@ def test_what_is_not_this_users_own_directory_is_left_alone(tmp_path):
     other = tmp_path / "other-prefix"
     other.mkdir()
     (other / ownedtmp.LOCK_NAME).write_text("")
+    for path in tmp_path.iterdir():
+        os.utime(path, (0, 0), follow_symlinks=False)
     assert ownedtmp.sweep(PREFIX, str(tmp_path)) == []
     assert ownedtmp.sweep(PREFIX, str(tmp_path / "missing")) == []
     assert (outside / ownedtmp.LOCK_NAME).exists() and other.is_dir()
@@ -83,5 +93,6 @@ def test_what_is_not_this_users_own_directory_is_left_alone(tmp_path):
     theirs.mkdir()
     (theirs / ownedtmp.LOCK_NAME).write_text("")
     os.chown(theirs, 65534, 65534)
+    _age(theirs)
     assert ownedtmp.sweep(PREFIX, str(tmp_path)) == []
     assert theirs.is_dir()
