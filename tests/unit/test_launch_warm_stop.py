@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launch_warm import CLIENT, WAIT_S, Srv, _script, _until
+from procs import wait_until
+from test_launch_warm import CLIENT, WAIT_S, Srv, _script
 
 from slurmft.launch import warm, warmclient, warmtask
 
@@ -57,7 +58,7 @@ def _torchrun_starts(srv: Srv, script: Path, tmp_path: Path, **env: str):
         entrypoint=CLIENT[0], args=(*CLIENT[1:], str(script), str(ready)),
         env=srv.env(**env), stdout=str(tmp_path / "rank.out"), stderr=str(tmp_path / "rank.err"),
         local_rank_id=0, numa_options=None)
-    _until("the worker's ready file", lambda: (ready.exists() and ready.read_text() != "")
+    wait_until("the worker's ready file", lambda: (ready.exists() and ready.read_text() != "")
            or handler.proc.poll() is not None)
     assert handler.proc.poll() is None, (tmp_path / "rank.err").read_text()
     return handler, int(ready.read_text())
@@ -79,11 +80,11 @@ def test_a_frozen_rank_is_killed_soon_after_torchruns_term_and_not_journaled(srv
     script = _script(tmp_path, _rank("os.kill(os.getpid(), signal.SIGSTOP)\n"))
     handler, worker = _torchrun_starts(srv, script, tmp_path, SLURMFT_RUN_DIR=str(run),
                                        SLURM_JOB_ID="77", RANK="1")
-    _until("the worker stopped", lambda: _state(worker) == "T")
+    wait_until("the worker stopped", lambda: _state(worker) == "T")
     handler.close(death_sig=signal.SIGTERM)          # torchrun's _stop_workers: TERM, then 30 s
     # No KILL from torchrun comes here: the old client waited for it for ever (this bound).
     assert _ended(handler) == -signal.SIGKILL
-    _until("the worker gone", lambda: _state(worker) is None)
+    wait_until("the worker gone", lambda: _state(worker) is None)
     err = (tmp_path / "rank.err").read_text()
     assert f"worker {worker} stopped (state T)" in err and "after torchrun's TERM: killed" in err
     # torchrun's stop, not a crash: the server journals no rank_exit for it
@@ -145,7 +146,7 @@ def test_a_rank_on_a_node_being_stopped_keeps_torchruns_bound(srv, tmp_path):
     warmtask.mark_stopping(srv.path)
     try:
         os.kill(worker, signal.SIGSTOP)
-        _until("the worker stopped", lambda: _state(worker) == "T")
+        wait_until("the worker stopped", lambda: _state(worker) == "T")
         handler.close(death_sig=signal.SIGTERM)
         assert _keeps_running(worker, 4.0)
         os.kill(worker, signal.SIGCONT)

@@ -4,7 +4,9 @@ the node (``warmtask.sweep_stale``): real Unix sockets, one listened on, one not
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,13 +99,19 @@ def test_another_users_dead_server_is_left_alone(tmp_path):
     assert (theirs / warmtask.SOCKET_NAME).exists()
 
 
-def test_a_node_task_starting_its_server_sweeps_first(tmp_path):
-    dead, _ = _server_dir(tmp_path, "dead", listening=False)
-    # /bin/true stands for the server's interpreter: what is tested is the task's side
-    proc, path = warmtask.start_server({**os.environ, "TMPDIR": str(tmp_path)}, python="/bin/true")
+def test_a_node_task_starting_its_server_sweeps_first():
+    # a base short enough for a socket path (pytest's tmp_path under xdist is not: the task would
+    # fall back to /tmp, as it does for any $TMPDIR too long for one)
+    base = Path(tempfile.mkdtemp(prefix="sft-", dir="/tmp"))
     try:
-        assert not dead.exists()
-        assert Path(path).parent.parent == tmp_path
+        dead, _ = _server_dir(base, "dead", listening=False)
+        # /bin/true stands for the server's interpreter: what is tested is the task's side
+        proc, path = warmtask.start_server({**os.environ, "TMPDIR": str(base)}, python="/bin/true")
+        try:
+            assert not dead.exists()
+            assert Path(path).parent.parent == base
+        finally:
+            warmtask.stop_server(proc, path)
+        assert not Path(path).parent.exists()
     finally:
-        warmtask.stop_server(proc, path)
-    assert not Path(path).parent.exists()
+        shutil.rmtree(base, ignore_errors=True)
