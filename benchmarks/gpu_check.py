@@ -217,7 +217,7 @@ def part_warm(out: Path, tmp: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"driver_after_each_import": _driver_after_imports()}
     # 1. default imports: the server must serve, its worker must get CUDA and NCCL.
     env = _rank_env(tmp / "warm-run")
-    proc, path = _server(env, tmp / "server-default.log")
+    proc, path, lock = _server(env, tmp / "server-default.log")
     try:
         env[warmclient.SOCKET_ENV] = path
         command = warm.worker_command(_train_args(tmp / "w.json", 6, 3))
@@ -226,7 +226,7 @@ def part_warm(out: Path, tmp: Path) -> dict[str, Any]:
         got["forked_by_server"] = got.get("ppid") == proc.pid
         result["default_imports"] = got
     finally:
-        warmtask.stop_server(proc, path)
+        warmtask.stop_server(proc, path, lock)
     result["default_imports"]["server_log"] = _tail((tmp / "server-default.log").read_text(), 10)
     # 2. imports that touch CUDA: the server refuses, the client runs its rank cold.
     mods = tmp / "mods"
@@ -238,13 +238,13 @@ def part_warm(out: Path, tmp: Path) -> dict[str, Any]:
     for mod in ("cudainit_mod", "driverload_mod"):
         env = _env(SLURMFT_WARM_IMPORTS=mod, PYTHONPATH=f"{mods}{os.pathsep}{_env()['PYTHONPATH']}")
         log = tmp / f"server-{mod}.log"
-        proc, path = _server(env, log)
+        proc, path, lock = _server(env, log)
         try:
             env[warmclient.SOCKET_ENV] = path
             client = subprocess.run(warm.worker_command([str(script)]), env=env, capture_output=True,
                                     text=True, timeout=_bound(100))
         finally:
-            warmtask.stop_server(proc, path)
+            warmtask.stop_server(proc, path, lock)
         who = json.loads(client.stdout) if client.returncode == 0 and client.stdout.strip() else {}
         server_log = log.read_text()
         result[mod] = {"rc": client.returncode, "client_stderr": _tail(client.stderr, 5),

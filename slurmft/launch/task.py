@@ -76,7 +76,7 @@ def beat_forever(path: Path, stop: threading.Event, period_s: float = ALIVE_PERI
             return seq
 
 
-def _warm_server(argv: list[str]) -> tuple[subprocess.Popen, str] | None:
+def _warm_server(argv: list[str]) -> warmtask.NodeServer | None:
     """This node's warm server when torchrun's workers are its clients (``slurmft.launch.warm``)."""
     try:
         if warm.serves(argv):
@@ -91,14 +91,14 @@ def supervise(argv: list[str], alive: Path) -> int:
     spare's task (``spare.SPARE_ENV``) starts torchrun only once the launcher made it active."""
     sender = beatsend.take_from(os.environ)  # first: nothing started below sees the token
     server = _warm_server(argv)
-    env = None if server is None else {**os.environ, SOCKET_ENV: server[1]}
+    env = None if server is None else {**os.environ, SOCKET_ENV: server.path}
     stop, stopping = threading.Event(), threading.Event()
     child: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: object) -> None:
         stopping.set()
         if server is not None:   # first: the ranks this stop reaches keep torchrun's bound
-            warmtask.mark_stopping(server[1])
+            warmtask.mark_stopping(server.path)
         if child and child[0].poll() is None:
             child[0].send_signal(signum)
 

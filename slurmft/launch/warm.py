@@ -239,9 +239,6 @@ class Server:
         conn.settimeout(REQUEST_READ_S)
         try:
             req, fds = proto.recv_request(conn)
-        except proto.ClosedUnasked:
-            conn.close()
-            return
         except (OSError, ValueError, proto.ProtocolError) as exc:
             _log(f"a bad request: {exc}")
             conn.close()

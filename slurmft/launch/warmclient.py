@@ -72,11 +72,6 @@ class ProtocolError(Exception):
     pass
 
 
-class ClosedUnasked(ProtocolError):
-    """The peer closed before sending a byte: not a request (a stale-directory probe,
-    ``warmtask.sweep_stale``, or a client that died at once)."""
-
-
 def encode_request(payload: dict) -> bytes:
     data = json.dumps(payload).encode()
     return _INT.pack(len(data)) + data
@@ -99,7 +94,7 @@ def recv_request(sock: socket.socket) -> tuple[dict, list[int]]:
             fds.frombytes(data[:len(data) - (len(data) % fds.itemsize)])
     try:
         if len(msg) != 1:
-            raise ClosedUnasked("the client closed before its request")
+            raise ProtocolError("the client closed before its request")
         head = msg + _recv_exact(sock, _INT.size - 1)
         (size,) = _INT.unpack(head)
         if not 0 < size <= MAX_REQUEST:

@@ -33,5 +33,8 @@ def wait_until(what: str, cond: Callable[[], object], timeout: float = WAIT_S,
 
 
 def json_lines(path: Path) -> list[dict]:
-    """Each line of ``path`` as JSON; none when it does not exist yet."""
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """Each whole line of ``path`` as JSON (a last one still being written is left for the next
+    read); none when it does not exist yet."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1] if line]

@@ -93,6 +93,7 @@ def test_a_signal_to_the_agent_stops_its_rank_and_ends_it_as_torchrun(tmp_path, 
 
 def test_a_killed_agents_log_dir_is_removed_by_the_next_agent_on_the_node(tmp_path):
     proc = _start(tmp_path, "sleep")
+    rank = None
     try:
         wait_until("the rank to start", lambda: (tmp_path / "rank").exists()
                    and (tmp_path / "rank").read_text(), WAIT_S)
@@ -100,7 +101,7 @@ def test_a_killed_agents_log_dir_is_removed_by_the_next_agent_on_the_node(tmp_pa
     finally:
         os.killpg(proc.pid, signal.SIGKILL)   # as Slurm kills a node's step: nothing runs after
         proc.wait(timeout=WAIT_S)
-        if alive(rank):
+        if rank is not None and alive(rank):
             os.kill(rank, signal.SIGKILL)
     left = list((tmp_path / "tmp").iterdir())
     assert [p.name.startswith(agent.LOG_DIR_PREFIX) for p in left] == [True], left

@@ -124,7 +124,7 @@ def test_usr2_to_the_task_reaches_every_warm_rank_which_saves_once(tmp_path, how
     tree: list[int] = []
     try:
         ranks = [Path(f"{out}.rank{r}") for r in range(2)]
-        wait_until("both ranks to train 3 steps", lambda: all(len(json_lines(p)) >= 4 for p in ranks), 180)
+        wait_until("both ranks to train 3 steps", lambda: all(len(json_lines(p)) >= 4 for p in ranks), 180, poll=0.2)
         pids = [json_lines(p)[0]["pid"] for p in ranks]
         assert all(os.getpgid(pid) != proc.pid for pid in pids)   # in sessions of their own
         tree = _descendants(proc.pid)

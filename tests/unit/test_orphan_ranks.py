@@ -51,12 +51,12 @@ def test_sigusr2_to_torchruns_process_group_ends_every_rank_with_an_emergency_ch
     pids: list[int] = []
     try:
         ranks = [Path(f"{out}.rank{r}") for r in range(2)]
-        wait_until("both ranks to train 3 steps", lambda: all(len(json_lines(p)) >= 4 for p in ranks), 180)
+        wait_until("both ranks to train 3 steps", lambda: all(len(json_lines(p)) >= 4 for p in ranks), 180, poll=0.2)
         pids = [json_lines(p)[0]["pid"] for p in ranks]
         sent = time.monotonic()
         os.killpg(torchrun.pid, signal.SIGUSR2)  # what `kill -USR2 -<pgid>` does
         torchrun.wait(timeout=60)
-        wait_until("every rank to exit", lambda: not any(alive(pid) for pid in pids), 120)
+        wait_until("every rank to exit", lambda: not any(alive(pid) for pid in pids), 120, poll=0.2)
         gone_s = time.monotonic() - sent
     finally:
         if torchrun.poll() is None:
