@@ -66,9 +66,9 @@ def mark_stopping(path: str) -> None:
 
 def stop_server(proc: subprocess.Popen, path: str, lock_fd: int | None = None,
                 timeout_s: float = 10.0) -> None:
-    """TERM the server, wait for it (KILL it after ``timeout_s``), and remove its directory:
-    with the task's hold on it when ``start_server`` made it (``lock_fd``), else what a server
-    leaves in it."""
+    """TERM the server, wait for it (KILL it after ``timeout_s``), and remove its directory,
+    then let go of the task's hold on it (``lock_fd``: None where ``ownedtmp`` had no ``flock``,
+    or for a directory the caller made)."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -76,15 +76,4 @@ def stop_server(proc: subprocess.Popen, path: str, lock_fd: int | None = None,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout_s)
-    if lock_fd is not None:
-        ownedtmp.release(os.path.dirname(path), lock_fd)
-        return
-    for leftover in (path, proto.stopping_marker(path)):
-        try:
-            os.unlink(leftover)
-        except OSError:
-            pass
-    try:
-        os.rmdir(os.path.dirname(path))
-    except OSError:
-        pass
+    ownedtmp.release(os.path.dirname(path), lock_fd)
