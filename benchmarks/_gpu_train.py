@@ -11,6 +11,11 @@ whole step, then, after the loop, a bare NCCL all-reduce of the same 3 float64 v
 reduces (world 1: no wire, the floor of the collective). ``--dump`` writes the model and
 optimizer state after the last step (the final checkpoint's state); ``--compare`` checks, right
 after ``Run`` started (resumed), that the restored state equals such a file bit for bit.
+``--extra N`` runs N steps past the restored one instead of up to ``--steps``. ``marks`` holds
+the wall time of each phase of the start (``launched``: ``GPU_CHECK_T0`` from the parent, just
+before it started this rank; ``main``; ``imports``; ``cuda``: the context made; ``pg``: NCCL's
+communicator up (one all-reduce); ``model``; ``restored``: ``Run`` entered; ``first_step`` and
+``second_step``, each after a sync), for the restart part.
 Writes one JSON object to ``--out``; exits with Run's own code (85/86/...) when Run ends it.
 """
 
@@ -54,7 +59,8 @@ def _mismatches(model, optimizer, path: Path) -> list[str]:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--steps", type=int, default=0)
+    p.add_argument("--extra", type=int, default=None, help="steps past the restored one (overrides --steps)")
     p.add_argument("--interval", type=int, required=True)
     p.add_argument("--width", type=int, default=None, help="(default 4096; 256 in a CPU smoke run)")
     p.add_argument("--out", type=Path, required=True)
@@ -63,8 +69,10 @@ def main() -> int:
     p.add_argument("--dump", type=Path, default=None)
     args = p.parse_args()
     t_start = time.perf_counter()
+    t0_env = os.environ.get("GPU_CHECK_T0")
+    marks = {"launched": float(t0_env) if t0_env else None, "main": time.time()}
     result: dict = {"pid": os.getpid(), "ppid": os.getppid(),
-                    "cuda_initialized_at_start": None}
+                    "cuda_initialized_at_start": None, "marks": marks}
     import torch
     import torch.distributed as dist
 
@@ -74,20 +82,33 @@ def main() -> int:
     # A forked warm worker must find CUDA untouched (the server refuses otherwise).
     result["cuda_initialized_at_start"] = torch.cuda.is_initialized()
     result["import_s"] = time.perf_counter() - t_start
+    marks["imports"] = time.time()
     if dev.smoke():
+        marks["cuda"] = time.time()
         dist.init_process_group("gloo")
     else:
         torch.cuda.set_device(0)
+        torch.zeros(1, device="cuda")
+        dev.sync()
+        marks["cuda"] = time.time()
         dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+    dist.all_reduce(torch.zeros(1, device=dev.device()))
+    dev.sync()
+    marks["pg"] = time.time()
     result["backend"] = str(dist.get_backend())
     args.width = args.width or (256 if dev.smoke() else 4096)
     torch.manual_seed(1234)
     model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width) for _ in range(4)]).to(dev.device())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    dev.sync()
+    marks["model"] = time.time()
     report_s, step_s = [], []
     with Run(model, optimizer, checkpoint=CheckpointConfig(interval=args.interval),
              config=RunConfig(heartbeat_interval_s=0, log_every=10)) as run:
+        marks["restored"] = time.time()
         result["restored_step"] = run.restored_step
+        if args.extra is not None:
+            args.steps = (run.restored_step or 0) + args.extra
         result["device"] = str(run.device)
         if args.compare is not None:
             result["restore_mismatches"] = _mismatches(model, optimizer, args.compare)
@@ -106,6 +127,9 @@ def main() -> int:
                 optimizer.step()
             optimizer.zero_grad()
             step_s.append(time.perf_counter() - t0)
+            if len(step_s) <= 2:
+                dev.sync()
+                marks["first_step" if len(step_s) == 1 else "second_step"] = time.time()
         if args.dump is not None:
             torch.save(_state(model, optimizer), args.dump)
         saves = run.checkpoints.stats

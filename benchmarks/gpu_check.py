@@ -17,6 +17,11 @@ others still run):
   finds the state bit-equal.
 * ``busy``: ``slurmft.train.busy.ForwardTimer`` on a CUDA module: the event time against the wall
   time of the same forwards, and whether its hooks sync the host.
+* ``restart``: what a rank's restart costs on a GPU, phase by phase (launch, imports, CUDA
+  context, NCCL communicator, model, ``Run`` entered with the checkpoint restored, first and
+  second step): one run saves at step 8, then cold ranks (a new interpreter) and warm ranks
+  (forked by a warm server started beforehand, as a node's is) take turns resuming it, each two
+  steps past the restored one; the ``restart_phases`` the ranks journaled come with them.
 * ``ckpt``: ``_gpu_ckpt.py``: how long a save from GPU memory blocks the loop against the whole
   save, slurmft against ``dcp.async_save``, and a bit-exact restore on the GPU.
 
@@ -33,6 +38,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,8 +48,9 @@ from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("nvml", "warm", "nccl", "busy", "ckpt")
-PART_TIMEOUT_S = {"nvml": 60, "warm": 120, "nccl": 120, "busy": 60, "ckpt": 240}
+PARTS = ("nvml", "warm", "nccl", "restart", "busy", "ckpt")
+PART_TIMEOUT_S = {"nvml": 60, "warm": 120, "nccl": 120, "restart": 200, "busy": 60, "ckpt": 240}
+RESTART_TRIALS = 2  # per kind (cold, warm), alternating
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -138,6 +145,7 @@ def _rank_env(run_dir: Path, **extra: str) -> dict[str, str]:
 
 def _train(argv: list[str], env: dict[str, str], result: Path, timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
+    env = {**env, "GPU_CHECK_T0": repr(time.time())}
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=_bound(timeout))
     got: dict[str, Any] = {"rc": proc.returncode, "wall_s": time.monotonic() - t0}
     if result.exists():
@@ -254,6 +262,66 @@ def part_warm(out: Path, tmp: Path) -> dict[str, Any]:
     return result
 
 
+RESTART_PHASES = (("launched", "main", "process"), ("main", "imports", "imports"), ("imports", "cuda", "cuda_context"),
+                  ("cuda", "pg", "nccl_init"), ("pg", "model", "model_build"), ("model", "restored", "run_start_restore"),
+                  ("restored", "first_step", "first_step"), ("first_step", "second_step", "second_step"),
+                  ("launched", "first_step", "total_to_first_step"))
+
+
+def _phases(marks: dict[str, Any]) -> dict[str, float | None]:
+    def span(a: str, b: str) -> float | None:
+        x, y = marks.get(a), marks.get(b)
+        return None if x is None or y is None else round(y - x, 4)
+
+    return {name: span(a, b) for a, b, name in RESTART_PHASES}
+
+
+def part_restart(out: Path, tmp: Path) -> dict[str, Any]:
+    from slurmft.launch import warm, warmclient, warmtask
+    from slurmft.rundir import RunDir
+
+    run_dir = tmp / "restart-run"
+    result: dict[str, Any] = {"base": _train([sys.executable, *_train_args(tmp / "base.json", 8, 4)],
+                                             _rank_env(run_dir), tmp / "base.json", 90)}
+    result["base"]["phases"] = _phases(result["base"].get("marks", {}))
+    proc, path, lock = _server(_rank_env(run_dir), tmp / "server-restart.log")
+    trials: list[dict[str, Any]] = []
+    try:
+        for i in range(RESTART_TRIALS):
+            for kind in ("cold", "warm"):
+                res = tmp / f"{kind}{i}.json"
+                argv = _train_args(res, 0, 4, extra="2")
+                env = _rank_env(run_dir)
+                if kind == "warm":
+                    env[warmclient.SOCKET_ENV] = path
+                    command = warm.worker_command(argv)
+                else:
+                    command = [sys.executable, *argv]
+                got = _train(command, env, res, 90)
+                got["kind"] = kind
+                got["forked_by_server"] = got.get("ppid") == proc.pid
+                got["phases"] = _phases(got.get("marks", {}))
+                trials.append({k: v for k, v in got.items() if k not in ("saves",)})
+    finally:
+        warmtask.stop_server(proc, path, lock)
+    result["trials"] = trials
+    result["server_log"] = _tail((tmp / "server-restart.log").read_text(), 10)
+    journal = RunDir(run_dir).events
+    if journal.exists():
+        result["journal_restart_phases"] = [
+            {k: e.get(k) for k in ("attempt", "tier", "import_s", "setup_s", "load_s", "first_step_s", "total_s")}
+            for e in (json.loads(line) for line in journal.read_text().splitlines() if line.strip())
+            if e.get("kind") == "restart_phases"]
+    medians: dict[str, dict[str, float | None]] = {}
+    for kind in ("cold", "warm"):
+        rows = [t["phases"] for t in trials if t["kind"] == kind and t.get("rc") == 0]
+        medians[kind] = {name: (round(statistics.median(v), 4) if (v := [r[name] for r in rows
+                                                                          if r.get(name) is not None]) else None)
+                         for _, _, name in RESTART_PHASES}
+    result["median_phases_s"] = medians
+    return result
+
+
 # ----------------------------------------------------------------------------- subprocess parts
 
 
@@ -320,6 +388,9 @@ def _row(name: str, data: dict[str, Any]) -> str:
                            f"{d['first'].get('step_ms_median')} ms; resumed at "
                            f"{d['resumed'].get('restored_step')}, mismatches "
                            f"{d['resumed'].get('restore_mismatches')}"),
+        "restart": lambda d: "; ".join(
+            f"{kind}: " + ", ".join(f"{k} {v}" for k, v in d["median_phases_s"][kind].items())
+            for kind in ("cold", "warm")),
         "busy": lambda d: (f"busy/wall {d.get('with_timer', {}).get('busy_over_wall')}, enqueue "
                            f"{d.get('with_timer', {}).get('host_enqueue_s')} s vs "
                            f"{d.get('without_timer', {}).get('host_enqueue_s')} s"),
@@ -368,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda, why = _cuda_available()
     report: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(), "cuda": why,
                               "parts": {}}
-    runners = {"nvml": part_nvml, "warm": part_warm, "nccl": part_nccl,
+    runners = {"nvml": part_nvml, "warm": part_warm, "nccl": part_nccl, "restart": part_restart,
                "busy": lambda o, t: _sub_part("busy", o, t, args),
                "ckpt": lambda o, t: _sub_part("ckpt", o, t, args)}
     for name in parts:
