@@ -67,7 +67,12 @@ def main() -> int:
     p.add_argument("--expect-step", type=int, default=None)
     p.add_argument("--compare", type=Path, default=None)
     p.add_argument("--dump", type=Path, default=None)
+    p.add_argument("--crash-at", type=int, default=None)
+    p.add_argument("--crash-marker", type=Path, default=None)
     args = p.parse_args()
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is not None:
+        args.out = args.out.with_suffix(f".{restart}{args.out.suffix}")
     t_start = time.perf_counter()
     t0_env = os.environ.get("GPU_CHECK_T0")
     marks = {"launched": float(t0_env) if t0_env else None, "main": time.time()}
@@ -113,6 +118,11 @@ def main() -> int:
         if args.compare is not None:
             result["restore_mismatches"] = _mismatches(model, optimizer, args.compare)
         for step in run.steps(args.steps):
+            if step == args.crash_at and args.crash_marker is not None and not args.crash_marker.exists():
+                dev.sync()
+                args.crash_marker.write_text(repr(time.time()))
+                args.out.write_text(json.dumps(result))
+                raise RuntimeError(f"gpu_check: the planned crash at step {step}")
             t0 = time.perf_counter()
             g = torch.Generator(device=dev.device()).manual_seed(step)
             x = torch.randn(256, args.width, device=dev.device(), generator=g)

@@ -22,6 +22,11 @@ others still run):
   second step): one run saves at step 8, then cold ranks (a new interpreter) and warm ranks
   (forked by a warm server started beforehand, as a node's is) take turns resuming it, each two
   steps past the restored one; the ``restart_phases`` the ranks journaled come with them.
+* ``inplace``: a rank crash restarted in place on the GPU by torchrun, as a node's agent does it
+  in the allocation (``python -m slurmft.launch.agent``, standalone, ``--max-restarts=1``): the
+  rank raises at step 6 (a checkpoint at 4), torchrun starts the next attempt, which resumes at 4
+  and trains to 8; once with warm ranks (the node's warm server started first, the workers its
+  clients) and once cold. From the crash to the new attempt's first step, by phase.
 * ``ckpt``: ``_gpu_ckpt.py``: how long a save from GPU memory blocks the loop against the whole
   save, slurmft against ``dcp.async_save``, and a bit-exact restore on the GPU.
 
@@ -48,8 +53,9 @@ from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("nvml", "warm", "nccl", "restart", "busy", "ckpt")
-PART_TIMEOUT_S = {"nvml": 60, "warm": 120, "nccl": 120, "restart": 200, "busy": 60, "ckpt": 240}
+PARTS = ("nvml", "warm", "nccl", "restart", "inplace", "busy", "ckpt")
+PART_TIMEOUT_S = {"nvml": 60, "warm": 120, "nccl": 120, "restart": 200, "inplace": 100, "busy": 60,
+                  "ckpt": 240}
 RESTART_TRIALS = 2  # per kind (cold, warm), alternating
 
 
@@ -322,6 +328,54 @@ def part_restart(out: Path, tmp: Path) -> dict[str, Any]:
     return result
 
 
+def part_inplace(out: Path, tmp: Path) -> dict[str, Any]:
+    from slurmft.launch import agent, warm, warmclient, warmtask
+    from slurmft.rundir import RunDir
+
+    result: dict[str, Any] = {}
+    for kind in ("warm", "cold"):
+        run_dir, marker, res = tmp / f"inplace-{kind}", tmp / f"crash-{kind}", tmp / f"inplace-{kind}.json"
+        rank = _train_args(res, 8, 4, crash_at="6", crash_marker=str(marker))
+        env = _env(SLURMFT_RUN_DIR=str(run_dir), GPU_CHECK_T0=repr(time.time()))
+        argv = [*agent.argv(), "--standalone", "--nnodes=1", "--nproc-per-node=1", "--max-restarts=1",
+                "--monitor-interval=0.5"]
+        server = None
+        if kind == "warm":
+            server = _server(env, tmp / f"server-{kind}.log")
+            env[warmclient.SOCKET_ENV] = server[1]
+            argv += ["--no-python", *warm.worker_command(rank)]
+        else:
+            argv += rank
+        try:
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=_bound(80))
+        finally:
+            if server is not None:
+                warmtask.stop_server(*server)
+        got: dict[str, Any] = {"rc": proc.returncode}
+        attempts = [json.loads(f.read_text()) if f.exists() else None
+                    for f in (res.with_suffix(f".{n}.json") for n in (0, 1))]
+        crashed = float(marker.read_text()) if marker.exists() else None
+        got["attempt0_restored"] = attempts[0] and attempts[0].get("restored_step")
+        second = attempts[1] or {}
+        got["attempt1"] = {k: second.get(k) for k in ("restored_step", "steps_run", "ppid", "error")}
+        marks = {**second.get("marks", {}), "launched": crashed}
+        got["crash_to"] = {name: _phases(marks)[name] for name in
+                           ("process", "imports", "cuda_context", "nccl_init", "model_build",
+                            "run_start_restore", "first_step", "total_to_first_step")}
+        got["forked_by_server"] = server is not None and second.get("ppid") == server[0].pid
+        journal = RunDir(run_dir).events
+        if journal.exists():
+            events = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+            got["journal_kinds"] = [e.get("kind") for e in events]
+            got["journal_restart_phases"] = [
+                {k: e.get(k) for k in ("attempt", "tier", "import_s", "setup_s", "load_s", "first_step_s", "total_s")}
+                for e in events if e.get("kind") == "restart_phases"]
+        if proc.returncode != 0 or attempts[1] is None:
+            got["stderr"] = _tail(proc.stderr, 30)
+        result[kind] = got
+    return result
+
+
 # ----------------------------------------------------------------------------- subprocess parts
 
 
@@ -391,6 +445,10 @@ def _row(name: str, data: dict[str, Any]) -> str:
         "restart": lambda d: "; ".join(
             f"{kind}: " + ", ".join(f"{k} {v}" for k, v in d["median_phases_s"][kind].items())
             for kind in ("cold", "warm")),
+        "inplace": lambda d: "; ".join(
+            f"{kind}: rc {d[kind].get('rc')}, resumed at {d[kind].get('attempt1', {}).get('restored_step')}, "
+            f"crash to first step {d[kind].get('crash_to', {}).get('total_to_first_step')} s"
+            for kind in ("warm", "cold")),
         "busy": lambda d: (f"busy/wall {d.get('with_timer', {}).get('busy_over_wall')}, enqueue "
                            f"{d.get('with_timer', {}).get('host_enqueue_s')} s vs "
                            f"{d.get('without_timer', {}).get('host_enqueue_s')} s"),
@@ -440,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"host": platform.node(), "python": platform.python_version(), "cuda": why,
                               "parts": {}}
     runners = {"nvml": part_nvml, "warm": part_warm, "nccl": part_nccl, "restart": part_restart,
-               "busy": lambda o, t: _sub_part("busy", o, t, args),
+               "inplace": part_inplace, "busy": lambda o, t: _sub_part("busy", o, t, args),
                "ckpt": lambda o, t: _sub_part("ckpt", o, t, args)}
     for name in parts:
         t0 = time.monotonic()
