@@ -282,9 +282,19 @@ def _phases(marks: dict[str, Any]) -> dict[str, float | None]:
     return {name: span(a, b) for a, b, name in RESTART_PHASES}
 
 
+def _journaled_phases(run_dir: Path) -> list[dict[str, Any]]:
+    """The ``restart_phases`` events the ranks journaled in ``run_dir``, in order."""
+    from slurmft.journal import RESTART_PHASES as KIND, read_events
+    from slurmft.rundir import RunDir
+
+    keys = ("attempt", "tier", "import_s", "setup_s", "load_s", "first_step_s", "total_s")
+    journal = RunDir(run_dir).events
+    return [{k: e.get(k) for k in keys}
+            for e in read_events(journal, [KIND])] if journal.exists() else []
+
+
 def part_restart(out: Path, tmp: Path) -> dict[str, Any]:
     from slurmft.launch import warm, warmclient, warmtask
-    from slurmft.rundir import RunDir
 
     run_dir = tmp / "restart-run"
     result: dict[str, Any] = {"base": _train([sys.executable, *_train_args(tmp / "base.json", 8, 4)],
@@ -312,12 +322,7 @@ def part_restart(out: Path, tmp: Path) -> dict[str, Any]:
         warmtask.stop_server(proc, path, lock)
     result["trials"] = trials
     result["server_log"] = _tail((tmp / "server-restart.log").read_text(), 10)
-    journal = RunDir(run_dir).events
-    if journal.exists():
-        result["journal_restart_phases"] = [
-            {k: e.get(k) for k in ("attempt", "tier", "import_s", "setup_s", "load_s", "first_step_s", "total_s")}
-            for e in (json.loads(line) for line in journal.read_text().splitlines() if line.strip())
-            if e.get("kind") == "restart_phases"]
+    result["journal_restart_phases"] = _journaled_phases(run_dir)
     medians: dict[str, dict[str, float | None]] = {}
     for kind in ("cold", "warm"):
         rows = [t["phases"] for t in trials if t["kind"] == kind and t.get("rc") == 0]
@@ -330,7 +335,6 @@ def part_restart(out: Path, tmp: Path) -> dict[str, Any]:
 
 def part_inplace(out: Path, tmp: Path) -> dict[str, Any]:
     from slurmft.launch import agent, warm, warmclient, warmtask
-    from slurmft.rundir import RunDir
 
     result: dict[str, Any] = {}
     for kind in ("warm", "cold"):
@@ -363,13 +367,7 @@ def part_inplace(out: Path, tmp: Path) -> dict[str, Any]:
                            ("process", "imports", "cuda_context", "nccl_init", "model_build",
                             "run_start_restore", "first_step", "total_to_first_step")}
         got["forked_by_server"] = server is not None and second.get("ppid") == server[0].pid
-        journal = RunDir(run_dir).events
-        if journal.exists():
-            events = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
-            got["journal_kinds"] = [e.get("kind") for e in events]
-            got["journal_restart_phases"] = [
-                {k: e.get(k) for k in ("attempt", "tier", "import_s", "setup_s", "load_s", "first_step_s", "total_s")}
-                for e in events if e.get("kind") == "restart_phases"]
+        got["journal_restart_phases"] = _journaled_phases(run_dir)
         if proc.returncode != 0 or attempts[1] is None:
             got["stderr"] = _tail(proc.stderr, 30)
         result[kind] = got
