@@ -20,8 +20,9 @@ others still run):
 * ``restart``: what a rank's restart costs on a GPU, phase by phase (launch, imports, CUDA
   context, NCCL communicator, model, ``Run`` entered with the checkpoint restored, first and
   second step): one run saves at step 8, then cold ranks (a new interpreter) and warm ranks
-  (forked by a warm server started beforehand, as a node's is) take turns resuming it, each two
-  steps past the restored one; the ``restart_phases`` the ranks journaled come with them.
+  (forked by a warm server started beforehand, as a node's is) take turns resuming the newest
+  checkpoint (the previous trial's final save), each two steps past it; the ``restart_phases``
+  the ranks journaled come with them.
 * ``inplace``: a rank crash restarted in place on the GPU by torchrun, as a node's agent does it
   in the allocation (``python -m slurmft.launch.agent``, standalone, ``--max-restarts=1``): the
   rank raises at step 6 (a checkpoint at 4), torchrun starts the next attempt, which resumes at 4
@@ -43,6 +44,7 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,7 +56,7 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PARTS = ("nvml", "warm", "nccl", "restart", "inplace", "busy", "ckpt")
-PART_TIMEOUT_S = {"nvml": 60, "warm": 120, "nccl": 120, "restart": 200, "inplace": 100, "busy": 60,
+PART_TIMEOUT_S = {"nvml": 60, "warm": 120, "nccl": 120, "restart": 200, "inplace": 150, "busy": 60,
                   "ckpt": 240}
 RESTART_TRIALS = 2  # per kind (cold, warm), alternating
 
@@ -149,15 +151,34 @@ def _rank_env(run_dir: Path, **extra: str) -> dict[str, str]:
                 **extra)
 
 
+def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
+    """``argv`` in a session of its own: (its exit status, its stderr); past ``timeout`` the whole
+    session is killed (torchrun's ranks with it, so none keeps the GPU) and the status is None."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+        return proc.returncode, err
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        try:  # a warm worker (the server's child, outside the session) may hold the pipe a while
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            err = ""
+        return None, f"{err}\ngpu_check: killed after {timeout:.0f} s"
+
+
 def _train(argv: list[str], env: dict[str, str], result: Path, timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
     env = {**env, "GPU_CHECK_T0": repr(time.time())}
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=_bound(timeout))
-    got: dict[str, Any] = {"rc": proc.returncode, "wall_s": time.monotonic() - t0}
+    rc, stderr = _run(argv, env, _bound(timeout))
+    got: dict[str, Any] = {"rc": rc, "wall_s": time.monotonic() - t0}
     if result.exists():
         got.update(json.loads(result.read_text()))
-    if proc.returncode != 0 or not result.exists():
-        got["stderr"] = _tail(proc.stderr, 25)
+    if rc != 0 or not result.exists():
+        got["stderr"] = _tail(stderr, 25)
     return got
 
 
@@ -325,7 +346,9 @@ def part_restart(out: Path, tmp: Path) -> dict[str, Any]:
     result["journal_restart_phases"] = _journaled_phases(run_dir)
     medians: dict[str, dict[str, float | None]] = {}
     for kind in ("cold", "warm"):
-        rows = [t["phases"] for t in trials if t["kind"] == kind and t.get("rc") == 0]
+        # A warm trial whose client ran the rank cold (the server refused) is no warm figure.
+        rows = [t["phases"] for t in trials if t["kind"] == kind and t.get("rc") == 0
+                and t.get("restored_step") is not None and (kind == "cold" or t["forked_by_server"])]
         medians[kind] = {name: (round(statistics.median(v), 4) if (v := [r[name] for r in rows
                                                                           if r.get(name) is not None]) else None)
                          for _, _, name in RESTART_PHASES}
@@ -351,11 +374,11 @@ def part_inplace(out: Path, tmp: Path) -> dict[str, Any]:
         else:
             argv += rank
         try:
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=_bound(80))
+            rc, stderr = _run(argv, env, _bound(80))
         finally:
             if server is not None:
                 warmtask.stop_server(*server)
-        got: dict[str, Any] = {"rc": proc.returncode}
+        got: dict[str, Any] = {"rc": rc}
         attempts = [json.loads(f.read_text()) if f.exists() else None
                     for f in (res.with_suffix(f".{n}.json") for n in (0, 1))]
         crashed = float(marker.read_text()) if marker.exists() else None
@@ -368,8 +391,8 @@ def part_inplace(out: Path, tmp: Path) -> dict[str, Any]:
                             "run_start_restore", "first_step", "total_to_first_step")}
         got["forked_by_server"] = server is not None and second.get("ppid") == server[0].pid
         got["journal_restart_phases"] = _journaled_phases(run_dir)
-        if proc.returncode != 0 or attempts[1] is None:
-            got["stderr"] = _tail(proc.stderr, 30)
+        if rc != 0 or attempts[1] is None:
+            got["stderr"] = _tail(stderr, 30)
         result[kind] = got
     return result
 
@@ -378,11 +401,12 @@ def part_inplace(out: Path, tmp: Path) -> dict[str, Any]:
 
 
 _DEADLINE = [float("inf")]  # monotonic time by which every part must have ended (--budget-s)
+_PART_DEADLINE = [float("inf")]  # ... and the running part (PART_TIMEOUT_S)
 
 
 def _bound(seconds: float) -> float:
-    """A part's own bound, cut to what is left of the whole run's budget."""
-    return max(5.0, min(seconds, _DEADLINE[0] - time.monotonic()))
+    """A step's own bound, cut to what is left of its part's and of the whole run's budget."""
+    return max(5.0, min(seconds, _DEADLINE[0] - time.monotonic(), _PART_DEADLINE[0] - time.monotonic()))
 
 
 def _sub_part(name: str, out: Path, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -467,8 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size-gb", type=float, default=1.5, help="ckpt: GPU state (params + AdamW), GiB")
     p.add_argument("--only", default=",".join(PARTS), help=f"parts to run, of {','.join(PARTS)}")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--budget-s", type=float, default=270.0,
-                   help="every part ends (killed if need be) within this many seconds of the start (270)")
+    p.add_argument("--budget-s", type=float, default=480.0,
+                   help="every part ends (killed if need be) within this many seconds of the start (480)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="run the GPU parts on the CPU (gloo): a dry run of this script, no GPU numbers")
     p.add_argument("--_part", dest="part", default=None, help=argparse.SUPPRESS)
@@ -506,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name != "nvml" and not cuda:
             data = {"skipped": f"needs a CUDA GPU: {why}"}
         else:
+            _PART_DEADLINE[0] = time.monotonic() + PART_TIMEOUT_S[name]
             with tempfile.TemporaryDirectory(prefix=f"gpu-check-{name}-") as tmp:
                 try:
                     data = runners[name](out, Path(tmp))
