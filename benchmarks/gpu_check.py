@@ -386,7 +386,8 @@ def part_inplace(out: Path, tmp: Path) -> dict[str, Any]:
         second = attempts[1] or {}
         got["attempt1"] = {k: second.get(k) for k in ("restored_step", "steps_run", "ppid", "error")}
         marks = {**second.get("marks", {}), "launched": crashed}
-        got["crash_to"] = {name: _phases(marks)[name] for name in
+        spans = _phases(marks)
+        got["crash_to"] = {name: spans[name] for name in
                            ("process", "imports", "cuda_context", "nccl_init", "model_build",
                             "run_start_restore", "first_step", "total_to_first_step")}
         got["forked_by_server"] = server is not None and second.get("ppid") == server[0].pid
