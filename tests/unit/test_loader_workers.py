@@ -63,9 +63,11 @@ RANK = textwrap.dedent("""
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("init", ["with", "without", "quiet"])
-def test_the_workers_live_through_a_term_to_the_whole_group_only_with_the_init(init):
+def test_the_workers_live_through_a_term_to_the_whole_group_only_with_the_init(init, tmp_path):
+    # TMPDIR: a worker ended by its rank's TERM (torch's handler or the init) skips the exit hook
+    # that removes its multiprocessing temp dir (``pymp-*``): here, not /tmp
     proc = subprocess.run([sys.executable, "-c", RANK, init], capture_output=True, text=True,
-                          timeout=150, start_new_session=True)
+                          timeout=150, start_new_session=True, env={**os.environ, "TMPDIR": str(tmp_path)})
     if init == "with":
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "batches still flow; the rank saw SIGTERM"

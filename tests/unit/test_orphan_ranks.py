@@ -40,7 +40,8 @@ def test_sigusr2_to_torchruns_process_group_ends_every_rank_with_an_emergency_ch
     run_dir, out = tmp_path / "run", tmp_path / "out"
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURMFT_RUN_DIR", "SLURM_PROCID", "SLURM_NTASKS")}
-    env.update(OMP_NUM_THREADS="1", SLURM_JOB_ID="78")
+    # TMPDIR: torchrun killed leaves its log dir (``torchelastic_*``) in the temp dir: here, not /tmp
+    env.update(OMP_NUM_THREADS="1", SLURM_JOB_ID="78", TMPDIR=str(tmp_path))
     torchrun = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(WORKER),
