@@ -191,6 +191,7 @@ def _train_args(out: Path, steps: int, interval: int, **kw: str) -> list[str]:
 
 
 def part_nccl(out: Path, tmp: Path) -> dict[str, Any]:
+    from slurmft import journal
     from slurmft.rundir import RunDir
 
     run_dir, dump = tmp / "nccl-run", tmp / "state-12.pt"
@@ -201,10 +202,7 @@ def part_nccl(out: Path, tmp: Path) -> dict[str, Any]:
     second = _train([sys.executable, *_train_args(tmp / "r2.json", 16, 8, expect_step="12",
                                                   compare=str(dump))],
                     _rank_env(run_dir), tmp / "r2.json", 90)
-    journal = RunDir(run_dir).events
-    events = []
-    if journal.exists():
-        events = [json.loads(line).get("kind") for line in journal.read_text().splitlines() if line.strip()]
+    events = [e.kind for e in journal.read_events(RunDir(run_dir).events)]
     return {"first": first, "resumed": second, "journal_events": events,
             "run_dir_files": sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())[:40]}
 
