@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             remove(parent, mount)
         shutil.rmtree(tmp, ignore_errors=True)
     result = {**summarize(records, workers_cpu, wall, args.top), "workers": args.workers,
-              "pytest_rc": rc, "left_behind": left, "cgroup": kind}
+              "pytest_rc": rc, "left_behind": left, "cgroup": kind, "cgroup_dir": str(parent)}
     print(json.dumps(result) if args.json else table(result))
     if rc != 0:
         print(f"suite_cpu: pytest failed (rc {rc}): the figures describe a failed run", file=sys.stderr)
