@@ -21,6 +21,7 @@ import pytest
 CGROUP_ENV = "SLURMFT_SUITE_CPU_CGROUP"
 KIND_ENV = "SLURMFT_SUITE_CPU_KIND"   # "v2" (cpu.stat) or "v1" (cpuacct.usage)
 OUT_ENV = "SLURMFT_SUITE_CPU_OUT"
+PYTHONPATH_ENV = "SLURMFT_SUITE_CPU_PYTHONPATH"   # the suite's own PYTHONPATH, without this directory
 
 
 def usage_s(cgroup: Path, kind: str) -> float:
@@ -62,6 +63,15 @@ def pytest_configure(config):
     if worker is None and config.getoption("dist", "no") != "no":
         return   # the xdist controller runs no test: its workers are measured
     worker = worker or "main"
+    # What the tests start (clusters, jobs, ranks) sees the suite's environment, not the benchmark's.
+    for name in (CGROUP_ENV, KIND_ENV, OUT_ENV):
+        os.environ.pop(name, None)
+    saved = os.environ.pop(PYTHONPATH_ENV, None)
+    if saved is not None:
+        if saved:
+            os.environ["PYTHONPATH"] = saved
+        else:
+            os.environ.pop("PYTHONPATH", None)
     cgroup = Path(top) / worker
     cgroup.mkdir(exist_ok=True)
     (cgroup / "cgroup.procs").write_text(str(os.getpid()))

@@ -10,10 +10,12 @@ burnt.
 
 PYTEST_ARGS default to the whole suite as ``make test`` runs it (``--dist loadgroup``). Needs
 root and a writable cgroup hierarchy (cgroup v2's ``cpu.stat``, else v1's ``cpuacct``): a clear
-one-line error and exit 2 otherwise. Prints a table (``--json``: one JSON object); ``--out``
-also keeps the per-test lines. Exit 1 when pytest failed (the figures are still printed: they
-describe a failed run), 0 otherwise. The cgroups are removed at the end; processes the suite
-left running are moved out first and counted (``left_behind``).
+one-line error and exit 2 otherwise. The cgroups are made under this process's own (a Slurm
+job's or a systemd scope's limits still hold). Prints a table (``--json``: one JSON object);
+``--out`` also keeps the per-test lines. Exit 1 when pytest failed (the figures are still
+printed: they describe a failed run), 0 otherwise. At the end every process still in the
+workers' cgroups (left running by the suite, or by pytest stopped at its bound) is counted
+(``left_behind``) and killed, and the cgroups are removed.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import errno
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _suite_cpu_plugin import CGROUP_ENV, KIND_ENV, OUT_ENV, usage_s  # noqa: E402
+from _suite_cpu_plugin import CGROUP_ENV, KIND_ENV, OUT_ENV, PYTHONPATH_ENV, usage_s  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = "_suite_cpu_plugin"
@@ -60,35 +64,65 @@ def cpu_hierarchy(mountinfo: str) -> tuple[str, Path]:
     raise CgroupError("no cgroup v2 mount and no v1 cpuacct mount in /proc/self/mountinfo")
 
 
-def make_parent(kind: str, mount: Path) -> Path:
-    parent = mount / f"slurmft-suite-cpu-{os.getpid()}"
+def own_cgroup(kind: str, proc_cgroup: str) -> str:
+    """This process's cgroup in the hierarchy ``kind`` from ``/proc/self/cgroup``'s text ("/"
+    when the line is missing)."""
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (kind == "v2" and controllers == "") or (kind == "v1" and "cpuacct" in controllers.split(",")):
+            return path or "/"
+    return "/"
+
+
+def make_parent(kind: str, mount: Path, own: str) -> Path:
+    """A cgroup of this run's under ``own`` (this process's cgroup, relative to ``mount``)."""
+    parent = mount / own.lstrip("/") / f"slurmft-suite-cpu-{os.getpid()}"
     try:
         parent.mkdir()
+    except OSError as exc:
+        hint = ": run as root" if exc.errno in (errno.EACCES, errno.EPERM) else ""
+        raise CgroupError(f"cannot make the cgroup {parent} ({exc.strerror}){hint}") from None
+    try:
         usage_s(parent, kind)
     except (OSError, RuntimeError, ValueError) as exc:
-        raise CgroupError(f"cannot make a cgroup under {mount} ({exc}): run as root") from None
+        parent.rmdir()
+        raise CgroupError(f"the cgroup {parent} has no CPU counter ({exc})") from None
     return parent
 
 
-def remove(parent: Path, mount: Path) -> int:
-    """Remove the workers' cgroups and ``parent``; processes still in them (left behind by the
-    suite) move to the hierarchy's root first. Returns how many there were."""
+KILL_WAIT_S = 10.0
+
+
+def remove(parent: Path) -> int:
+    """Kill every process still in the workers' cgroups and ``parent`` (left running by the
+    suite, or by a pytest stopped at its bound: its workers, their clusters and jobs), then remove
+    the cgroups. Returns how many processes there were; says so when a cgroup stays."""
     left = 0
     for cgroup in [*sorted(p for p in parent.iterdir() if p.is_dir()), parent]:
-        pids = (cgroup / "cgroup.procs").read_text().split()
-        left += len(pids)
-        for pid in pids:
-            try:
-                (mount / "cgroup.procs").write_text(pid)
-            except OSError:
-                pass   # it ended meanwhile
-        for _ in range(50):
-            try:
-                cgroup.rmdir()
+        seen: set[str] = set()
+        deadline = time.monotonic() + KILL_WAIT_S
+        while pids := set((cgroup / "cgroup.procs").read_text().split()):
+            seen |= pids
+            if time.monotonic() > deadline:
                 break
-            except OSError:
-                time.sleep(0.1)
+            for pid in pids:   # a process forked meanwhile is in the next read
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        left += len(seen)
+        try:
+            cgroup.rmdir()
+        except OSError as exc:
+            print(f"suite_cpu: cannot remove the cgroup {cgroup} ({exc.strerror})", file=sys.stderr)
     return left
+
+
+def _name(nodeid: str) -> str:
+    """A test's id without xdist's ``@group`` suffix (``--dist loadgroup``)."""
+    tail = nodeid.rpartition("::")[2]
+    return nodeid[:nodeid.rindex("@")] if "@" in tail and not tail.endswith("]") else nodeid
 
 
 def summarize(records: list[dict], workers_cpu_s: float, wall_s: float, top: int) -> dict:
@@ -102,14 +136,14 @@ def summarize(records: list[dict], workers_cpu_s: float, wall_s: float, top: int
     ranked = sorted(records, key=lambda r: -r["cpu_s"])
     return {
         "tests": len(records),
-        "not_passed": [f"{r['id']} ({r['outcome']})" for r in records
+        "not_passed": [f"{_name(r['id'])} ({r['outcome']})" for r in records
                        if r["outcome"] not in ("passed",) and "skipped" not in r["outcome"]],
         "wall_s": round(wall_s, 1),
         "workers_cpu_s": round(workers_cpu_s, 1),
         "tests_cpu_s": round(tests_cpu, 1),
         "cores_busy": round(workers_cpu_s / wall_s, 2) if wall_s > 0 else None,
         "by_kind": {k: round(v, 1) for k, v in by_kind.most_common()},
-        "top_tests": [{"id": r["id"].split("@", 1)[0], "cpu_s": r["cpu_s"], "wall_s": r["wall_s"]}
+        "top_tests": [{"id": _name(r["id"]), "cpu_s": r["cpu_s"], "wall_s": r["wall_s"]}
                       for r in ranked[:top]],
         "top_modules": [{"module": m, "cpu_s": round(c, 1)} for m, c in by_module.most_common(top)],
     }
@@ -135,6 +169,7 @@ def run(workers: int, pytest_args: list[str], out: Path, parent: Path, kind: str
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
     env.update({CGROUP_ENV: str(parent), KIND_ENV: kind, OUT_ENV: str(out)})
+    env[PYTHONPATH_ENV] = env.get("PYTHONPATH", "")   # the plugin puts it back in the workers
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent),
                                                     env.get("PYTHONPATH")) if p)
     argv = [sys.executable, "-m", "pytest", "-q", "-p", PLUGIN, "-n", str(workers),
@@ -160,10 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1 or args.top < 1:
         parser.error("--workers and --top must be at least 1")
+    if args.out is not None and not os.access(args.out.parent or Path("."), os.W_OK):
+        print(f"suite_cpu: --out {args.out}: its directory is missing or not writable", file=sys.stderr)
+        return 2
     try:
         with open("/proc/self/mountinfo") as fh:
             kind, mount = cpu_hierarchy(fh.read())
-        parent = make_parent(kind, mount)
+        with open("/proc/self/cgroup") as fh:
+            own = own_cgroup(kind, fh.read())
+        parent = make_parent(kind, mount, own)
     except (OSError, CgroupError) as exc:
         print(f"suite_cpu: {exc}", file=sys.stderr)
         return 2
@@ -172,13 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         lines = tmp / "tests.jsonl"
         rc, wall = run(args.workers, args.pytest_args, lines, parent, kind)
         workers_cpu = sum(usage_s(p, kind) for p in parent.iterdir() if p.is_dir())
-        left = remove(parent, mount)
+        left = remove(parent)
         records = [json.loads(line) for line in lines.read_text().splitlines()] if lines.exists() else []
         if args.out is not None and lines.exists():
             shutil.copyfile(lines, args.out)
     finally:
         if parent.exists():
-            remove(parent, mount)
+            remove(parent)
         shutil.rmtree(tmp, ignore_errors=True)
     result = {**summarize(records, workers_cpu, wall, args.top), "workers": args.workers,
               "pytest_rc": rc, "left_behind": left, "cgroup": kind, "cgroup_dir": str(parent)}

@@ -28,16 +28,36 @@ def test_cgroup_v2_is_preferred_and_v1_cpuacct_is_the_fallback():
         suite_cpu.cpu_hierarchy(only_cpu)
 
 
-def test_without_a_cgroup_it_says_so_in_one_line_and_runs_nothing(monkeypatch, capsys):
-    def refuse(kind, mount):
-        raise suite_cpu.CgroupError(f"cannot make a cgroup under {mount} (Permission denied): run as root")
+def test_its_cgroups_go_under_its_own_in_either_hierarchy():
+    here = (FIXTURES / "proc-self-cgroup-debian12-vm").read_text()
+    assert suite_cpu.own_cgroup("v2", here) == "/" and suite_cpu.own_cgroup("v1", here) == "/"
+    # the shape of the paths Slurm's cgroup plugins give a step (constructed: none runs here)
+    in_job = "12:cpu,cpuacct:/slurm/uid_0/job_7/step_0\n0::/slurm/uid_0/job_7/step_0/user/task_0\n"
+    assert suite_cpu.own_cgroup("v1", in_job) == "/slurm/uid_0/job_7/step_0"
+    assert suite_cpu.own_cgroup("v2", in_job) == "/slurm/uid_0/job_7/step_0/user/task_0"
+
+
+def test_xdist_group_suffixes_are_cut_and_parameters_kept():
+    assert suite_cpu._name("tests/a.py::test_x@world") == "tests/a.py::test_x"
+    assert suite_cpu._name("tests/a.py::test_x[u@h]@world") == "tests/a.py::test_x[u@h]"
+    assert suite_cpu._name("tests/a.py::test_x[u@h]") == "tests/a.py::test_x[u@h]"
+
+
+def test_without_a_cgroup_or_with_a_bad_out_it_says_so_in_one_line_and_runs_nothing(
+        monkeypatch, capsys, tmp_path):
+    def refuse(kind, mount, own):
+        raise suite_cpu.CgroupError(f"cannot make the cgroup {mount}/x (Permission denied): run as root")
 
     ran = []
+    monkeypatch.setattr(suite_cpu, "cpu_hierarchy", lambda text: ("v2", Path("/sys/fs/cgroup")))
     monkeypatch.setattr(suite_cpu, "make_parent", refuse)
     monkeypatch.setattr(suite_cpu, "run", lambda *a: ran.append(a))
     assert suite_cpu.main(["--workers", "1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("suite_cpu: cannot make a cgroup under ")
+    assert len(err.splitlines()) == 1 and err.startswith("suite_cpu: cannot make the cgroup ")
+    assert suite_cpu.main(["--out", str(tmp_path / "missing" / "x.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"suite_cpu: --out {tmp_path / 'missing' / 'x.jsonl'}: its directory is missing or not writable"
     assert ran == []
 
 
@@ -62,7 +82,11 @@ def test_a_run_charges_each_test_its_cpu_and_names_the_one_that_failed(tmp_path)
         "def test_sleeps():\n"
         "    time.sleep(1.0)\n"
         "def test_fails():\n"
-        "    assert False\n")
+        "    assert False\n"
+        "def test_sees_the_suites_environment():\n"   # not the benchmark's settings
+        "    import os\n"
+        "    assert not [k for k in os.environ if k.startswith('SLURMFT_SUITE_CPU')]\n"
+        "    assert 'benchmarks' not in os.environ.get('PYTHONPATH', '')\n")
     lines = tmp_path / "lines.jsonl"
     res = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "suite_cpu.py"), "--workers", "2", "--json",
@@ -73,12 +97,12 @@ def test_a_run_charges_each_test_its_cpu_and_names_the_one_that_failed(tmp_path)
     assert res.returncode == 1, res.stderr[-3000:]
     assert "pytest failed (rc 1)" in res.stderr
     result = json.loads(res.stdout)
-    assert result["tests"] == 3 and result["left_behind"] == 0
+    assert result["tests"] == 4 and result["left_behind"] == 0
     assert result["not_passed"] == ["test_spin.py::test_fails (call failed)"]  # ids from its rootdir
     cpu = {t["id"].rsplit("::", 1)[1]: t["cpu_s"] for t in result["top_tests"]}
     assert cpu["test_spins_in_a_child"] >= 0.9          # the child's second is charged
     assert cpu["test_sleeps"] < 0.5 < cpu["test_spins_in_a_child"]
     assert result["workers_cpu_s"] >= result["tests_cpu_s"] >= 0.9
-    assert len(lines.read_text().splitlines()) == 3
+    assert len(lines.read_text().splitlines()) == 4
     assert Path(result["cgroup_dir"]).name.startswith("slurmft-suite-cpu-")
     assert not Path(result["cgroup_dir"]).exists()   # removed, its workers' cgroups with it
