@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from slurmft import allocation
+from slurmft.launch import warm
 from slurmft.rundir import RunDir
 from slurmft.slurm.client import SlurmClient
 from slurmft.slurm.devcluster import DevCluster
@@ -87,25 +88,27 @@ def _fd_target(pid: int, fd: int) -> str | None:
 
 def warm_workers(client_pid: int, environ: list[bytes]) -> list[int]:
     """The worker a warm client (``launch/warmclient.py``) stands for: a child of its node's warm
-    server (``-m slurmft.launch.warm --socket PATH``, PATH the client's ``SLURMFT_WARM_SOCKET``)
-    with the client's stderr (the server hands the worker the client's stdio). A forked worker's
-    /proc environ and cmdline are its server's: the rank cannot be read from them."""
-    sock = next((v.split(b"=", 1)[1] for v in environ if v.startswith(b"SLURMFT_WARM_SOCKET=")), None)
+    server (``launch.warm.is_server``; forked from torchrun's agent, whose environment names the
+    client's ``SLURMFT_WARM_SOCKET``, or started on its own with the socket in its argv) with the
+    client's stderr (the server hands the worker the client's stdio). A forked worker's /proc
+    environ and cmdline are its agent's: the rank cannot be read from them."""
+    sock = next((v for v in environ if v.startswith(b"SLURMFT_WARM_SOCKET=")), None)
     if not sock:
         return []
+    path = sock.split(b"=", 1)[1]   # a server started on its own names it in its argv
     stderr = _fd_target(client_pid, 2)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        seen = _proc(entry.name)
-        if seen is None or b"slurmft.launch.warm" not in seen[1] or sock not in seen[1]:
-            continue
         pid = int(entry.name)
         parent = _ppid(pid)
-        parent_seen = _proc(str(parent)) if parent else None
-        if parent_seen is not None and sock in parent_seen[1] and _fd_target(pid, 2) == stderr:
-            found.append(pid)  # forked by the server (its parent has the same socket)
+        if parent is None or not warm.is_server(parent) or warm.is_server(pid):
+            continue
+        parent_seen = _proc(str(parent))
+        if parent_seen is not None and (sock in parent_seen[0] or path in parent_seen[1]) \
+                and _fd_target(pid, 2) == stderr:
+            found.append(pid)
     return found
 
 

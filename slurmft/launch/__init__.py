@@ -22,10 +22,12 @@ launcher, which owns the orchestration as small, unit-tested modules:
   one srun step per node; ``liveness`` the nodes' task beats; ``inalloc`` the supervising loop;
   ``inplace`` restarts in place learned from the journal, bounded by progress; ``spare`` a
   spare's task waiting for its place, its torchrun started ahead (``pretorchrun``); ``orphan``
-  the batch host's death seen from the others; ``warm``/``warmworker``/``warmclient`` ranks
-  forked from a warm per-node server (on by default in this mode)
+  the batch host's death seen from the others
+  ``warm``/``warmworker``/``warmclient``/``warmfork``/``warmtask`` ranks forked from a warm
+  per-node server, itself forked from torchrun's agent (both modes; ``SLURMFT_WARM_WORKERS=0``
+  opts out)
   ``main``       the order of the above, and the one place that exits
 
-Torch-free: torch is imported only by the training ranks, by the per-node torch check, by the
-warm server and by torchrun's agent (``agent``, a spare's started ahead), each in its own process.
+Torch-free: torch is imported only by the training ranks, by the per-node torch check, and by
+torchrun's agent (``agent``, a spare's started ahead) and the warm server forked from it.
 """

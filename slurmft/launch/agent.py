@@ -9,7 +9,9 @@ directory: torchrun makes one in the temp dir and leaves it there, so the agent 
 its own, removed when the agent ends or, when it was killed, by the next agent on the node
 (``ownedtmp``; a directory the command names is torchrun's and kept). It then ends as a script
 ends but without the interpreter's teardown of torch (``scriptend``: ~0.5 CPU-s per agent,
-which writes nothing). Every agent slurmft starts (each node's task in both modes, a spare's
+which writes nothing). With warm workers it forks the node's warm server after its own import of
+torch, before torchrun starts a thread (``warmfork``), and stops it at torchrun's end. Every
+agent slurmft starts (each node's task in both modes, a spare's
 started ahead, the chaos reference) runs this way.
 
 ``argv``/``is_agent`` are what starts it and what finds it (the node task, a spare, the chaos
@@ -24,7 +26,7 @@ import sys
 import types
 from typing import NoReturn, Sequence
 
-from slurmft.launch import ownedtmp, scriptend
+from slurmft.launch import ownedtmp, scriptend, warmfork
 
 MODULE = "slurmft.launch.agent"
 TORCHRUN = "torch.distributed.run"
@@ -69,8 +71,23 @@ def run_torchrun(args: Sequence[str] | None = None) -> None:
             ownedtmp.release(*log_dir)
 
 
+def run_serving(args: Sequence[str] | None = None) -> None:
+    """``run_torchrun``, with the node's warm server forked from this process first when the task
+    asked for one (``warmfork``: torch imported once on the node, not by the agent and again by
+    the server); the server is stopped at torchrun's end."""
+    server = None
+    if os.environ.get(warmfork.SERVE_ENV):
+        warmfork.import_for_fork(TORCHRUN)
+        sys.modules.pop(TORCHRUN, None)   # runpy runs it afresh as __main__; its imports stay
+        server = warmfork.start()
+    try:
+        run_torchrun(args)
+    finally:
+        warmfork.stop(server)
+
+
 def main() -> NoReturn:
-    scriptend.run_as_script(run_torchrun)
+    scriptend.run_as_script(run_serving)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ launcher gives up with 86 before anything is started).
                             node drained, DOWN or FAILed while its task still beats
                             (``nodestate``; 10, at least 2: one query of the controller each)
   SLURMFT_ALLOC_RESTARTS    restarts in place without checkpoint progress before exit 86 (3)
-  SLURMFT_WARM_WORKERS      1 (the default): ranks forked from each node's warm server
-                            (``warm``); 0: every rank starts cold. 1 without the mode: refused
+
+Warm workers (``SLURMFT_WARM_WORKERS``) are the launcher's setting in both modes (``settings``).
 
 The batch host is always active (it hosts the rendezvous store, and its death ends the job);
 the spares are the allocation's last K other nodes, in Slurm's order.
@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from slurmft.launch import warm
 from slurmft.launch.identity import JobIdentity
 from slurmft.launch.settings import SettingsError, _number
 
@@ -44,7 +43,6 @@ class AllocSettings:
     min_nodes: int
     node_silent_s: float
     alloc_restarts: int
-    warm_workers: bool = True   # ranks forked from a warm server (warm.py); SLURMFT_WARM_WORKERS=0: off
     node_poll_s: float = DEFAULT_NODE_POLL_S
 
 
@@ -57,14 +55,7 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings
     spares_n = int(_number(env, "SLURMFT_SPARE_NODES", 0, minimum=0, maximum=max(0, len(nodes) - 1),
                            integer=True)) if len(nodes) > 1 else \
         int(_number(env, "SLURMFT_SPARE_NODES", 0, minimum=0, maximum=0, integer=True))
-    try:
-        warm_asked, _ = warm.settings(env)
-    except warm.WarmSettingsError as exc:
-        raise SettingsError(str(exc)) from None
     if spares_n == 0 and flag != "1":
-        if warm_asked:
-            raise SettingsError(f"{warm.ENABLE_ENV}=1 needs in-allocation mode "
-                                "(SLURMFT_SPARE_NODES >= 1 or SLURMFT_IN_ALLOCATION=1)")
         return None
     batch = identity.batch_node if identity.batch_node in nodes else nodes[0]
     others = [n for n in nodes if n != batch]
@@ -79,7 +70,6 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings
                               minimum=MIN_NODE_SILENT_S, maximum=3600),
         alloc_restarts=int(_number(env, "SLURMFT_ALLOC_RESTARTS", DEFAULT_ALLOC_RESTARTS, minimum=0,
                                    maximum=1000, integer=True)),
-        warm_workers=warm_asked is not False,
         node_poll_s=_number(env, "SLURMFT_NODE_POLL_S", DEFAULT_NODE_POLL_S,
                             minimum=MIN_NODE_POLL_S, maximum=3600),
     )

@@ -78,7 +78,7 @@ def node_argv(node: str, rdzv: Rendezvous, alloc: AllocSettings, settings: Launc
             f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={rdzv.rdzv_id}",
             rdzv_conf(node == rdzv.host, alloc), f"--max-restarts={MAX_RESTARTS}",
             "--monitor-interval=0.5",
-            *(["--no-python", *warm.worker_command(command, python)] if alloc.warm_workers
+            *(["--no-python", *warm.worker_command(command, python)] if settings.warm_workers
               else command)]
 
 

@@ -7,7 +7,9 @@ torchrun in this process exactly as ``python -m torch.distributed.run TORCHRUN_A
 as ``__main__`` through runpy, ``sys.argv`` torchrun's file and its arguments, the environment
 and the signal dispositions the task gave it (USR2 ignored; torchrun installs its own handlers),
 its exception or exit status the process's (``agent.run_torchrun``). On EOF without a go (the
-task stopped, or died) it exits 0 having run nothing. An import that fails is not reported here: torchrun's own start on
+task stopped, or died) it exits 0 having run nothing. With warm workers the node's warm server
+is forked from it after the import (``warmfork``), so it is ready when the spare is made active.
+An import that fails is not reported here: torchrun's own start on
 the go fails the same way, with the same traceback, as a cold start would. Either way it ends
 as the agent does (``agent``): as a script, without the interpreter's teardown of torch.
 """
@@ -19,7 +21,7 @@ import os
 import sys
 from typing import Sequence
 
-from slurmft.launch import agent, scriptend
+from slurmft.launch import agent, scriptend, warmfork
 
 MODULE = agent.TORCHRUN
 GO = b"g"
@@ -41,16 +43,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("usage: python -m slurmft.launch.pretorchrun --go-fd FD -- TORCHRUN_ARGS...",
               file=sys.stderr)
         return 2
-    try:
-        importlib.import_module(MODULE)
-    except BaseException:   # noqa: BLE001  (reported by torchrun's own start on the go)
-        pass
+    serving = bool(os.environ.get(warmfork.SERVE_ENV))
+    if serving:
+        warmfork.import_for_fork(MODULE)
+    else:
+        try:
+            importlib.import_module(MODULE)
+        except BaseException:   # noqa: BLE001  (reported by torchrun's own start on the go)
+            pass
     # runpy runs the module afresh as __main__ (as -m does); its imports stay cached. Left in
     # sys.modules, runpy would warn that it was imported before its execution.
     sys.modules.pop(MODULE, None)
-    if not _wait_for_go(int(args[1])):
-        return 0
-    agent.run_torchrun(args[3:])
+    server = warmfork.start() if serving else None
+    try:
+        if not _wait_for_go(int(args[1])):
+            return 0
+        agent.run_torchrun(args[3:])
+    finally:
+        warmfork.stop(server)
     return 0
 
 

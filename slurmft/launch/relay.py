@@ -11,8 +11,9 @@ one lost.
 So the task relays it: on each USR2 it sends one USR2 to every process group, other than its
 own, of a process descended from torchrun (read from ``/proc``): each rank's group (its own
 children, e.g. data-loader workers, are in it, as under cgroup they are signalled too) or each
-warm client's (which passes it on to its worker: ``warmclient``). Not the warm server's
-workers: they are the server's children, and their clients speak for them. Where Slurm already
+warm client's (which passes it on to its worker: ``warmclient``), and each warm worker's: the
+node's warm server is forked from torchrun's agent (``warmfork``; it stays in the task's group and
+is skipped), so its workers descend from torchrun and hear it from both. Where Slurm already
 signals every process, a rank hears it twice; its handler only sets a flag
 (``slurmft.train.preemption``), as the launcher's re-sends every ``SLURMFT_RESIGNAL_S`` already
 do: one agreement, one emergency checkpoint. Relaying everywhere, rather than only where the

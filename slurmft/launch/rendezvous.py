@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from slurmft.launch import agent
+from slurmft.launch import agent, warm
 from slurmft.launch.identity import JobIdentity
 from slurmft.launch.settings import LaunchSettings
 
@@ -39,11 +39,14 @@ def choose(identity: JobIdentity, ports: dict[str, int], host: str | None = None
 
 def torchrun_argv(rdzv: Rendezvous, identity: JobIdentity, settings: LaunchSettings,
                   command: Sequence[str], python: str = sys.executable) -> list[str]:
-    """What each node's task runs (after ``slurmft.launch.task`` set USR2 to ignored)."""
+    """What each node's task runs (after ``slurmft.launch.task`` set USR2 to ignored); with warm
+    workers torchrun's worker is the client (``warm.worker_command``)."""
     return [*agent.argv(python), f"--nnodes={identity.num_nodes}",
             f"--nproc-per-node={settings.nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={rdzv.rdzv_id}",
-            "--max-restarts=0", "--monitor-interval=1", *command]
+            "--max-restarts=0", "--monitor-interval=1",
+            *(["--no-python", *warm.worker_command(command, python)] if settings.warm_workers
+              else command)]
 
 
 def step_argv(rdzv: Rendezvous, identity: JobIdentity, settings: LaunchSettings,

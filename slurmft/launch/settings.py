@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from slurmft import numbers
+from slurmft.launch import warm
 from slurmft.launch.identity import JobIdentity
 from slurmft.rundir import RUN_DIR_ENV
 
@@ -41,6 +42,7 @@ class LaunchSettings:
     preflight_timeout_s: float
     sweep_wait_s: float
     sweep_fresh_s: float
+    warm_workers: bool = True   # ranks forked from each node's warm server (warm.py), both modes
 
 
 def _number(env: Mapping[str, str], name: str, default: float, *, minimum: float,
@@ -90,6 +92,10 @@ def run_dir_for(raw: str | None, identity: JobIdentity) -> Path:
 
 
 def from_environ(env: Mapping[str, str], identity: JobIdentity) -> LaunchSettings:
+    try:   # SLURMFT_WARM_WORKERS=0: every rank starts cold; unset or 1: warm (``warm``)
+        warm_asked, _ = warm.settings(env)
+    except warm.WarmSettingsError as exc:
+        raise SettingsError(str(exc)) from None
     gpus = env.get("SLURM_GPUS_ON_NODE", "").strip()
     default_nproc = int(gpus) if gpus.isascii() and gpus.isdigit() and int(gpus) > 0 else 1
     return LaunchSettings(
@@ -104,4 +110,5 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> LaunchSetting
                                     minimum=MIN_PREFLIGHT_TIMEOUT_S, maximum=3600),
         sweep_wait_s=_number(env, "SLURMFT_PREFLIGHT_SWEEP_WAIT_S", 60.0, minimum=0, maximum=3600),
         sweep_fresh_s=_number(env, "SLURMFT_PREFLIGHT_SWEEP_FRESH_S", 300.0, minimum=0, maximum=86400),
+        warm_workers=warm_asked is not False,
     )

@@ -20,11 +20,13 @@ only the file's thread). TERM and INT
 are passed to torchrun, which stops its workers; the task exits with torchrun's status. On the
 other nodes than the batch host it also watches the batch host's beat (``orphan``): the batch
 host dead, it requeues the job (Slurm keeps a ``--no-kill`` job running without its batch script).
-When torchrun's workers are warm clients (the launcher's decision: warm workers are on unless
-``SLURMFT_WARM_WORKERS=0``) it also keeps the node's warm server (``slurmft.launch.warm``) for
-them, and stops it when torchrun ends; before it passes a TERM or INT on to torchrun it marks
-the node stopping (``warmtask.mark_stopping``), so that the clients leave that stop's ranks to
-torchrun's own bound instead of killing a frozen one early (``warmclient.StopWatch``).
+When torchrun's workers are warm clients (the launcher's decision, in both modes: warm workers
+are on unless ``SLURMFT_WARM_WORKERS=0``) the task makes the node's warm server's directory and
+tells torchrun's agent to fork the server there (``warmfork``; the agent stops it at its end),
+and removes the directory when torchrun ends; when a TERM or INT comes (passed on to torchrun,
+or Slurm's to torchrun too) it marks the node stopping (``warmtask.mark_stopping``), so that the
+clients leave that stop's ranks to torchrun's own bound instead of killing a frozen one early
+(``warmclient.StopWatch``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from slurmft.launch import beatsend, orphan, relay, spare, warm, warmtask
+from slurmft.launch import beatsend, orphan, relay, spare, warm, warmfork, warmtask
 from slurmft.launch.warmclient import SOCKET_ENV
 from slurmft.rundir import atomic_write_json
 
@@ -76,29 +78,36 @@ def beat_forever(path: Path, stop: threading.Event, period_s: float = ALIVE_PERI
             return seq
 
 
-def _warm_server(argv: list[str]) -> warmtask.NodeServer | None:
-    """This node's warm server when torchrun's workers are its clients (``slurmft.launch.warm``)."""
+def _warm_dir(argv: list[str]) -> tuple[str, int | None] | None:
+    """This node's warm server's directory when torchrun's workers are its clients: torchrun's
+    agent forks the server there (``warmfork``)."""
     try:
         if warm.serves(argv):
-            return warmtask.start_server(os.environ)
-    except (OSError, warm.WarmSettingsError) as exc:   # the clients then run their ranks cold
+            return warmtask.make_dir(os.environ)
+    except OSError as exc:   # the clients then run their ranks cold
         print(f"slurmft.launch.task: no warm server: {exc}", file=sys.stderr, flush=True)
     return None
+
+
+def _torchrun_env(server: tuple[str, int | None] | None) -> dict[str, str] | None:
+    if server is None:
+        return None
+    return {**os.environ, SOCKET_ENV: server[0], warmfork.SERVE_ENV: server[0]}
 
 
 def supervise(argv: list[str], alive: Path) -> int:
     """Run torchrun as a child while beating; return its exit status (128+N for signal N). A
     spare's task (``spare.SPARE_ENV``) starts torchrun only once the launcher made it active."""
     sender = beatsend.take_from(os.environ)  # first: nothing started below sees the token
-    server = _warm_server(argv)
-    env = None if server is None else {**os.environ, SOCKET_ENV: server.path}
+    server = _warm_dir(argv)
+    env = _torchrun_env(server)
     stop, stopping = threading.Event(), threading.Event()
     child: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: object) -> None:
         stopping.set()
         if server is not None:   # first: the ranks this stop reaches keep torchrun's bound
-            warmtask.mark_stopping(server.path)
+            warmtask.mark_stopping(server[0])
         if child and child[0].poll() is None:
             child[0].send_signal(signum)
 
@@ -147,8 +156,8 @@ def supervise(argv: list[str], alive: Path) -> int:
         if restore is not None:
             restore()
         stop.set()
-        if server is not None:
-            warmtask.stop_server(*server)
+        if server is not None:   # torchrun's agent stopped the server it forked
+            warmtask.release(*server)
     beater.join(timeout=5 * ALIVE_PERIOD_S)
     rc = rc if rc >= 0 else 128 - rc
     # The last beat says the task ended by itself: its node is alive (not a node death).
@@ -179,21 +188,28 @@ def run_torchrun(argv: list[str]) -> int:
     """torchrun as a child, USR2 relayed to its workers; its ``Popen.returncode``."""
 
     early: list[int] = []  # a signal that came before torchrun existed to get it too
+    server = _warm_dir(argv)
 
     def outlive(signum: int, frame: object) -> None:
         # torchrun got the same signal: it stops its workers and ends; we pass its status on
+        if server is not None:   # a real stop: its ranks keep torchrun's bound to save
+            warmtask.mark_stopping(server[0])
         early.append(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, outlive)   # reset to the default in torchrun at its exec
-    child = subprocess.Popen(argv)   # inherits USR2 ignored
-    if early:  # it came before the Popen (a step cancelled as it starts): torchrun never heard it
-        child.send_signal(early[0])
-    restore = relay.install(lambda: None if child.returncode is not None else child.pid)
     try:
-        return child.wait()
+        child = subprocess.Popen(argv, env=_torchrun_env(server))   # inherits USR2 ignored
+        if early:  # it came before the Popen (a step cancelled as it starts): torchrun never heard it
+            child.send_signal(early[0])
+        restore = relay.install(lambda: None if child.returncode is not None else child.pid)
+        try:
+            return child.wait()
+        finally:
+            restore()
     finally:
-        restore()
+        if server is not None:   # torchrun's agent stopped the server it forked
+            warmtask.release(*server)
 
 
 def main() -> None:

@@ -73,6 +73,7 @@ IMPORTS_ENV = "SLURMFT_WARM_IMPORTS"
 # ``torch._dynamo`` lazily on the FSDP/DCP path: ~1 s each, measured after the fork otherwise).
 DEFAULT_IMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo",
                    "slurmft.train.run")
+SERVER_NAME = "slurmft-warm"   # its /proc/PID/comm (``warmworker.name_process``)
 REQUEST_READ_S = 10.0
 REAP_POLL_S = 0.2
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -180,13 +181,35 @@ def _validate(req: dict, fds: list[int]) -> str | None:
     return None
 
 
+def listen(path: str) -> socket.socket:
+    """The server's listening socket at ``path``, in a directory private to the node's task
+    (``warmtask.make_dir``): a socket left there by a server that died is replaced."""
+    if os.path.lexists(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(64)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def is_server(pid: int | str) -> bool:
+    """Whether ``pid`` is a node's warm server (forked from its agent, or started on its own)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip() == SERVER_NAME.encode()
+    except OSError:
+        return False
+
+
 class Server:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, sock: socket.socket | None = None) -> None:
         self.path = path
         self.pid = os.getpid()
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(64)
+        self.sock = listen(path) if sock is None else sock
         self.sel = selectors.DefaultSelector()
         self.workers: dict[int, socket.socket] = {}   # pid -> its client's connection
         self.envs: dict[int, dict] = {}     # pid -> its rank's environment (``rankexit``)
@@ -342,15 +365,10 @@ class Server:
             conn.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurmft.launch.warm")
-    parser.add_argument("--socket", required=True)
-    parser.add_argument("--imports", default=",".join(DEFAULT_IMPORTS))
-    args = parser.parse_args(argv)
-    if not Path(args.socket).parent.is_dir():
-        _log(f"no directory for the socket {args.socket}")
-        return 2
-    server = Server(args.socket)   # bound first: clients wait in the backlog while we import
+def run(server: Server, imports: Sequence[str]) -> int:
+    """Import ``imports``, then serve until a TERM and the last worker's end (``Server.serve``).
+    In a fork that becomes a rank it never returns (``warmworker.run``)."""
+    warmworker.name_process(SERVER_NAME)
 
     def stop(signum: int, frame: object) -> None:
         server.stopping = True
@@ -358,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     worker: _BecomeWorker | None = None
     try:
-        problem = prepare([m for m in args.imports.split(",") if m])
+        problem = prepare(imports)
         if problem is not None:   # every client is answered at once, and runs its rank cold
             _log(f"no warm workers on this node: {problem}")
             server.refusing = problem
@@ -376,6 +394,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if worker is not None:   # outside the handler: the rank's own errors carry no server context
         warmworker.run(worker.request, worker.client_pid, worker.mask)   # never returns
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The server as a process of its own (``warmfork``'s fallback, the tests): bound first,
+    clients wait in the backlog while it imports."""
+    parser = argparse.ArgumentParser(prog="python -m slurmft.launch.warm")
+    parser.add_argument("--socket", required=True)
+    parser.add_argument("--imports", default=",".join(DEFAULT_IMPORTS))
+    args = parser.parse_args(argv)
+    if not Path(args.socket).parent.is_dir():
+        _log(f"no directory for the socket {args.socket}")
+        return 2
+    return run(Server(args.socket), [m for m in args.imports.split(",") if m])
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
-"""The node task's side of warm workers (``slurmft.launch.warm``): start this node's server, mark
-the node stopping, stop the server.
+"""The node task's side of warm workers (``slurmft.launch.warm``): the server's directory, the
+node marked stopping.
 
-``start_server`` makes the server's directory (``ownedtmp``: 0700, in ``$TMPDIR`` when a Unix
-socket's path fits there, else ``/tmp``; held by the task's ``flock`` while it lives) and starts
-``python -m slurmft.launch.warm --socket DIR/s``; ``stop_server`` TERMs the server, waits for
-it, and removes the directory. A task killed -9 (a fenced node's step KILL, KillWait's KILL after
-a TERM, the OOM killer) never stops its server: its directory stays until the next server
-started on the node as the same user (``ownedtmp.make``'s sweep). A server draining its workers
+``make_dir`` makes the server's directory (``ownedtmp``: 0700, in ``$TMPDIR`` when a Unix
+socket's path fits there, else ``/tmp``; held by the task's ``flock`` while it lives); the task
+passes the socket's path to torchrun's agent, which forks the server (``warmfork``) and stops
+it at its end; ``release`` then removes the directory. ``start_server``/``stop_server`` start
+and stop one as a process of its own (the tests, the benchmarks). A task killed -9 (a fenced
+node's step KILL, KillWait's KILL after a TERM, the OOM killer) never removes the directory: it
+stays until the next server's is made on the node as the same user (``ownedtmp.make``'s sweep). A server draining its workers
 after a TERM (its listening socket closed) keeps its directory: its task still holds the lock.
 """
 
@@ -34,19 +35,30 @@ class NodeServer(NamedTuple):
     lock_fd: int | None      # the task's hold on its directory (``ownedtmp``)
 
 
-def start_server(env: Mapping[str, str], python: str = sys.executable) -> NodeServer:
-    """Start this node's server."""
+def make_dir(env: Mapping[str, str]) -> tuple[str, int | None]:
+    """This node's server's directory and the task's hold on it: (the socket's path, the lock's
+    fd). The server itself is forked from torchrun's agent (``warmfork``: ``SERVE_ENV``)."""
     base = env.get("TMPDIR") or "/tmp"
     if len(base.encode()) + _NAME_ROOM > _SUN_PATH_MAX or not os.path.isdir(base):
         base = "/tmp"
     sock_dir, lock_fd = ownedtmp.make(DIR_PREFIX, base)
-    path = os.path.join(sock_dir, SOCKET_NAME)
+    return os.path.join(sock_dir, SOCKET_NAME), lock_fd
+
+
+def release(path: str, lock_fd: int | None) -> None:
+    """Remove the server's directory (its agent has stopped it) and let go of the hold on it."""
+    ownedtmp.release(os.path.dirname(path), lock_fd)
+
+
+def start_server(env: Mapping[str, str], python: str = sys.executable) -> NodeServer:
+    """Start a server as a process of its own in a new directory (the tests, the benchmarks)."""
+    path, lock_fd = make_dir(env)
     _, imports = settings(env)
     try:
         proc = subprocess.Popen([python, "-m", "slurmft.launch.warm", "--socket", path,
                                  "--imports", ",".join(imports)], env=dict(env))
     except BaseException:
-        ownedtmp.release(sock_dir, lock_fd)
+        release(path, lock_fd)
         raise
     return NodeServer(proc, path, lock_fd)
 
@@ -64,11 +76,9 @@ def mark_stopping(path: str) -> None:
               flush=True)
 
 
-def stop_server(proc: subprocess.Popen, path: str, lock_fd: int | None = None,
-                timeout_s: float = 10.0) -> None:
-    """TERM the server, wait for it (KILL it after ``timeout_s``), and remove its directory,
-    then let go of the task's hold on it (``lock_fd``: None where ``ownedtmp`` had no ``flock``,
-    or for a directory the caller made)."""
+def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """TERM a server started as a process of its own, wait ``timeout_s`` for it (it waits for
+    its workers), then KILL it; reaped."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -76,4 +86,12 @@ def stop_server(proc: subprocess.Popen, path: str, lock_fd: int | None = None,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout_s)
+
+
+def stop_server(proc: subprocess.Popen, path: str, lock_fd: int | None = None,
+                timeout_s: float = 10.0) -> None:
+    """Stop the server (``stop_process``) and remove its directory, then let go of the hold on
+    it (``lock_fd``: None where ``ownedtmp`` had no ``flock``, or for a directory the caller
+    made)."""
+    stop_process(proc, timeout_s)
     ownedtmp.release(os.path.dirname(path), lock_fd)

@@ -8,6 +8,7 @@ handlers, which run."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import select
@@ -20,6 +21,18 @@ from slurmft.launch import scriptend
 from slurmft.launch import warmclient as proto
 
 WATCH_POLL_S = 0.5
+_PR_SET_NAME = 15
+
+
+def name_process(name: str) -> None:
+    """Set this process's command name (``/proc/PID/comm``, 15 bytes): a node's warm server is
+    found by its own (``warm.is_server``: forked from torchrun's agent, its command line is the
+    agent's), and a worker forked from it takes back the one a cold rank would have."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _watch_client(pid: int) -> None:
@@ -78,6 +91,7 @@ def become_worker(req: dict, client_pid: int, mask: Collection[int] | None = Non
     import types
 
     os.setsid()
+    name_process(os.path.basename(sys.executable))
     ignored = set(req.get("ignored", []))
     for sig in proto.RELAYED:
         if sig == signal.SIGINT and sig not in ignored:

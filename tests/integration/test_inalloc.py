@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from slurmft import exitcodes, journal
-from slurmft.launch import agent
+from slurmft.launch import agent, warm
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import JobState
@@ -107,17 +107,17 @@ def _stall_alive(run, node: str, seconds: float) -> None:
 
 def _kill_warm_worker(cluster, job: TrainJob, node: str) -> int:
     """kill -9 the rank that ``node``'s warm server forked (a crash of the rank process itself:
-    a segfault, the OOM killer), found as the child of that node's server, which is this job's
-    and cluster's (its environment says so); returns its pid."""
+    a segfault, the OOM killer), found as the child of that node's server (``warm.is_server``; forked from the
+    node's torchrun agent), which is this job's and cluster's (its environment, the agent's, says
+    so); returns its pid."""
     mine = [f"SLURM_JOB_ID={job.job_id}".encode(), f"SLURM_CLUSTER_NAME={cluster.cluster_name}".encode(),
             f"SLURMD_NODENAME={node}".encode()]
     for entry in Path("/proc").iterdir():
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv[1:3] == [b"-m", b"slurmft.launch.warm"] and all(v in environ for v in mine):
+        if warm.is_server(entry.name) and all(v in environ for v in mine):
             children = [int(p) for t in (entry / "task").iterdir()
                         for p in (t / "children").read_text().split()]
             assert len(children) == 1, f"{node}'s warm server has children {children}"

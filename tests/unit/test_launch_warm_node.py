@@ -76,41 +76,51 @@ def _four(**env: str):
     return alloc_settings.from_environ(full, identity.from_environ(full)), full
 
 
-def test_warm_workers_are_on_by_default_in_allocation_mode_and_refused_without_it():
+def test_warm_workers_are_on_by_default_in_both_modes_and_off_with_0():
+    from slurmft.launch import identity, settings
     from slurmft.launch.settings import SettingsError
-    assert _four(SLURMFT_SPARE_NODES="1")[0].warm_workers is True
-    assert _four(SLURMFT_IN_ALLOCATION="1")[0].warm_workers is True
-    assert _four(SLURMFT_SPARE_NODES="1", SLURMFT_WARM_WORKERS="1")[0].warm_workers is True
-    assert _four(SLURMFT_SPARE_NODES="1", SLURMFT_WARM_WORKERS="0")[0].warm_workers is False
-    assert _four()[0] is None and _four(SLURMFT_WARM_WORKERS="0")[0] is None   # mode off
-    with pytest.raises(SettingsError, match="SLURMFT_WARM_WORKERS=1 needs in-allocation mode"):
-        _four(SLURMFT_WARM_WORKERS="1")
+
+    def warm_on(**env: str) -> bool:
+        alloc, full = _four(**env)
+        return settings.from_environ(full, identity.from_environ(full)).warm_workers
+
+    assert warm_on() is True and warm_on(SLURMFT_WARM_WORKERS="1") is True   # the requeue path
+    assert warm_on(SLURMFT_WARM_WORKERS="0") is False
+    assert warm_on(SLURMFT_SPARE_NODES="1") is True and warm_on(SLURMFT_IN_ALLOCATION="1") is True
+    assert warm_on(SLURMFT_SPARE_NODES="1", SLURMFT_WARM_WORKERS="0") is False
+    assert _four(SLURMFT_WARM_WORKERS="1")[0] is None   # it does not turn the mode on
+    with pytest.raises(SettingsError, match="SLURMFT_WARM_WORKERS='yes' must be 0 or 1"):
+        warm_on(SLURMFT_WARM_WORKERS="yes")
     with pytest.raises(SettingsError, match="SLURMFT_WARM_IMPORTS"):
-        _four(SLURMFT_IN_ALLOCATION="1", SLURMFT_WARM_IMPORTS="a b")
+        warm_on(SLURMFT_WARM_IMPORTS="a b")
 
 
 def test_the_node_step_runs_the_client_after_no_python_only_when_on():
-    from slurmft.launch import identity, nodesteps, settings
+    from slurmft.launch import identity, nodesteps, rendezvous, settings
     from slurmft.launch.rendezvous import Rendezvous
     rdzv = Rendezvous("n1", 40001, "slurmft-1-0")
+    command = ["-m", "pkg.train", "--x"]
     for on in ("0", "1"):
         alloc, full = _four(SLURMFT_SPARE_NODES="1", SLURMFT_WARM_WORKERS=on)
-        cfg = settings.from_environ(full, identity.from_environ(full))
-        argv = nodesteps.node_argv("n2", rdzv, alloc, cfg, ["-m", "pkg.train", "--x"], python="/py")
-        tail = argv[argv.index("--monitor-interval=0.5") + 1:]
-        task_argv = argv[argv.index("slurmft.launch.task") + 1:]
-        assert warm.serves(task_argv) is (on == "1")   # the node task starts a server only then
-        if on == "1":
-            assert tail == ["--no-python", "/py", "-I", "-S", warmclient.__file__, "--",
-                            "-m", "pkg.train", "--x"]
-        else:
-            assert tail == ["-m", "pkg.train", "--x"]
+        ident = identity.from_environ(full)
+        cfg = settings.from_environ(full, ident)
+        in_alloc = nodesteps.node_argv("n2", rdzv, alloc, cfg, command, python="/py")
+        requeue = rendezvous.step_argv(rdzv, ident, cfg, command, python="/py")
+        for argv, last in ((in_alloc, "--monitor-interval=0.5"), (requeue, "--monitor-interval=1")):
+            tail = argv[argv.index(last) + 1:]
+            task_argv = argv[argv.index("slurmft.launch.task") + 1:]
+            assert warm.serves(task_argv) is (on == "1")   # the node task asks for a server only then
+            if on == "1":
+                assert tail == ["--no-python", "/py", "-I", "-S", warmclient.__file__, "--", *command]
+            else:
+                assert tail == command
 
 
 def test_a_node_task_serves_torchrun_restarts_from_its_warm_server(tmp_path, monkeypatch):
-    """The node's whole chain for real: the task starts the server, torchrun (standalone, two
-    ranks, one restart) starts clients, the ranks are forked warm, form a gloo world, and the
-    restart's ranks are forked again; torchrun's exit status comes back through the task."""
+    """The node's whole chain for real: the task asks torchrun's agent for the server (forked
+    from it: ``warmfork``), torchrun (standalone, two ranks, one restart) starts clients, the
+    ranks are forked warm, form a gloo world, and the restart's ranks are forked again;
+    torchrun's exit status comes back through the task."""
     from slurmft.launch import nodesteps, task
     from slurmft.rundir import RunDir
     out = tmp_path / "out"
@@ -122,8 +132,11 @@ def test_a_node_task_serves_torchrun_restarts_from_its_warm_server(tmp_path, mon
         t = torch.ones(1)
         dist.all_reduce(t)
         with open(os.path.join({str(out)!r}, f"{{attempt}}-{{dist.get_rank()}}"), "w") as f:
-            parent = open(f"/proc/{{os.getppid()}}/cmdline", "rb").read().split(b"\\0")
-            f.write(f"{{os.getppid()}} {{t.item()}} {{b'slurmft.launch.warm' in parent}}")
+            server = open(f"/proc/{{os.getppid()}}/stat").read().rsplit(")", 1)[1].split()[1]
+            agent = open(f"/proc/{{server}}/cmdline", "rb").read().split(b"\\0")
+            comm = open(f"/proc/{{os.getppid()}}/comm").read().strip()
+            f.write(f"{{os.getppid()}} {{t.item()}} {{comm == 'slurmft-warm'}} "
+                    f"{{b'slurmft.launch.agent' in agent}}")
         dist.destroy_process_group()
         sys.exit(1 if attempt == 0 else 0)
     """)
@@ -141,7 +154,8 @@ def test_a_node_task_serves_torchrun_restarts_from_its_warm_server(tmp_path, mon
     assert sorted(results) == ["0-0", "0-1", "1-0", "1-1"]
     servers = {ppid for ppid, *_ in results.values()}
     assert len(servers) == 1                       # every rank of both attempts: one warm server
-    assert all(rest == ["2.0", "True"] for _, *rest in results.values())
+    # ... forked from torchrun's agent (warmfork): torch imported once on the node
+    assert all(rest == ["2.0", "True", "True"] for _, *rest in results.values())
     # the server stopped: its directory gone, and torchrun's log directory with its agent
     assert [n for n in os.listdir(tmp) if n.startswith(("slurmft-warm-", "slurmft-torch"))] == []
     shutil.rmtree(tmp)
