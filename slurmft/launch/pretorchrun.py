@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # runpy runs the module afresh as __main__ (as -m does); its imports stay cached. Left in
     # sys.modules, runpy would warn that it was imported before its execution.
     sys.modules.pop(MODULE, None)
-    server = warmfork.start() if serving else None
+    server = warmfork.start(not_inherited=(int(args[1]),)) if serving else None   # the go pipe
     try:
         if not _wait_for_go(int(args[1])):
             return 0

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import MutableMapping
+from typing import MutableMapping, Sequence
 
 from slurmft.launch import scriptend, warm, warmtask
 
@@ -72,10 +72,12 @@ def _threads() -> int:
         return threading.active_count()
 
 
-def start(environ: MutableMapping[str, str] = os.environ) -> ServerChild | None:
+def start(environ: MutableMapping[str, str] = os.environ,
+          not_inherited: Sequence[int] = ()) -> ServerChild | None:
     """The node's server, when the task asked for one (``SERVE_ENV``, taken out of the
     environment: torchrun's workers are clients, not servers); None otherwise or when it cannot
-    be started (the clients then run their ranks cold, each saying why)."""
+    be started (the clients then run their ranks cold, each saying why). ``not_inherited``: fds
+    of the agent's that the server (and so every rank it forks) must not hold."""
     path = environ.pop(SERVE_ENV, None)
     if not path:
         return None
@@ -85,7 +87,7 @@ def start(environ: MutableMapping[str, str] = os.environ) -> ServerChild | None:
     except warm.WarmSettingsError:   # refused by the launcher at the start: a hand-made environment
         pass
     if threading.active_count() != 1 or _threads() != 1:
-        return _start_apart(path, imports, environ)
+        return _start_apart(path, imports, environ)   # Popen closes the agent's other fds
     try:
         sock = warm.listen(path)
     except OSError as exc:
@@ -99,6 +101,8 @@ def start(environ: MutableMapping[str, str] = os.environ) -> ServerChild | None:
         code = 1
         try:
             _die_with(parent)
+            for fd in not_inherited:
+                os.close(fd)
             code = warm.run(warm.Server(path, sock), imports)
         except BaseException:   # noqa: BLE001
             traceback.print_exc()

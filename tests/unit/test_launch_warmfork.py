@@ -203,3 +203,31 @@ def test_a_server_socket_left_by_a_dead_server_is_replaced(tmp_path):
         assert os.path.exists(path)
     finally:
         second.close()
+
+
+def test_a_spares_torchrun_started_ahead_forks_its_server_before_the_go(tmp_path, node_tmp):
+    """``pretorchrun`` (a hot spare's torchrun, imported and waiting): the server is there while
+    it waits, without the task's go pipe; never activated (EOF), both end."""
+    sock = os.path.join(tempfile.mkdtemp(dir=node_tmp), "s")
+    read_fd, write_fd = os.pipe()
+    env = _env(node_tmp, **{warmfork.SERVE_ENV: sock, "SLURMFT_WARM_SOCKET": sock,
+                            "SLURMFT_WARM_IMPORTS": ""})
+    proc = subprocess.Popen([PY, "-m", "slurmft.launch.pretorchrun", "--go-fd", str(read_fd), "--",
+                             "--standalone", "x.py"], env=env, pass_fds=(read_fd,))
+    os.close(read_fd)
+    try:
+        wait_until("the spare's server", lambda: os.path.exists(sock), WAIT_S)
+        servers = [int(p) for t in os.listdir(f"/proc/{proc.pid}/task")
+                   for p in Path(f"/proc/{proc.pid}/task/{t}/children").read_text().split()]
+        assert len(servers) == 1 and warm.is_server(servers[0])
+        pipes = {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")}
+        held = {os.readlink(f"/proc/{servers[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{servers[0]}/fd")}
+        go = {p for p in pipes if p.startswith("pipe:")}
+        assert go and not go & held   # the go pipe stays the agent's
+        os.close(write_fd)            # the task stopped: no go
+        assert proc.wait(timeout=WAIT_S) == 0
+        wait_until("the server to end", lambda: not Path(f"/proc/{servers[0]}").exists(), 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
