@@ -369,6 +369,9 @@ def test_a_spare_takes_over_long_before_slurm_calls_the_dead_node_down(slow_slur
     assert not seen_by_slurm.down, f"{victim} DOWN already: the recovery cannot be shown independent"
     assert job.state().state is JobState.RUNNING
     assert [(a.get("action"), a.get("nodes")) for a in actions] == [("replace_node", [victim])]
+    # The node rebooted, as a real one comes back: the job's end (its cleanup on every node of
+    # the allocation) then waits for nothing either, not SlurmdTimeout's 120 s (issue 28).
+    cluster.start_node(victim)
 
     states = _wait_running_until_end(job, timeout=300)
     assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
