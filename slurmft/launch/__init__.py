@@ -22,7 +22,7 @@ launcher, which owns the orchestration as small, unit-tested modules:
   one srun step per node; ``liveness`` the nodes' task beats; ``inalloc`` the supervising loop;
   ``inplace`` restarts in place learned from the journal, bounded by progress; ``spare`` a
   spare's task waiting for its place, its torchrun started ahead (``pretorchrun``); ``orphan``
-  the batch host's death seen from the others
+  the batch host's death seen from the others;
   ``warm``/``warmworker``/``warmclient``/``warmfork``/``warmtask`` ranks forked from a warm
   per-node server, itself forked from torchrun's agent (both modes; ``SLURMFT_WARM_WORKERS=0``
   opts out)

@@ -1,17 +1,19 @@
-"""Pre-started ("warm") workers for in-allocation mode (issue 27; on by default there,
+"""Pre-started ("warm") workers (issue 27; on by default in both modes since 2026-11-28,
 ``SLURMFT_WARM_WORKERS=0`` opts out).
 
-A restart inside the allocation makes torchrun start new ranks on every node, and each pays a
-cold start (``import torch`` and the script's imports: most of a restart, docs/performance.md).
-Instead each node's task (``slurmft.launch.task``) starts one warm server,
-``python -m slurmft.launch.warm --socket PATH``: it binds its Unix socket first (a 0700
-directory; a peer of another uid is refused), then imports torch, what every slurmft rank
-imports (``DEFAULT_IMPORTS``) and ``SLURMFT_WARM_IMPORTS``,
+Every start of the ranks (a job's start or requeue, a restart inside the allocation) would make
+each rank pay a cold start (``import torch`` and the script's imports: most of a restart,
+docs/performance.md). Instead each node has one warm server, forked from torchrun's agent after
+the agent's own import of torch (``warmfork``; or ``python -m slurmft.launch.warm --socket PATH``,
+a process of its own, where the agent cannot fork): its Unix socket is bound first (a 0700
+directory the node's task made; a peer of another uid is refused), then it imports what every
+slurmft rank imports (``DEFAULT_IMPORTS``) and ``SLURMFT_WARM_IMPORTS``,
 checks that nothing started a thread or initialised CUDA (torch's own flag, and a CUDA driver
 library ``libcuda.so*`` mapped in the process must say it was not initialised: a module may call
 the driver without torch, :mod:`slurmft.launch.cudafork`; forking then would be unsafe: it refuses
 every client, which runs its rank cold, one log line), moves what it imported out of the
-collector's reach (``gc.freeze``), and serves. torchrun's worker command is the torch-free
+collector's reach (``gc.freeze``), and serves. It names itself ``SERVER_NAME`` (its command line
+is the agent's: ``is_server`` finds it). torchrun's worker command is the torch-free
 client (``slurmft.launch.warmclient``); per client the server forks a worker that
 
   becomes the rank: its own session (torchrun signals a worker's process group), the client's
@@ -31,9 +33,11 @@ process group and journals no crash for it (a stop, like torchrun's own KILL). T
 node stopping (``warmtask.mark_stopping``) before it passes a TERM or INT on to torchrun, so
 that a real stop keeps torchrun's bound.
 
-A TERM (Slurm's to the whole step: a preemption, ``scancel``; or ``warmtask.stop_server``) stops
-the server forking; it exits once its workers ended, as their ranks and clients decide (they
-save first: a server that killed them at its TERM cut a preemption's emergency checkpoint).
+A TERM (Slurm's to the whole step: a preemption, ``scancel``; the agent's at torchrun's end; the
+kernel's when the agent died), or an INT, HUP or QUIT, stops the server forking; it exits once
+its workers ended, as their ranks and clients decide (they save first: a server that killed them
+at its TERM cut a preemption's emergency checkpoint). Before it serves, such a signal ends it at
+once (its imports are not finished for nobody).
 
 The server reaps each worker and sends its status to its client, which exits with it; a crash
 (``rankexit``'s rule) it also journals as ``rank_exit`` at once, for the launcher. What a
@@ -41,14 +45,16 @@ fork cannot give a rank: environment variables read by torch or the pre-imported
 import* take the task's values (torchrun's per-rank variables are all read later), and the
 modules are the ones on the node when the server started.
 
-The task's side (starting, marking and stopping a node's server, and removing what a killed
-task left) is ``warmtask``; ``worker_command`` is what the launcher puts after torchrun's
-``--no-python``.
+The task's side (the server's directory, marking the node stopping, and removing what a killed
+task left) is ``warmtask``, the agent's (forking and stopping it) ``warmfork``;
+``worker_command`` is what the launcher puts after torchrun's ``--no-python``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import errno
 import gc
 import importlib
 import os
@@ -56,6 +62,7 @@ import re
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import threading
@@ -73,6 +80,7 @@ IMPORTS_ENV = "SLURMFT_WARM_IMPORTS"
 # ``torch._dynamo`` lazily on the FSDP/DCP path: ~1 s each, measured after the fork otherwise).
 DEFAULT_IMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint", "torch._dynamo",
                    "slurmft.train.run")
+_PR_SET_PDEATHSIG = 1
 SERVER_NAME = "slurmft-warm"   # its /proc/PID/comm (``warmworker.name_process``)
 REQUEST_READ_S = 10.0
 REAP_POLL_S = 0.2
@@ -85,8 +93,8 @@ class WarmSettingsError(ValueError):
 
 def settings(env: Mapping[str, str]) -> tuple[bool | None, tuple[str, ...]]:
     """(asked for: True for 1, False for 0, None when unset; the modules to pre-import) from the
-    environment; a bad value names its variable. Unset means on in in-allocation mode, the only
-    mode with warm workers (``alloc_settings``; the launcher passes its decision to the tasks)."""
+    environment; a bad value names its variable. Unset means on (``settings.LaunchSettings``;
+    the launcher passes its decision to the tasks in torchrun's worker command: ``serves``)."""
     flag = (env.get(ENABLE_ENV) or "").strip()
     if flag not in ("", "0", "1"):
         raise WarmSettingsError(f"{ENABLE_ENV}={flag!r} must be 0 or 1")
@@ -111,12 +119,17 @@ def worker_command(command: Sequence[str], python: str = sys.executable) -> list
 
 
 def serves(torchrun_argv: Sequence[str]) -> bool:
-    """Whether torchrun's workers are warm clients (``worker_command``): the node task then
-    starts the server. The launcher's argv is the one decision (``SLURMFT_WARM_WORKERS``)."""
+    """Whether torchrun's workers are warm clients (``worker_command``): the node task then asks
+    torchrun's agent for a server (``warmfork``). The launcher's argv is the one decision
+    (``SLURMFT_WARM_WORKERS``)."""
     return proto.__file__ in torchrun_argv
 
 
 # -- the server ----------------------------------------------------------------------------------
+
+class _StoppedEarly(BaseException):
+    """A stop signal while the server still imports: it ends without serving."""
+
 
 class _BecomeWorker(BaseException):
     """Raised in a fresh fork: unwinds the server's frames to ``main``, which runs the rank."""
@@ -183,8 +196,24 @@ def _validate(req: dict, fds: list[int]) -> str | None:
 
 def listen(path: str) -> socket.socket:
     """The server's listening socket at ``path``, in a directory private to the node's task
-    (``warmtask.make_dir``): a socket left there by a server that died is replaced."""
-    if os.path.lexists(path):
+    (``warmtask.make_dir``). A socket left there by a server that died (nobody accepts on it) is
+    replaced; a live server's, or anything not a socket, is an OSError naming the path."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass
+        else:
+            raise OSError(errno.EADDRINUSE, f"a warm server already listens at {path}")
+        finally:
+            probe.close()
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -194,6 +223,28 @@ def listen(path: str) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _identity(path: str) -> tuple[int, int, int] | None:
+    """The file at ``path`` (an inode number is reused at once: its change time tells a later
+    socket of the same number apart)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+def die_with(parent: int) -> None:
+    """Be TERMed by the kernel when ``parent`` (this process's parent, the agent) ends
+    (``PR_SET_PDEATHSIG``: asked from this process's only thread, so it is about the parent's
+    end, not a thread's); a parent already gone TERMs at once."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def is_server(pid: int | str) -> bool:
@@ -210,6 +261,7 @@ class Server:
         self.path = path
         self.pid = os.getpid()
         self.sock = listen(path) if sock is None else sock
+        self.ident = _identity(path)   # close() removes this socket only, never a later server's
         self.sel = selectors.DefaultSelector()
         self.workers: dict[int, socket.socket] = {}   # pid -> its client's connection
         self.envs: dict[int, dict] = {}     # pid -> its rank's environment (``rankexit``)
@@ -223,10 +275,11 @@ class Server:
         for pid in list(self.workers):
             self._kill(pid)
         self.sock.close()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        if self.ident is not None and _identity(self.path) == self.ident:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
 
     def serve(self) -> None:
         """Serve until a TERM (``stopping``), then, forking no more, until every worker ended:
@@ -369,11 +422,19 @@ def run(server: Server, imports: Sequence[str]) -> int:
     """Import ``imports``, then serve until a TERM and the last worker's end (``Server.serve``).
     In a fork that becomes a rank it never returns (``warmworker.run``)."""
     warmworker.name_process(SERVER_NAME)
+    serving = False
 
     def stop(signum: int, frame: object) -> None:
+        # A stop before any worker exists ends the imports too (a torchrun that failed at once,
+        # a spare never activated); after, the server drains: its workers' ends are theirs.
         server.stopping = True
+        if not serving:
+            raise _StoppedEarly()
 
-    signal.signal(signal.SIGTERM, stop)
+    # INT, HUP and QUIT are stops like TERM (Slurm's ``scancel --signal``, srun's Ctrl-C): the
+    # interpreter's own INT would unwind ``serve`` and kill every worker before it could save.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, stop)
     worker: _BecomeWorker | None = None
     try:
         problem = prepare(imports)
@@ -386,9 +447,12 @@ def run(server: Server, imports: Sequence[str]) -> int:
             # it all, ~0.15 CPU-s per rank and each full collection, and dirty every page it
             # touches (copy-on-write). The gc module's own advice for fork without exec.
             gc.freeze()
+        serving = True
         server.serve()
     except _BecomeWorker as become:
         worker = become
+    except _StoppedEarly:
+        _log("stopped before it served")
     finally:
         server.close()
     if worker is not None:   # outside the handler: the rank's own errors carry no server context
@@ -402,11 +466,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurmft.launch.warm")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--imports", default=",".join(DEFAULT_IMPORTS))
+    parser.add_argument("--parent", type=int, default=None,
+                        help="end (TERM) when this process, the server's parent, ends")
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        die_with(args.parent)
     if not Path(args.socket).parent.is_dir():
         _log(f"no directory for the socket {args.socket}")
         return 2
-    return run(Server(args.socket), [m for m in args.imports.split(",") if m])
+    try:
+        server = Server(args.socket)
+    except OSError as exc:
+        _log(f"cannot listen: {exc}")
+        return 2
+    return run(server, [m for m in args.imports.split(",") if m])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The warm-worker client: what torchrun starts as a rank when ``SLURMFT_WARM_WORKERS=1``.
+"""The warm-worker client: what torchrun starts as a rank with warm workers (``SLURMFT_WARM_WORKERS``).
 
 ``python -I -S .../warmclient.py [-m MODULE | SCRIPT] ARGS...`` (standard library only, run by
 path so it imports nothing of slurmft nor site-packages: it starts in tens of milliseconds).
@@ -247,8 +247,9 @@ def signal_worker(pid: int, signum: int) -> None:
 
 
 def _connect(sock: socket.socket, path: str) -> None:
-    """The task starts the server just before torchrun: give it CONNECT_S to bind. A socket
-    that refuses is a dead server's (nobody listens): no wait."""
+    """torchrun's agent binds the server's socket before it forks the server and starts its
+    workers; give a server started as a process of its own CONNECT_S to bind. A socket that
+    refuses is a dead server's (nobody listens): no wait."""
     sock.settimeout(5.0)
     deadline = time.monotonic() + CONNECT_S
     while True:

@@ -19,7 +19,6 @@ starts one at import), a fork is unsafe: the server is started as a process of i
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import os
 import signal
@@ -37,7 +36,6 @@ SERVE_ENV = "SLURMFT_WARM_SERVE"
 FORK_SAFE_ENV = {"OPENBLAS_NUM_THREADS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 STOP_WAIT_S = 10.0
 _POLL_S = 0.05
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -55,7 +53,7 @@ def import_for_fork(module: str, environ: MutableMapping[str, str] = os.environ)
         environ.setdefault(name, value)
     try:
         importlib.import_module(module)
-    except BaseException:   # noqa: BLE001  (reported by torchrun's own start)
+    except Exception:   # noqa: BLE001  (reported by torchrun's own start; a signal's is not caught)
         pass
     finally:
         for name, before in saved.items():
@@ -93,14 +91,19 @@ def start(environ: MutableMapping[str, str] = os.environ,
     except OSError as exc:
         _say(f"cannot listen on {path}: {exc}")
         return None
-    sys.stdout.flush()
-    sys.stderr.flush()
     parent = os.getpid()
-    pid = os.fork()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+    except OSError as exc:   # EAGAIN (a pids limit), ENOMEM: the node's ranks start cold
+        sock.close()
+        _say(f"cannot fork the warm server: {exc}")
+        return None
     if pid == 0:   # the server; never returns into the agent's frames
         code = 1
         try:
-            _die_with(parent)
+            warm.die_with(parent)
             for fd in not_inherited:
                 os.close(fd)
             code = warm.run(warm.Server(path, sock), imports)
@@ -115,25 +118,17 @@ def _start_apart(path: str, imports, environ) -> ServerChild | None:
     _say(f"{_threads()} threads already run here: the warm server starts as a process of its own")
     try:
         proc = subprocess.Popen([sys.executable, "-m", "slurmft.launch.warm", "--socket", path,
-                                 "--imports", ",".join(imports)], env=dict(environ))
+                                 "--imports", ",".join(imports), "--parent", str(os.getpid())],
+                                env=dict(environ))
     except OSError as exc:
         _say(f"cannot start the warm server: {exc}")
         return None
     return ServerChild(proc.pid, proc)
 
 
-def _die_with(parent: int) -> None:
-    """TERM when the agent dies (a fork's own end is the agent's ``stop``)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent:   # it died before the prctl
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def stop(server: ServerChild | None, wait_s: float = STOP_WAIT_S) -> None:
-    """TERM the server, wait ``wait_s`` for it (it waits for its workers), then KILL it; reaped."""
+    """TERM the server, wait ``wait_s`` for it (it waits for its workers), then KILL it and wait
+    as long again; reaped. Never raises: it runs as the agent ends, whose status is torchrun's."""
     if server is None:
         return
     if server.proc is not None:
@@ -143,7 +138,7 @@ def stop(server: ServerChild | None, wait_s: float = STOP_WAIT_S) -> None:
         os.kill(server.pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
-    deadline = time.monotonic() + wait_s
+    deadline, killed = time.monotonic() + wait_s, False
     while True:
         try:
             done, _ = os.waitpid(server.pid, os.WNOHANG)
@@ -152,13 +147,15 @@ def stop(server: ServerChild | None, wait_s: float = STOP_WAIT_S) -> None:
         if done:
             return
         if time.monotonic() >= deadline:
+            if killed:   # unkillable (blocked in the kernel: a hung filesystem): not waited on
+                _say(f"the warm server {server.pid} did not end after its KILL: left")
+                return
             _say(f"the warm server {server.pid} did not end {wait_s:g} s after its TERM: killed")
             try:
                 os.kill(server.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            os.waitpid(server.pid, 0)
-            return
+            killed, deadline = True, time.monotonic() + wait_s
         time.sleep(_POLL_S)
 
 

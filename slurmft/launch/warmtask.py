@@ -7,8 +7,10 @@ passes the socket's path to torchrun's agent, which forks the server (``warmfork
 it at its end; ``release`` then removes the directory. ``start_server``/``stop_server`` start
 and stop one as a process of its own (the tests, the benchmarks). A task killed -9 (a fenced
 node's step KILL, KillWait's KILL after a TERM, the OOM killer) never removes the directory: it
-stays until the next server's is made on the node as the same user (``ownedtmp.make``'s sweep). A server draining its workers
-after a TERM (its listening socket closed) keeps its directory: its task still holds the lock.
+stays until the next server's is made on the node as the same user (``ownedtmp.make``'s sweep).
+The task removes the directory once torchrun's agent has ended: a server still draining its
+workers then (its agent killed) keeps serving them over their open connections; only a new
+client could not reach it, and none comes (torchrun is gone).
 """
 
 from __future__ import annotations
@@ -78,14 +80,18 @@ def mark_stopping(path: str) -> None:
 
 def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
     """TERM a server started as a process of its own, wait ``timeout_s`` for it (it waits for
-    its workers), then KILL it; reaped."""
+    its workers), then KILL it and wait as long again; never raises."""
     if proc.poll() is None:
         proc.terminate()
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=timeout_s)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:   # blocked in the kernel: not waited on
+                print(f"slurmft.launch.warm: server {proc.pid} did not end after its KILL",
+                      file=sys.stderr, flush=True)
 
 
 def stop_server(proc: subprocess.Popen, path: str, lock_fd: int | None = None,

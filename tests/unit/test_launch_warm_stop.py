@@ -156,15 +156,19 @@ def test_a_rank_on_a_node_being_stopped_keeps_torchruns_bound(srv, tmp_path):
         os.unlink(warmclient.stopping_marker(srv.path))
 
 
-def test_a_term_to_the_whole_step_leaves_the_ranks_to_save(tmp_path):
+@pytest.mark.parametrize("to_server", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_term_to_the_whole_step_leaves_the_ranks_to_save(tmp_path, to_server):
     """Slurm's TERM (a preemption, scancel) reaches every process of the step: the server too.
     It forks no more, but its ranks save and end as they decide (it used to kill them at once:
-    the client then said it lost the server and exited 1)."""
+    the client then said it lost the server and exited 1). An INT or HUP reaching the server
+    (``scancel --signal``, srun's Ctrl-C) is the same stop (an INT used to unwind it and kill
+    every worker)."""
     server = Srv("json")
     try:
         script = _script(tmp_path, SAVES)
         handler, worker = _torchrun_starts(server, script, tmp_path)
-        for pid in (server.proc.pid, handler.proc.pid, worker):
+        os.kill(server.proc.pid, to_server)
+        for pid in (handler.proc.pid, worker):
             os.kill(pid, signal.SIGTERM)
         assert _keeps_running(worker, 2.0)
         Path(f"{tmp_path / 'ready'}.release").write_text("")

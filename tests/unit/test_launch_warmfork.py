@@ -6,13 +6,16 @@ task with a restart is test_launch_warm_node.py's."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,8 @@ WAIT_S = 120.0
 pytestmark = pytest.mark.timeout(240)
 
 # Each rank writes: its pid, its server's pid, the server's comm, whether the server's argv is the
-# agent's (forked from it), and the all-reduce's result.
+# agent's (forked from it), the all-reduce's result, and whether its environment is the task's
+# (nothing of the agent's request for a server nor of the server's fork-safe import in it).
 RANK = """
     import os, sys, time, torch, torch.distributed as dist
     out = sys.argv[1]
@@ -35,9 +39,11 @@ RANK = """
     dist.all_reduce(t)
     server = os.getppid()
     argv = open(f"/proc/{server}/cmdline", "rb").read().split(b"\\0")
+    leaked = [v for v in ("SLURMFT_WARM_SERVE", "OPENBLAS_NUM_THREADS",
+                          "PYTORCH_NVML_BASED_CUDA_CHECK") if v in os.environ]
     with open(os.path.join(out, f"rank{dist.get_rank()}"), "w") as f:
         f.write(f"{os.getpid()} {server} {open(f'/proc/{server}/comm').read().strip()} "
-                f"{argv[1:3] == [b'-m', b'slurmft.launch.agent']} {t.item()}")
+                f"{argv[1:3] == [b'-m', b'slurmft.launch.agent']} {t.item()} {leaked == []}")
     dist.destroy_process_group()
 """
 
@@ -63,6 +69,14 @@ def node_tmp(monkeypatch):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie nobody reaped yet (an orphan's reaper is the host's)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def _ours(tmp: str) -> list[str]:
     """What slurmft left in the node's TMPDIR (torch's own inductor cache is torch's)."""
     return [n for n in os.listdir(tmp) if n.startswith("slurmft-")]
@@ -85,7 +99,7 @@ def test_the_requeue_paths_ranks_are_forked_from_a_server_forked_from_the_agent(
     assert sorted(ranks) == ["rank0", "rank1"]
     servers = {server for _pid, server, *_ in ranks.values()}
     assert len(servers) == 1                           # one server for the node's two ranks
-    assert all(rest == ["slurmft-warm", "True", "2.0"] for _p, _s, *rest in ranks.values())
+    assert all(rest == ["slurmft-warm", "True", "2.0", "True"] for _p, _s, *rest in ranks.values())
     assert done.stderr.count("forked warm as pid") == 2
     # the server ended with its agent; its directory and torchrun's went with the task
     assert not Path(f"/proc/{servers.pop()}").exists()
@@ -149,8 +163,7 @@ def test_the_server_ends_when_its_agent_is_killed(tmp_path, node_tmp):
         proc.kill()
         proc.wait()
         wait_until("the server and its workers to end",
-                   lambda: not any(Path(f"/proc/{pid}").exists() for pid in
-                                   (server, *(r[1] for r in ranks))), 30)
+                   lambda: all(_gone(pid) for pid in (server, *(r[1] for r in ranks))), 30)
     finally:
         for pgid in (proc.pid, *(r[1] for r in ranks)):   # the workers run in sessions of their own
             try:
@@ -181,7 +194,7 @@ def test_an_agent_with_a_thread_starts_its_server_apart(tmp_path, node_tmp):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the warm server starts as a process of its own" in done.stderr
     ranks = [p.read_text().split() for p in out.iterdir()]
-    assert len(ranks) == 2 and all(r[2:] == ["slurmft-warm", "False", "2.0"] for r in ranks)
+    assert len(ranks) == 2 and all(r[2:] == ["slurmft-warm", "False", "2.0", "True"] for r in ranks)
     assert not Path(f"/proc/{ranks[0][1]}").exists()   # stopped at the agent's end
 
 
@@ -215,19 +228,102 @@ def test_a_spares_torchrun_started_ahead_forks_its_server_before_the_go(tmp_path
     proc = subprocess.Popen([PY, "-m", "slurmft.launch.pretorchrun", "--go-fd", str(read_fd), "--",
                              "--standalone", "x.py"], env=env, pass_fds=(read_fd,))
     os.close(read_fd)
+    go = None
     try:
-        wait_until("the spare's server", lambda: os.path.exists(sock), WAIT_S)
-        servers = [int(p) for t in os.listdir(f"/proc/{proc.pid}/task")
-                   for p in Path(f"/proc/{proc.pid}/task/{t}/children").read_text().split()]
-        assert len(servers) == 1 and warm.is_server(servers[0])
-        pipes = {os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")}
-        held = {os.readlink(f"/proc/{servers[0]}/fd/{fd}") for fd in os.listdir(f"/proc/{servers[0]}/fd")}
-        go = {p for p in pipes if p.startswith("pipe:")}
-        assert go and not go & held   # the go pipe stays the agent's
+        wait_until("the spare's agent holding its go pipe",
+                   lambda: os.path.exists(f"/proc/{proc.pid}/fd/{read_fd}"), WAIT_S)
+        go = os.readlink(f"/proc/{proc.pid}/fd/{read_fd}")
+
+        def servers() -> list[int]:
+            kids = [int(p) for t in os.listdir(f"/proc/{proc.pid}/task")
+                    for p in Path(f"/proc/{proc.pid}/task/{t}/children").read_text().split()]
+            return [k for k in kids if warm.is_server(k)]
+
+        def holds_go(pid: int) -> bool:
+            try:
+                return any(os.readlink(f"/proc/{pid}/fd/{fd}") == go for fd in os.listdir(f"/proc/{pid}/fd"))
+            except OSError:
+                return True
+
+        wait_until("the spare's server, named and without the go pipe",
+                   lambda: len(servers()) == 1 and not holds_go(servers()[0]), WAIT_S)
+        server = servers()[0]
         os.close(write_fd)            # the task stopped: no go
+        write_fd = None
         assert proc.wait(timeout=WAIT_S) == 0
-        wait_until("the server to end", lambda: not Path(f"/proc/{servers[0]}").exists(), 30)
+        wait_until("the server to end", lambda: _gone(server), 30)
+    finally:
+        if write_fd is not None:
+            os.close(write_fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stop_before_the_server_serves_ends_it_at_once(tmp_path):
+    """A TERM while the server still imports (torchrun failed at once, a spare never activated):
+    it ends without finishing them, its socket removed."""
+    path = str(tmp_path / "s")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "slow_import_for_test.py").write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([PY, "-m", "slurmft.launch.warm", "--socket", path, "--imports",
+                             "json,slow_import_for_test"], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(site)})
+    try:
+        wait_until("the server's socket", lambda: os.path.exists(path), WAIT_S)
+        time.sleep(0.5)
+        started = time.monotonic()
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - started < 20 and proc.returncode == 0, err
+        assert "stopped before it served" in err and not os.path.exists(path)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_fork_that_fails_leaves_the_nodes_ranks_cold(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+
+    def no_fork() -> int:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(warmfork, "_threads", lambda: 1)
+    monkeypatch.setattr(warmfork.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(warmfork.os, "fork", no_fork)
+    assert warmfork.start({warmfork.SERVE_ENV: path}) is None
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with pytest.raises(ConnectionRefusedError):   # a client runs its rank cold at once
+        probe.connect(path)
+    probe.close()
+
+
+def test_a_live_servers_socket_or_another_file_is_never_replaced(tmp_path):
+    path = str(tmp_path / "s")
+    live = warm.listen(path)
+    try:
+        with pytest.raises(OSError, match="already listens"):
+            warm.listen(path)
+    finally:
+        live.close()
+    other = tmp_path / "f"
+    other.write_text("a user's file")
+    with pytest.raises(OSError, match="not a socket"):
+        warm.listen(str(other))
+    assert other.read_text() == "a user's file"
+
+
+def test_a_server_ending_late_leaves_a_later_servers_socket(tmp_path):
+    path = str(tmp_path / "s")
+    old = warm.Server(path)
+    old.sock.close()                # it died without removing it (or is still importing)
+    time.sleep(0.05)                # a later start: the file's times are a clock tick apart
+    new = warm.Server(path)         # a later one takes the path (often the same inode number)
+    try:
+        old.close()                 # the old one's end, late
+        assert os.path.exists(path)
+    finally:
+        new.close()
+    assert not os.path.exists(path)
