@@ -113,6 +113,13 @@ def settings(env: Mapping[str, str]) -> tuple[bool | None, tuple[str, ...]]:
     return (None if not flag else flag == "1"), tuple(dict.fromkeys((*DEFAULT_IMPORTS, *extra)))
 
 
+def server_argv(path: str, imports: Sequence[str], python: str = sys.executable,
+                parent: int | None = None) -> list[str]:
+    """The command of a server started as a process of its own (``main``)."""
+    return [python, "-m", "slurmft.launch.warm", "--socket", path, "--imports", ",".join(imports),
+            *(["--parent", str(parent)] if parent is not None else [])]
+
+
 def worker_command(command: Sequence[str], python: str = sys.executable) -> list[str]:
     """torchrun's worker after ``--no-python``: the client, by path, isolated and site-free."""
     return [python, "-I", "-S", proto.__file__, "--", *command]
@@ -143,7 +150,8 @@ def _log(msg: str) -> None:
     print(f"slurmft warm server[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
 
 
-def _native_threads() -> int:
+def native_threads() -> int:
+    """This process's threads as the kernel counts them (a library's native ones too)."""
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
@@ -163,9 +171,9 @@ def prepare(imports: Sequence[str]) -> str | None:
             importlib.import_module(name)
         except Exception as exc:   # any import error: no warm workers on this node
             return f"import {name} failed: {type(exc).__name__}: {exc}"
-    if threading.active_count() != 1 or _native_threads() != 1:
+    if threading.active_count() != 1 or native_threads() != 1:
         return (f"the imports started threads ({threading.active_count()} Python, "
-                f"{_native_threads()} native): forking would be unsafe")
+                f"{native_threads()} native): forking would be unsafe")
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and cuda.is_initialized():

@@ -63,11 +63,7 @@ def import_for_fork(module: str, environ: MutableMapping[str, str] = os.environ)
                 environ[name] = before
 
 
-def _threads() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
+_threads = warm.native_threads
 
 
 def start(environ: MutableMapping[str, str] = os.environ,
@@ -117,8 +113,7 @@ def start(environ: MutableMapping[str, str] = os.environ,
 def _start_apart(path: str, imports, environ) -> ServerChild | None:
     _say(f"{_threads()} threads already run here: the warm server starts as a process of its own")
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "slurmft.launch.warm", "--socket", path,
-                                 "--imports", ",".join(imports), "--parent", str(os.getpid())],
+        proc = subprocess.Popen(warm.server_argv(path, imports, parent=os.getpid()),
                                 env=dict(environ))
     except OSError as exc:
         _say(f"cannot start the warm server: {exc}")

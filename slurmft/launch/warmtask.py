@@ -22,6 +22,7 @@ from typing import Mapping, NamedTuple
 
 from slurmft.launch import ownedtmp
 from slurmft.launch import warmclient as proto
+from slurmft.launch import warm
 from slurmft.launch.warm import settings
 
 _SUN_PATH_MAX = 108   # bytes, the terminating NUL included
@@ -57,8 +58,7 @@ def start_server(env: Mapping[str, str], python: str = sys.executable) -> NodeSe
     path, lock_fd = make_dir(env)
     _, imports = settings(env)
     try:
-        proc = subprocess.Popen([python, "-m", "slurmft.launch.warm", "--socket", path,
-                                 "--imports", ",".join(imports)], env=dict(env))
+        proc = subprocess.Popen(warm.server_argv(path, imports, python), env=dict(env))
     except BaseException:
         release(path, lock_fd)
         raise
