@@ -30,6 +30,7 @@ def _preemptions(job):
     return job.events(["preemption"])
 
 
+@pytest.mark.mostly_waits  # ~220 s of 3.5 s step sleeps and Slurm's signal window, ~65 CPU-s
 @pytest.mark.timeout(1200)
 def test_usr2_by_hand_then_the_time_limit_signal_save_requeue_and_resume_bit_for_bit(slurm_cluster, tmp_path):
     # USR2 60 s before a 3 min limit, which Slurm may send up to 60 s early (sbatch(1) --signal:

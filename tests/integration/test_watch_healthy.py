@@ -53,6 +53,7 @@ def _finished_untouched(job, watcher, context, timeout: float):
     return events
 
 
+@pytest.mark.mostly_waits  # ~300 s of sleeping steps, load and save, ~25 CPU-s
 @pytest.mark.timeout(900)
 def test_slow_steps_a_slow_load_and_a_slow_save_with_the_default_heartbeat_cadence_are_waited_for(
         slurm_cluster, tmp_path):
