@@ -18,9 +18,9 @@ it with a seed it prints: ``--randomly-seed=N`` repeats an order, ``-p no:random
 keeps the file order), then the tests are sorted by their bound, longest first (their
 ``timeout`` mark; unmarked ones count as UNMARKED_BOUND_S; a ``mostly_waits`` one as if it were
 MOSTLY_WAITS_BOUND_S): xdist hands tests out in that order, so the long ones start early instead
-of ending the run alone, and the long ones that only sleep do not all start at once. Tests that share a module-scoped
-fixture of their own module (an expensive world built once) are put in one xdist group: one
-worker builds it once.
+of ending the run alone, and the long ones that only sleep do not all start at once. Tests that
+share a module-scoped fixture of their own module (an expensive world built once) are put in one
+xdist group: one worker builds it once.
 tests/integration/conftest.py has the rules an integration test follows under xdist.
 """
 

@@ -23,7 +23,6 @@ from typing import Mapping, NamedTuple
 from slurmft.launch import ownedtmp
 from slurmft.launch import warmclient as proto
 from slurmft.launch import warm
-from slurmft.launch.warm import settings
 
 _SUN_PATH_MAX = 108   # bytes, the terminating NUL included
 DIR_PREFIX = "slurmft-warm-"
@@ -56,7 +55,7 @@ def release(path: str, lock_fd: int | None) -> None:
 def start_server(env: Mapping[str, str], python: str = sys.executable) -> NodeServer:
     """Start a server as a process of its own in a new directory (the tests, the benchmarks)."""
     path, lock_fd = make_dir(env)
-    _, imports = settings(env)
+    _, imports = warm.settings(env)
     try:
         proc = subprocess.Popen(warm.server_argv(path, imports, python), env=dict(env))
     except BaseException:
