@@ -1,7 +1,7 @@
 """Chaos soak: effective training time under failure (ETTR) of one long run on its own devcluster.
 
-    python benchmarks/soak.py [--minutes 30] [--fault-every 180] [--seed 1] [--spares K] [--dir DIR]
-        [--cpu-cap CPUS] [--json]
+    python benchmarks/soak.py [--minutes 30] [--fault-every 180] [--seed 1] [--spares K [--refill]]
+        [--dir DIR] [--cpu-cap CPUS] [--json]
 
 Brings up a 4-node devcluster (root; Debian's Slurm, slurmdbd, munge, MariaDB) and:
 
@@ -11,7 +11,9 @@ Brings up a 4-node devcluster (root; Debian's Slurm, slurmdbd, munge, MariaDB) a
    trains for about --minutes;
 2. submits the run through sbatch_templates/train.sbatch on 3 nodes (--nodes=3-4; with
    --spares K: in-allocation mode, `--nodes=3+K --no-kill` and SLURMFT_SPARE_NODES=K, on a
-   devcluster of 3+K+2 nodes, so that a requeue that excludes a dead node still fits) with
+   devcluster of 3+K+2 nodes, so that a requeue that excludes a dead node still fits; with
+   --refill: SLURMFT_SPARE_REFILL=1, spares from outside the allocation once the job's own are
+   used, on a devcluster of 3+K+2+REFILL_NODES nodes: every node a fault broke stays fenced) with
    `slurmft watch` beside it, and injects faults drawn at random from the six classes of
    slurmft.chaos.faults (node death, hang, failing health check, corrupted newest checkpoint,
    crash, time-limit signal), exponentially spaced with mean --fault-every seconds; a fault due
@@ -82,10 +84,16 @@ RECOVERY_TIMEOUT_S = 300
 PROGRESS_TIMEOUT_S = 300
 
 
-def job_shape(spares: int) -> tuple[int, str, list[str], dict[str, str]]:
+REFILL_NODES = 4
+
+
+def job_shape(spares: int, refill: bool = False) -> tuple[int, str, list[str], dict[str, str]]:
     """Devcluster nodes, the job's --nodes, extra sbatch options and launcher settings."""
     if not spares:
         return NODES, JOB_NODES, [], {}
+    if refill:
+        return (RANKS + spares + 2 + REFILL_NODES, str(RANKS + spares), ["--no-kill"],
+                {"SLURMFT_SPARE_NODES": str(spares), "SLURMFT_SPARE_REFILL": "1"})
     # Two nodes to spare besides: a requeue that excludes a node the launcher fenced must still
     # find RANKS + spares nodes while the sweeper's fault keeps another drained (with one, the
     # 15-minute soak of 2026-11-26 waited for ever: n1 drained, n4 excluded, 3 of the 4 needed).
@@ -141,9 +149,9 @@ def final_weights_equal(work: Path, run: Path, reference: Path, step: int) -> bo
 
 class Soak:
     def __init__(self, work: Path, minutes: float, fault_every: float, seed: int,
-                 spares: int = 0, cpu_cap: float | None = None) -> None:
+                 spares: int = 0, cpu_cap: float | None = None, refill: bool = False) -> None:
         self.work, self.minutes, self.fault_every = work, minutes, fault_every
-        self.spares, self.cpu_cap = spares, cpu_cap
+        self.spares, self.cpu_cap, self.refill = spares, cpu_cap, refill
         self.cap: Cap | None = None
         self.rng = random.Random(seed)
         self.run_dir = RunDir(work / "run")
@@ -162,7 +170,7 @@ class Soak:
                 "--steps", str(steps), "--ckpt-every", str(calib["ckpt_every"])]
         log(f"calibrated: {calib['step_s']:.3f} s/step, checkpoint cost {calib['ckpt_cost_s']:.3f} s "
             f"-> every {calib['ckpt_every']} steps; {steps} steps")
-        nodes, job_nodes, options, settings = job_shape(self.spares)
+        nodes, job_nodes, options, settings = job_shape(self.spares, self.refill)
         if self.cpu_cap is not None:
             self.cap = cap_self(self.cpu_cap, f"slurmft-soak-{os.getpid()}")
             log(f"the devcluster, its job and this driver are capped at {self.cpu_cap} CPU "
@@ -254,7 +262,7 @@ class Soak:
             return (o.back_s or 0.0) + (o.lost_steps or 0) * calib["step_s"]
         return {
             "minutes": self.minutes, "fault_every_s": self.fault_every, "steps": steps,
-            "spares": self.spares, "cpu_cap": self.cpu_cap,
+            "spares": self.spares, "refill": self.refill, "cpu_cap": self.cpu_cap,
             "recovered_in_allocation": sum(o.where == "allocation" for o in outcomes),
             "step_s": calib["step_s"], "ckpt_cost_s": calib["ckpt_cost_s"],
             "ckpt_every_steps": calib["ckpt_every"], "wall_s": wall_s,
@@ -313,7 +321,8 @@ def render(r: dict) -> str:
         return "-" if v is None else fmt.format(v)
     spares = r.get("spares", 0)
     lines = [f"# Chaos soak: {r['minutes']:g} min, one fault every {r['fault_every_s']:g} s on "
-             f"average, {spares} hot spare(s)" + (" (in-allocation mode)" if spares else ""), "",
+             f"average, {spares} hot spare(s)" + (" (in-allocation mode)" if spares else "")
+             + (", refilled from outside the allocation" if r.get("refill") else ""), "",
              "| metric | value |", "|---|---|",
              f"| ETTR | {num(r['ettr'], '{:.3f}')} (target >= {0.95 if spares else 0.90}) |",
              f"| faults | {r['faults']} (one every {num(r['fault_interval_s_mean'], '{:.0f}')} s), "
@@ -341,6 +350,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--spares", type=int, default=0,
                    help="hot spare nodes (in-allocation mode, issue 27); 0: the requeue path only")
+    p.add_argument("--refill", action="store_true",
+                   help="with --spares: SLURMFT_SPARE_REFILL=1, spare jobs from outside the allocation")
     p.add_argument("--dir", type=Path, help="work dir (default: a new temp dir)")
     p.add_argument("--cpu-cap", type=float, metavar="CPUS",
                    help="run the devcluster and its job in a cgroup allowed CPUS CPUs (root)")
@@ -355,6 +366,9 @@ def main() -> int:
     if not 0 <= args.spares <= 2:
         print(f"soak: --spares {args.spares}: must be 0, 1 or 2", file=sys.stderr)
         return 1
+    if args.refill and not args.spares:
+        print("soak: --refill needs --spares 1 or 2", file=sys.stderr)
+        return 1
     if args.cpu_cap is not None:
         try:
             check(args.cpu_cap)
@@ -367,7 +381,7 @@ def main() -> int:
     except OSError as exc:
         print(f"soak: --dir {work}: {exc.strerror}", file=sys.stderr)
         return 1
-    soak = Soak(work, args.minutes, args.fault_every, args.seed, args.spares, args.cpu_cap)
+    soak = Soak(work, args.minutes, args.fault_every, args.seed, args.spares, args.cpu_cap, args.refill)
 
     def terminated(signum, frame):
         raise KeyboardInterrupt(signal.Signals(signum).name)

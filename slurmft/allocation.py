@@ -12,7 +12,12 @@ The contract (issue 27, decided between the lanes)::
 
     {"version": 1, "job_id": "<array-aware id>", "generation": G, "active": [nodes...],
      "spares": [nodes...], "fenced": [{"node": n, "cause": c, "time": epoch_s,
-     "evidence": [...]}], "min_nodes": M}
+     "evidence": [...]}], "min_nodes": M,
+     "spare_jobs": [{"job_id": "<id>", "node": "<node, or empty while it waits in the queue>"}]}
+
+``spare_jobs`` (optional) are the one-node jobs the launcher asked Slurm for once the job's own
+spares were used (``slurmft.launch.refill``): a running one's node is among ``spares`` (or, once
+it took a place, ``active``) though it is not in the job's own allocation.
 
 torch-free and Slurm-free: both sides import it.
 """
@@ -50,6 +55,14 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class SpareJob:
+    """A spare from outside the allocation: its own one-node job, and its node once it runs."""
+
+    job_id: str
+    node: str = ""
+
+
+@dataclass(frozen=True)
 class Allocation:
     job_id: str
     generation: int
@@ -57,6 +70,15 @@ class Allocation:
     spares: tuple[str, ...] = ()
     fenced: tuple[Fence, ...] = ()
     min_nodes: int | None = None
+    spare_jobs: tuple[SpareJob, ...] = ()
+
+    @property
+    def spare_job_ids(self) -> frozenset[str]:
+        return frozenset(j.job_id for j in self.spare_jobs)
+
+    def spare_job_of(self, node: str) -> str | None:
+        """The spare job whose allocation ``node`` is (None: the training job's own node)."""
+        return next((j.job_id for j in self.spare_jobs if j.node == node), None)
 
     @property
     def fenced_nodes(self) -> tuple[str, ...]:
@@ -68,11 +90,14 @@ class Allocation:
         return self.job_id in ({ids} if isinstance(ids, str) else set(ids))
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": VERSION, "job_id": self.job_id, "generation": self.generation,
-                "active": list(self.active), "spares": list(self.spares),
-                "fenced": [{"node": f.node, "cause": f.cause, "time": f.time,
-                            "evidence": list(f.evidence)} for f in self.fenced],
-                "min_nodes": self.min_nodes}
+        out = {"version": VERSION, "job_id": self.job_id, "generation": self.generation,
+               "active": list(self.active), "spares": list(self.spares),
+               "fenced": [{"node": f.node, "cause": f.cause, "time": f.time,
+                           "evidence": list(f.evidence)} for f in self.fenced],
+               "min_nodes": self.min_nodes}
+        if self.spare_jobs:   # only with SLURMFT_SPARE_REFILL: the record is otherwise as before
+            out["spare_jobs"] = [{"job_id": j.job_id, "node": j.node} for j in self.spare_jobs]
+        return out
 
 
 def _node(value: Any, field: str) -> str:
@@ -117,6 +142,32 @@ def _fence(value: Any, index: int) -> Fence:
                                 for i, e in enumerate(evidence[:MAX_EVIDENCE])))
 
 
+def _job_id(value: Any, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value) \
+            or len(str(value)) > 64:
+        raise AllocationError(f"allocation.json: {field} is not a job id: {numbers.shown(value)}")
+    return str(value)
+
+
+def _spare_jobs(record: Mapping[str, Any]) -> tuple[SpareJob, ...]:
+    value = record.get("spare_jobs", [])
+    if not isinstance(value, list) or len(value) > MAX_NODES:
+        raise AllocationError("allocation.json: spare_jobs must be a list")
+    jobs = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise AllocationError(f"allocation.json: spare_jobs[{i}] must be an object")
+        node = item.get("node", "")
+        jobs.append(SpareJob(_job_id(item.get("job_id"), f"spare_jobs[{i}].job_id"),
+                             "" if node == "" else _node(node, f"spare_jobs[{i}].node")))
+    if len({j.job_id for j in jobs}) != len(jobs):
+        raise AllocationError("allocation.json: spare_jobs names a job twice")
+    placed = [j.node for j in jobs if j.node]
+    if len(set(placed)) != len(placed):
+        raise AllocationError("allocation.json: spare_jobs names a node twice")
+    return tuple(jobs)
+
+
 def parse(record: Any) -> Allocation:
     """The record as an ``Allocation``, every field checked (``AllocationError`` names the first
     that is wrong). A newer version is refused, not guessed at."""
@@ -129,9 +180,7 @@ def parse(record: Any) -> Allocation:
     if version > VERSION:
         raise AllocationError(f"allocation.json: version {version} is newer than this slurmft "
                               f"reads ({VERSION})")
-    job = record.get("job_id")
-    if isinstance(job, bool) or not isinstance(job, (str, int)) or not str(job) or len(str(job)) > 64:
-        raise AllocationError(f"allocation.json: job_id is not a job id: {numbers.shown(job)}")
+    job = _job_id(record.get("job_id"), "job_id")
     generation = numbers.count(record.get("generation"))
     if generation is None:
         raise AllocationError("allocation.json: generation is not a count: "
@@ -145,8 +194,9 @@ def parse(record: Any) -> Allocation:
     active, spares = _nodes(record, "active"), _nodes(record, "spares")
     if set(active) & set(spares):
         raise AllocationError("allocation.json: a node is both active and a spare")
-    return Allocation(job_id=str(job), generation=generation, active=active, spares=spares,
-                      fenced=tuple(_fence(f, i) for i, f in enumerate(fenced)), min_nodes=min_nodes)
+    return Allocation(job_id=job, generation=generation, active=active, spares=spares,
+                      fenced=tuple(_fence(f, i) for i, f in enumerate(fenced)), min_nodes=min_nodes,
+                      spare_jobs=_spare_jobs(record))
 
 
 def read(run_dir: RunDir) -> Allocation | None:

@@ -32,6 +32,7 @@ CLAIM = "claim.json"  # which job (array task) runs in the run dir now (slurmft.
 # watcher and status; parsed by slurmft.allocation.
 ALLOCATION = "allocation.json"
 ALIVE = "alive"  # in-allocation mode: each node's task beats here every second (slurmft.launch.task)
+SPARES = "spares"  # in-allocation mode: the spare jobs' batch script and logs (slurmft.launch.refill)
 STEP_PREFIX = "step_"
 TMP_MARK = ".tmp-"
 STEP_DIGITS = 9
@@ -110,6 +111,11 @@ class RunDir:
     @property
     def allocation(self) -> Path:
         return self.root / ALLOCATION
+
+    @property
+    def spares(self) -> Path:
+        """The spare jobs' batch script and logs (in-allocation mode's refill)."""
+        return self.root / SPARES
 
     def alive(self, node: str) -> Path:
         return self.root / ALIVE / f"{node}.json"

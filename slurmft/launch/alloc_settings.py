@@ -12,6 +12,10 @@ launcher gives up with 86 before anything is started).
                             node drained, DOWN or FAILed while its task still beats
                             (``nodestate``; 10, at least 2: one query of the controller each)
   SLURMFT_ALLOC_RESTARTS    restarts in place without checkpoint progress before exit 86 (3)
+  SLURMFT_SPARE_REFILL=1    once fewer than K spares wait, ask Slurm for one-node spare jobs
+                            outside the allocation (``refill``; 0 by default: they are charged
+                            to the user's share)
+  SLURMFT_SPARE_SBATCH      those jobs' own sbatch options (``--exclusive`` by default)
 
 Warm workers (``SLURMFT_WARM_WORKERS``) are the launcher's setting in both modes (``settings``).
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from slurmft.launch import refill
 from slurmft.launch.identity import JobIdentity
 from slurmft.launch.settings import SettingsError, _number
 
@@ -44,6 +49,8 @@ class AllocSettings:
     node_silent_s: float
     alloc_restarts: int
     node_poll_s: float = DEFAULT_NODE_POLL_S
+    refill: bool = False                # keep len(spares) spares, from outside once used
+    spare_sbatch: tuple[str, ...] = ()  # the spare jobs' own sbatch options
 
 
 def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings | None:
@@ -57,6 +64,10 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings
         int(_number(env, "SLURMFT_SPARE_NODES", 0, minimum=0, maximum=0, integer=True))
     if spares_n == 0 and flag != "1":
         return None
+    wants_refill = refill.enabled(env)
+    if wants_refill and spares_n == 0:
+        raise SettingsError("SLURMFT_SPARE_REFILL=1 keeps SLURMFT_SPARE_NODES spares waiting: set "
+                            "SLURMFT_SPARE_NODES to 1 or more")
     batch = identity.batch_node if identity.batch_node in nodes else nodes[0]
     others = [n for n in nodes if n != batch]
     spares = tuple(others[len(others) - spares_n:]) if spares_n else ()
@@ -72,4 +83,6 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings
                                    maximum=1000, integer=True)),
         node_poll_s=_number(env, "SLURMFT_NODE_POLL_S", DEFAULT_NODE_POLL_S,
                             minimum=MIN_NODE_POLL_S, maximum=3600),
+        refill=wants_refill,
+        spare_sbatch=refill.sbatch_options(env) if wants_refill else (),
     )

@@ -124,6 +124,13 @@ class Listener:
         return {HOST_ENV: self.address, PORT_ENV: str(self.port), TOKEN_ENV: self.token,
                 NODE_ENV: node}
 
+    def admit(self, node: str) -> None:
+        """Take beats from ``node`` too (a spare from outside the allocation: ``refill``)."""
+        with self._lock:
+            if node not in self.nodes:
+                self.nodes = self.nodes | {node}
+                self.max_conns += 2
+
     def beat(self, node: str) -> NetBeat | None:
         with self._lock:
             seen = self._beats.get(node)

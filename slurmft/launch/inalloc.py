@@ -15,6 +15,10 @@ node's death inside the allocation, without Slurm.
   sweeper's failing health check, an admin's drain) is fenced the same way while its task still
   beats: an active node other than the batch host is replaced or dropped, a spare is dropped;
   the batch host's is left to the requeue path (the watcher acts on it), warned about once.
+With ``SLURMFT_SPARE_REFILL=1`` (``refill``) fewer spares waiting than the job started with is
+made up from outside the allocation: a one-node spare job asked of Slurm, whose node, once it
+runs, gets its step started in that job's allocation and waits as a spare like the others; such
+a node is fenced by cancelling its spare job, and every spare job is cancelled at the end.
 
 What ends the loop is the training's own end: every active step ended after the ranks recorded
 their segment's outcome (or exited 0); the spares are then stopped and ``main`` decides the exit
@@ -27,13 +31,13 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan
+from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan, refill
 from slurmft.launch import spare as spare_task
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
@@ -106,6 +110,14 @@ class Supervisor:
                                                  poll_s=alloc.node_poll_s)
         self._warned_unfit: set[str] = set()
         self.kills = handback.StepKills(client, ident.slurm_id, voice.log)
+        self.spares_wanted = len(alloc.spares)
+        self.refill = refill.Refill(client, ident, self.run_dir, env, alloc.spare_sbatch, voice.log,
+                                    batch_alive=self.run_dir.alive(rdzv.host),
+                                    silent_s=alloc.node_silent_s) \
+            if alloc.refill and client is not None else None
+        if alloc.refill and client is None:
+            voice.log("WARNING: SLURMFT_SPARE_REFILL=1 but no Slurm client in the job: no spare "
+                      "jobs are asked for")
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -119,6 +131,8 @@ class Supervisor:
         for name in pending:
             self._signal(name)
         self.node_states.start()
+        if self.refill is not None:
+            self.refill.start()
         while True:
             for name in self.signals.take():
                 self._signal(name)
@@ -127,6 +141,7 @@ class Supervisor:
             self._reap()
             if not self.ending:
                 self._fence_found()
+                self._refill()
                 self._in_place()
                 code = self.process_faults.ended
                 if code is not None:
@@ -141,19 +156,61 @@ class Supervisor:
         return next((rc for rc in rcs if rc != 0), 0)
 
     def _start(self, node: str) -> None:
-        argv = nodesteps.node_argv(node, self.rdzv, self.settings, self.cfg, self.command)
+        holder = self.alloc.spare_job_of(node)
+        argv = nodesteps.node_argv(node, self.rdzv, self.settings, self.cfg, self.command,
+                                   job_id=holder)
         host = self.rdzv.host
         others = [n for n in self.ident.nodes if n != host]
+        others += [j.node for j in self.alloc.spare_jobs if j.node]
         extra = {} if node == host else orphan.environ_for(
             host, self.run_dir.alive(host), self.settings.node_silent_s, others.index(node))
         if node in self.alloc.spares:
             extra[spare_task.SPARE_ENV] = node
         if self.net is not None:
             extra.update(self.net.environ_for(node))
-        self.steps[node] = nodesteps.start(node, argv, self.env, self.run_dir, extra)
+        env = self.env
+        if holder is not None:
+            env = refill.step_env(self.env)
+            extra.update(refill.step_environ(self.ident.raw_job_id, self.ident.restart_count))
+        self.steps[node] = nodesteps.start(node, argv, env, self.run_dir, extra)
         self.liveness.expect(node)
         role = "spare" if node in self.alloc.spares else "active"
-        self.voice.log(f"started the training step on {node} ({role})")
+        where = f", in the spare job {holder}" if holder else ""
+        self.voice.log(f"started the training step on {node} ({role}{where})")
+
+    # -- spares from outside the allocation (``refill``) ---------------------------------------
+
+    def _refill(self) -> None:
+        if self.refill is None:
+            return
+        for ready in self.refill.take_ready():
+            self._add_spare(ready)
+        alloc = self.alloc
+        self.refill.want(self.spares_wanted - len(alloc.spares),
+                         sorted({*self.ident.nodes, *alloc.fenced_nodes,
+                                 *(j.node for j in alloc.spare_jobs if j.node)}))
+        listed = {j.job_id for j in alloc.spare_jobs}
+        queued = [j for j in self.refill.pending() if j not in listed]
+        if queued:  # listed at once: the spare job ends by itself when it is not (``sparehold``)
+            self.alloc = replace(alloc, spare_jobs=(*alloc.spare_jobs,
+                                                    *(record.SpareJob(j) for j in queued)))
+            self._publish()
+
+    def _add_spare(self, ready: refill.Ready) -> None:
+        assert self.refill is not None
+        alloc = self.alloc
+        if ready.node in (*self.ident.nodes, *alloc.fenced_nodes) or ready.node in self.steps:
+            self.voice.log(f"the spare job {ready.job_id}'s node {ready.node} cannot be a spare "
+                           "of this job: cancelled")
+            self.refill.cancel(ready.job_id)
+            return
+        jobs = tuple(j for j in alloc.spare_jobs if j.job_id != ready.job_id)
+        self.alloc = replace(alloc, spares=(*alloc.spares, ready.node),
+                             spare_jobs=(*jobs, record.SpareJob(ready.job_id, ready.node)))
+        self._publish()
+        if self.net is not None:
+            self.net.admit(ready.node)
+        self._start(ready.node)
 
     def _reap(self) -> None:
         for node, step in list(self.steps.items()):
@@ -331,13 +388,17 @@ class Supervisor:
                 step.proc.wait(timeout=STOP_KILL_AFTER_S)
             except subprocess.TimeoutExpired:  # unkillable: not waited on
                 pass
-        if self.client is not None and step_id is not None:
+        holder = self.alloc.spare_job_of(node)
+        if holder is not None and self.refill is not None:
+            self.refill.cancel(holder)   # the node goes back to Slurm with its job
+        elif self.client is not None and step_id is not None:
             self.kills.send(node, step_id)
 
     def lost(self, exclude: Sequence[str]) -> list[str]:
         """The nodes this allocation lost (``exclude`` and every node fenced), but the batch
         host: its death is the job's end, and its step holds the launcher."""
-        return list(self.exclusions(dict.fromkeys(exclude, "")))
+        own = set(self.ident.nodes)  # a spare job's node is not this job's to release
+        return [n for n in self.exclusions(dict.fromkeys(exclude, "")) if n in own]
 
     def exclusions(self, exclude: Mapping[str, str]) -> dict[str, str]:
         """What the requeue from this allocation excludes, each node with its evidence: every
@@ -367,6 +428,8 @@ class Supervisor:
         nothing), KILL what is still there after ``STOP_KILL_AFTER_S``: the job's end takes the
         remote tasks with it."""
         self.node_states.stop()
+        if self.refill is not None:   # every spare job ends with the training
+            self.refill.close()
         running = [step for step in self.steps.values() if step.proc.poll() is None]
         for step in running:
             step.proc.send_signal(signal.SIGTERM)

@@ -68,9 +68,12 @@ def rdzv_conf(is_host: bool, alloc: AllocSettings) -> str:
 
 
 def node_argv(node: str, rdzv: Rendezvous, alloc: AllocSettings, settings: LaunchSettings,
-              command: Sequence[str], python: str = sys.executable) -> list[str]:
-    """One node's step: its task around an elastic torchrun (``rdzv.host`` hosts the store)."""
-    return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=0",
+              command: Sequence[str], python: str = sys.executable,
+              job_id: str | None = None) -> list[str]:
+    """One node's step: its task around an elastic torchrun (``rdzv.host`` hosts the store); in
+    the allocation of the spare job ``job_id`` when given (``refill``)."""
+    return ["srun", *([f"--jobid={job_id}"] if job_id else []), "--nodes=1", "--ntasks=1",
+            f"--nodelist={node}", "--kill-on-bad-exit=0",
             "--job-name=slurmft-train", python, "-m", "slurmft.launch.task",
             *agent.argv(python),
             f"--nnodes={alloc.min_nodes}:{len(alloc.active)}",

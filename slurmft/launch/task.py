@@ -44,6 +44,10 @@ from slurmft.launch.warmclient import SOCKET_ENV
 from slurmft.rundir import atomic_write_json
 
 ALIVE_ENV = "SLURMFT_ALIVE_FILE"
+# Set by the launcher on a step it starts in a spare job's allocation (``refill``): Slurm gives
+# the task the spare job's id, and the training job's is put back (``adopt_main_job``).
+AS_JOB_ENV = "SLURMFT_STEP_FOR_JOB"
+AS_RESTART_ENV = "SLURMFT_STEP_FOR_RESTART_COUNT"
 ALIVE_PERIOD_S = 1.0
 ALIVE_VERSION = 1
 
@@ -212,8 +216,18 @@ def run_torchrun(argv: list[str]) -> int:
             warmtask.release(*server)
 
 
+def adopt_main_job(env) -> None:
+    """In a step of a spare job's allocation: the training job's id and restart count where Slurm
+    put the spare job's, for this task and everything it starts (the ranks journal them)."""
+    job = env.get(AS_JOB_ENV)
+    if job:
+        env["SLURM_JOB_ID"] = env["SLURM_JOBID"] = job
+        env["SLURM_RESTART_COUNT"] = env.get(AS_RESTART_ENV) or "0"
+
+
 def main() -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    adopt_main_job(os.environ)
     argv = sys.argv[1:]
     if len(argv) < 3:
         sys.exit("slurmft.launch.task: expected PYTHON -m slurmft.launch.agent TORCHRUN_ARGS...")

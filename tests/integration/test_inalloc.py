@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -216,6 +217,62 @@ def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_p
     # Every step's loss, the first time and when redone after the restore, equals an
     # uninterrupted 2-rank run's bit for bit.
     ref = reference_losses(tmp_path / "reference", ARGS, world_size=2)
+    seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
+    assert {s for s, _, _ in seen} == set(ref)
+    for step, loss, samples in seen:
+        assert (loss, samples) == ref[step], f"step {step}"
+
+
+@pytest.mark.timeout(480)
+def test_a_spare_job_from_outside_the_allocation_replaces_the_second_dead_node(slurm_cluster, tmp_path):
+    """SLURMFT_SPARE_REFILL=1: once the job's own spare took the first dead node's place, the
+    launcher asks Slurm for a one-node spare job (the cluster's fourth node), starts the node's
+    task in that job's allocation, and that spare takes the second dead node's place: the job
+    never leaves RUNNING, both recoveries are in the allocation, every loss equals an
+    uninterrupted run's, and the spare job ends with the training."""
+    run = tmp_path / "run"
+    args = [*TINY_ARGS, "--steps", "80", "--ckpt-every", "5", "--step-sleep", "0.2"]
+    job = submit(slurm_cluster, run, args, nodes=3, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1", "SLURMFT_SPARE_REFILL": "1"})
+    first, _ = _kill_when_ready(slurm_cluster, job, run, spares=1)
+    [free] = [n for n in slurm_cluster.nodes() if n not in job.state().nodes]
+
+    def outside_spare_beats(_):
+        alloc = _allocation(run)
+        return any(j["node"] == free for j in alloc.get("spare_jobs", [])) and free in alloc["spares"] \
+            and RunDir(run).alive(free).exists()
+    job.wait_for(outside_spare_beats, 150, f"a spare job on {free}, its task beating")
+    [holder] = [j["job_id"] for j in _allocation(run)["spare_jobs"] if j["node"] == free]
+    assert job.client.job(holder).state is JobState.RUNNING
+    alloc = _allocation(run)
+    second = alloc["active"][1]         # the job's own spare, active since the first death
+    assert second not in (first, free)
+    committed = max(RunDir(run).committed_steps())
+    slurm_cluster.kill_node(second)
+    states = _wait_running_until_end(job, timeout=300)
+    assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
+    assert job.state().restart_count == 0  # never requeued
+
+    alloc = _allocation(run)
+    assert alloc["generation"] == 2 and alloc["active"][1] == free, alloc
+    assert [f["node"] for f in alloc["fenced"]] == [first, second]
+    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
+    assert [(a.get("action"), a.get("nodes"), a.get("spare")) for a in actions] == \
+        [("replace_node", [first], second), ("replace_node", [second], free)], job.context()
+    starts = _segments(job)
+    assert all(e.get("world_size") == 2 for e in starts)
+    last = [e for e in starts if e.time > actions[1].time]
+    assert last and last[-1].get("restored_step") >= committed
+    # The ranks on the spare job's node journaled the training job's id, not the spare job's.
+    ids = {str(e.get("job_id")) for e in job.events(["segment_start", "loss"])}
+    assert ids == {job.job_id}, ids
+    # The spare job ended with the training (the launcher cancelled it): nothing left queued.
+    held = job.client.jobs([holder])
+    assert holder not in held or held[holder].state.finished, held
+    assert not [j for j in job.client.user_jobs(pwd.getpwuid(os.getuid()).pw_name).values()
+                if not j.state.finished]
+
+    ref = reference_losses(tmp_path / "reference", args, world_size=2)
     seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
     assert {s for s, _, _ in seen} == set(ref)
     for step, loss, samples in seen:

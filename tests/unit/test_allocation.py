@@ -40,7 +40,25 @@ def test_what_the_launcher_writes_is_what_every_reader_reads(run):
     assert [p.name for p in run.root.iterdir()] == ["allocation.json"]  # no temp file left
 
 
+def test_a_spare_job_from_outside_the_allocation_is_kept_with_its_node(run):
+    record = Allocation(job_id="12", generation=1, active=("n1", "n7"), spares=(),
+                        fenced=(Fence("n2", "node_death", None),),
+                        spare_jobs=(allocation.SpareJob("40", "n7"), allocation.SpareJob("41")))
+    allocation.write(run, record)
+    back = allocation.read(run)
+    assert back == record
+    assert back.spare_job_of("n7") == "40" and back.spare_job_of("n1") is None
+    assert back.spare_job_ids == {"40", "41"}
+    assert json.loads(run.allocation.read_text())["spare_jobs"] == [
+        {"job_id": "40", "node": "n7"}, {"job_id": "41", "node": ""}]
+
+
 @pytest.mark.parametrize("field, value, named", [
+    ("spare_jobs", {"40": "n7"}, "spare_jobs must be a list"),
+    ("spare_jobs", [{"job_id": None}], "spare_jobs[0].job_id"),
+    ("spare_jobs", [{"job_id": "40", "node": "../n7"}], "spare_jobs[0].node"),
+    ("spare_jobs", [{"job_id": "40"}, {"job_id": "40"}], "names a job twice"),
+    ("spare_jobs", [{"job_id": "40", "node": "n7"}, {"job_id": "41", "node": "n7"}], "names a node twice"),
     ("version", 2, "version 2 is newer"),
     ("version", True, "version"),
     ("job_id", None, "job_id"),
