@@ -119,9 +119,13 @@ def _allocation(report: Report) -> str:
         return f"allocation.json unreadable: {a['unreadable']}"
     fenced = ", ".join(f"{f['node']} ({f['cause'] or 'no cause'})" for f in a["fenced"][:8])
     whose = "" if a["job_id"] == report.job_id else f" (job {a['job_id']}'s)"
+    jobs = a.get("spare_jobs") or []
+    outside = ", ".join(f"{j['job_id']} on {j['node']}" if j["node"] else f"{j['job_id']} queued"
+                        for j in jobs[:8])
     return (f"generation {a['generation']}{whose}: active {nodes(a['active'])}, "
             f"spares {nodes(a['spares']) if a['spares'] else 'none'} ({len(a['spares'])}), "
-            f"fenced {fenced or 'none'}" + (f"; at least {a['min_nodes']} nodes" if a["min_nodes"] else ""))
+            f"fenced {fenced or 'none'}" + (f"; at least {a['min_nodes']} nodes" if a["min_nodes"] else "")
+            + (f"; spare jobs {outside}" if outside else ""))
 
 
 def _table(title: str, headers: tuple[str, ...]) -> Table:

@@ -180,7 +180,8 @@ def _allocation_view(record: Allocation | Exception | None) -> dict[str, Any] | 
         return {"unreadable": str(record)[:300]}
     return {"job_id": record.job_id, "generation": record.generation, "active": list(record.active),
             "spares": list(record.spares), "min_nodes": record.min_nodes,
-            "fenced": [{"node": f.node, "cause": f.cause, "time": f.time} for f in record.fenced]}
+            "fenced": [{"node": f.node, "cause": f.cause, "time": f.time} for f in record.fenced],
+            "spare_jobs": [{"job_id": j.job_id, "node": j.node or None} for j in record.spare_jobs]}
 
 
 def build_report(events: Sequence[Event], job: Job | None = None, *, now: float,

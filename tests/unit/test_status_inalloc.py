@@ -186,7 +186,8 @@ def test_the_watchers_metrics_count_the_launchers_recoveries(tmp_path: Path):
 
 def test_slurmft_status_shows_where_each_fault_was_recovered_and_the_spares(tmp_path: Path):
     """``slurmft status RUN --no-slurm`` at 80 columns on the run dir of ``spare_run``, with the
-    launcher's allocation.json (one spare left after n4 took n3's place)."""
+    launcher's allocation.json (one spare left after n4 took n3's place; n5 is a spare job's
+    node, SLURMFT_SPARE_REFILL=1, and another spare job waits in the queue)."""
     import os
     import subprocess
     import sys
@@ -201,7 +202,8 @@ def test_slurmft_status_shows_where_each_fault_was_recovered_and_the_spares(tmp_
             f.write(encode_event(e.kind, dict(e.fields), now=e.time))
     allocation.write(rd, Allocation(job_id="7", generation=1, active=("n1", "n2", "n4"),
                                     spares=("n5",), fenced=(Fence("n3", "node_death", T0 + 21),),
-                                    min_nodes=2))
+                                    min_nodes=2, spare_jobs=(allocation.SpareJob("12", "n5"),
+                                                             allocation.SpareJob("13"))))
     env = {**os.environ, "COLUMNS": "80", "TERM": "xterm"}
     out = subprocess.run([sys.executable, "-m", "slurmft.cli", "status", str(rd.root), "--no-slurm"],
                          capture_output=True, text=True, env=env, timeout=60)
@@ -209,6 +211,7 @@ def test_slurmft_status_shows_where_each_fault_was_recovered_and_the_spares(tmp_
     lines = out.stdout.splitlines()
     assert any("generation 1: active n[1-2,4], spares n5 (1), fenced n3 (node_death)" in " ".join(
         " ".join(lines[i:i + 2]).split()) for i in range(len(lines)))
+    assert "spare jobs 12 on n5, 13 queued" in " ".join(out.stdout.split())
     assert "#0 node_death on n3, steps 10->6: n3 silent 10 s" in out.stdout
     fault_rows = [line.split() for line in lines if line.split()[:2] == ["0", "node_death"]]
     assert fault_rows and fault_rows[0][2] == "alloc"
@@ -219,6 +222,8 @@ def test_slurmft_status_shows_where_each_fault_was_recovered_and_the_spares(tmp_
 
     report = json.loads(as_json.stdout)
     assert report["allocation"]["spares"] == ["n5"] and report["faults"][0]["where"] == "allocation"
+    assert report["allocation"]["spare_jobs"] == [{"job_id": "12", "node": "n5"},
+                                                  {"job_id": "13", "node": None}]
 
 
 def test_status_shows_where_a_restarts_seconds_went_by_phase():
