@@ -189,11 +189,14 @@ class Supervisor:
         self.refill.want(self.spares_wanted - len(alloc.spares),
                          sorted({*self.ident.nodes, *alloc.fenced_nodes,
                                  *(j.node for j in alloc.spare_jobs if j.node)}))
-        listed = {j.job_id for j in alloc.spare_jobs}
-        queued = [j for j in self.refill.pending() if j not in listed]
-        if queued:  # listed at once: the spare job ends by itself when it is not (``sparehold``)
-            self.alloc = replace(alloc, spare_jobs=(*alloc.spare_jobs,
-                                                    *(record.SpareJob(j) for j in queued)))
+        # A queued spare job is listed at once (it ends by itself when it is not: ``sparehold``),
+        # and no longer once it ended in the queue.
+        pending = self.refill.pending()
+        kept = tuple(j for j in alloc.spare_jobs if j.node or j.job_id in pending)
+        listed = {j.job_id for j in kept}
+        queued = [j for j in pending if j not in listed]
+        if queued or len(kept) != len(alloc.spare_jobs):
+            self.alloc = replace(alloc, spare_jobs=(*kept, *(record.SpareJob(j) for j in queued)))
             self._publish()
 
     def _add_spare(self, ready: refill.Ready) -> None:

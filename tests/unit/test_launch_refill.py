@@ -253,3 +253,25 @@ def test_the_supervisor_starts_a_spare_jobs_node_in_its_allocation_and_fences_it
     assert "41" in sup.refill._cancel      # its spare job is cancelled, no step KILL sent
     assert sup.lost([]) == ["n3"]          # never released from the training job: not its node
     assert "n7" not in sup.steps
+
+
+def test_the_supervisor_lists_a_queued_spare_job_until_it_ends_in_the_queue(tmp_path):
+    full = _env(SLURMFT_RUN_DIR=str(tmp_path), SLURMFT_SPARE_NODES="1", SLURMFT_SPARE_REFILL="1")
+    ident = identity.from_environ(full)
+    client = Client()
+    sup = inalloc.Supervisor(ident, settings.from_environ(full, ident),
+                             alloc_settings.from_environ(full, ident), Rendezvous("n1", 40001, "r"),
+                             ["train.py"], full, SignalLog(), Voice(ident, tmp_path), client,
+                             lambda name: None, lambda: None)
+    sup.alloc = allocation.Allocation(job_id=sup.alloc.job_id, generation=1, active=("n1", "n2", "n4"),
+                                      fenced=(allocation.Fence("n3", "node_death", None),))
+    sup._refill()                     # one spare short: the refill is told so
+    sup.refill._round()               # ...and asks Slurm
+    assert client.submitted and "--exclude=n1,n2,n3,n4" in client.submitted[0]
+    sup._refill()
+    assert allocation.read(RunDir(tmp_path)).spare_jobs == (allocation.SpareJob("41"),)
+    client.states["41"] = Job("41", refill.HOLDER_NAME, JobState.CANCELLED)
+    client.refuse = True              # the next one is refused: nothing queued
+    sup.refill._round()
+    sup._refill()
+    assert allocation.read(RunDir(tmp_path)).spare_jobs == ()
