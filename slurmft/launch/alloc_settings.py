@@ -62,9 +62,9 @@ def from_environ(env: Mapping[str, str], identity: JobIdentity) -> AllocSettings
     spares_n = int(_number(env, "SLURMFT_SPARE_NODES", 0, minimum=0, maximum=max(0, len(nodes) - 1),
                            integer=True)) if len(nodes) > 1 else \
         int(_number(env, "SLURMFT_SPARE_NODES", 0, minimum=0, maximum=0, integer=True))
-    if spares_n == 0 and flag != "1":
-        return None
     wants_refill = refill.enabled(env)
+    if spares_n == 0 and flag != "1" and not wants_refill:
+        return None
     if wants_refill and spares_n == 0:
         raise SettingsError("SLURMFT_SPARE_REFILL=1 keeps SLURMFT_SPARE_NODES spares waiting: set "
                             "SLURMFT_SPARE_NODES to 1 or more")

@@ -171,7 +171,7 @@ class Supervisor:
         env = self.env
         if holder is not None:
             env = refill.step_env(self.env)
-            extra.update(refill.step_environ(self.ident.raw_job_id, self.ident.restart_count))
+            extra.update(refill.step_environ(self.env, self.ident.raw_job_id, self.ident.restart_count))
         self.steps[node] = nodesteps.start(node, argv, env, self.run_dir, extra)
         self.liveness.expect(node)
         role = "spare" if node in self.alloc.spares else "active"
@@ -184,7 +184,11 @@ class Supervisor:
         if self.refill is None:
             return
         for ready in self.refill.take_ready():
-            self._add_spare(ready)
+            if len(self.alloc.spares) >= self.spares_wanted:   # not needed (any more)
+                self.voice.log(f"the spare job {ready.job_id} on {ready.node} is not needed: cancelled")
+                self.refill.cancel(ready.job_id)
+            else:
+                self._add_spare(ready)
         alloc = self.alloc
         self.refill.want(self.spares_wanted - len(alloc.spares),
                          sorted({*self.ident.nodes, *alloc.fenced_nodes,
@@ -346,6 +350,11 @@ class Supervisor:
         was_active = node in alloc.active
         spare = alloc.spares[0] if was_active and alloc.spares else None
         self._journal_fault(fault)
+        holder = alloc.spare_job_of(node)
+        if holder is not None and self.refill is not None:  # the node goes back to Slurm with its job
+            self.refill.cancel(holder)
+            if not was_active:
+                self.refill.spoiled(holder)
         if was_active and spare is None and len(alloc.active) - 1 < self.min_nodes:
             self._kill(node)
             raise GoRequeue(f"{node} lost ({fault.cause}) and no spare is left: "
@@ -391,10 +400,9 @@ class Supervisor:
                 step.proc.wait(timeout=STOP_KILL_AFTER_S)
             except subprocess.TimeoutExpired:  # unkillable: not waited on
                 pass
-        holder = self.alloc.spare_job_of(node)
-        if holder is not None and self.refill is not None:
-            self.refill.cancel(holder)   # the node goes back to Slurm with its job
-        elif self.client is not None and step_id is not None:
+        if self.alloc.spare_job_of(node) is not None:
+            return   # its spare job is cancelled (``fence``): no step of this job to kill there
+        if self.client is not None and step_id is not None:
             self.kills.send(node, step_id)
 
     def lost(self, exclude: Sequence[str]) -> list[str]:

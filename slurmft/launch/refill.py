@@ -14,9 +14,15 @@ Slurm schedules the holder as any job: it may wait in the queue (the spare comes
 the job goes on meanwhile and a node death without a spare is still a requeue), it is charged to
 the user's share, and it asks for what ``SLURMFT_SPARE_SBATCH`` says (``--exclusive`` unless set:
 a spare stands in for a whole training node; on a GPU cluster add the GPUs, e.g.
-``--exclusive --gpus-per-node=8``), in the main job's partition, within the main job's time
-limit, never on a node this job fenced. It ends when the launcher cancels it (the node fenced,
-the training's end, a requeue) or, should the launcher die first, by itself (``sparehold``).
+``--exclusive --gpus-per-node=8``: the node's step asks the holder for what the training job's
+steps ask, its GPUs and CPUs per task, but not its task count or memory), in the main job's
+partition, for the main job's time left and a margin (the launcher's cancel ends it, not its
+limit), never on a node of this job or one it fenced. It ends when the launcher cancels it (the
+node fenced, the training's end, the launcher's own requeue) or, should the launcher die or be
+requeued by someone else, by itself (``sparehold``). A spare job's node fenced while it was still
+a spare (it never trained: a step that cannot start there, a bad node) backs the next request
+off as a refused one does, so a setting that makes every spare job unusable costs a few of them,
+not one per poll.
 
 The queries and the submissions run on this module's thread, never on the supervisor's loop: a
 controller that answers slowly must not delay a fence. What cannot be had is said once and
@@ -44,7 +50,7 @@ POLL_S = 5.0
 HOLDER_NAME = "slurmft-spare"
 DEFAULT_SBATCH = ("--exclusive",)
 MAX_SUBMITS = 64           # per launcher: a cluster that ends every holder at once must not be flooded
-END_MARGIN_S = 60.0        # the holder's time limit ends this long before the main job's
+TIME_MARGIN_S = 300.0      # the holder's time limit: the main job's time left and this
 # After a refused sbatch (no node can ever fit: every one excluded; the partition's limits) the
 # next try waits, doubling from RETRY_S to RETRY_MAX_S: not one refused submission per poll.
 RETRY_S = 30.0
@@ -76,14 +82,20 @@ def sbatch_options(env: Mapping[str, str]) -> tuple[str, ...]:
         if not word.startswith("--") or len(word) < 3 or "\x00" in word:
             raise SettingsError(f"SLURMFT_SPARE_SBATCH: {word!r} is not an sbatch option (--name[=value])")
         name = word[2:].split("=", 1)[0]
-        if name in _OWN_OPTIONS:
-            raise SettingsError(f"SLURMFT_SPARE_SBATCH: --{name} is the launcher's to set")
+        if name not in ALLOWED_OPTIONS:
+            raise SettingsError(f"SLURMFT_SPARE_SBATCH: --{name} is not one of the options a spare "
+                                f"job takes ({', '.join(sorted(ALLOWED_OPTIONS))}; spelled out "
+                                "whole: the launcher sets its size, place, time, name and output)")
     return words
 
 
-# What the launcher sets itself: a spare is one node of this job's partition, within its time.
-_OWN_OPTIONS = frozenset({"nodes", "ntasks", "job-name", "time", "partition", "output", "error",
-                          "exclude", "nodelist", "wrap", "array", "parsable", "chdir", "export"})
+# What a spare job may ask besides what the launcher sets (its size, partition, time, excluded
+# nodes, name, output, environment): what a node is and whose account pays. Spelled out whole:
+# sbatch takes any unique prefix of an option, which a list of refused names would let through.
+ALLOWED_OPTIONS = frozenset({
+    "exclusive", "gres", "gpus", "gpus-per-node", "cpus-per-gpu", "cpus-per-task", "constraint",
+    "mem", "mem-per-cpu", "mem-per-gpu", "tmp", "account", "qos", "reservation", "licenses",
+    "comment", "nice", "mail-type", "mail-user"})
 
 
 @dataclass(frozen=True)
@@ -130,10 +142,20 @@ class Refill:
             self._short, self._avoid = max(0, short), tuple(avoid)
 
     def take_ready(self) -> list[Ready]:
+        """The holders that run, handed over once; each lowers the shortfall at once, so that
+        the thread does not ask for another before the loop says ``want`` again."""
         with self._lock:
             ready, self._ready = self._ready, []
             self._taken.update(r.job_id for r in ready)
+            self._short = max(0, self._short - len(ready))
             return ready
+
+    def spoiled(self, job_id: str) -> None:
+        """A holder's node was fenced before it ever trained: back the next request off."""
+        with self._lock:
+            self._back_off()
+        self.log(f"the spare job {job_id}'s node was lost before it trained: the next spare job is "
+                 f"asked for in {self._retry_s:g} s at the earliest")
 
     def pending(self) -> list[str]:
         """The holders submitted and not handed over yet (queued or starting)."""
@@ -149,13 +171,15 @@ class Refill:
         self._thread = threading.Thread(target=self._run, daemon=True, name="slurmft-refill")
         self._thread.start()
 
-    def close(self, wait_s: float = 30.0) -> None:
-        """Stop the thread and cancel every holder this launcher submitted that may still be there."""
+    def close(self, wait_s: float = 10.0) -> None:
+        """Stop the thread and cancel every holder this launcher submitted that may still be
+        there (a submission under way when the thread stops cancels its job itself)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=wait_s)
         with self._lock:
-            left = list(self._pending)
+            left = sorted({*self._pending, *self._cancel})
+            self._cancel.clear()
         for job_id in left:
             self._scancel(job_id)
 
@@ -172,18 +196,23 @@ class Refill:
 
     def _round(self) -> None:
         with self._lock:
-            cancel, self._cancel = self._cancel, set()
-        for job_id in cancel:
-            self._scancel(job_id)
-            with self._lock:
-                self._pending.pop(job_id, None)
+            cancel = sorted(self._cancel)
+        for job_id in cancel:   # kept until Slurm took the cancel: tried again next round
+            if self._scancel(job_id):
+                with self._lock:
+                    self._cancel.discard(job_id)
+                    self._pending.pop(job_id, None)
         self._follow()
         with self._lock:
             coming = len([j for j in self._pending if j not in self._taken])
             need = self._short - coming
-        if need > 0 and len(self._all) < MAX_SUBMITS and not self._stop.is_set() \
-                and time.monotonic() >= self._next_submit:
-            self._submit()
+        if need <= 0 or self._stop.is_set() or time.monotonic() < self._next_submit:
+            return
+        if len(self._all) >= MAX_SUBMITS:
+            self._warn("max", f"WARNING: spare refill: {MAX_SUBMITS} spare jobs asked for by this "
+                              "launcher: no more (a node lost without a spare is a requeue)")
+            return
+        self._submit()
 
     def _follow(self) -> None:
         with self._lock:
@@ -221,28 +250,29 @@ class Refill:
 
     def _submit(self) -> None:
         script = self.run_dir.spares / "holder.sh"
-        try:
+        try:   # written afresh each time (atomically): never a file someone else left there
             script.parent.mkdir(parents=True, exist_ok=True)
-            if not script.is_file() or script.read_bytes() != HOLDER_SCRIPT:
-                atomic_write_bytes(script, HOLDER_SCRIPT, mode=0o755)
+            atomic_write_bytes(script, HOLDER_SCRIPT, mode=0o755)
         except OSError as exc:
             self._warn("script", f"WARNING: spare refill: cannot write {script}: {exc}")
             return
-        options = [f"--job-name={HOLDER_NAME}", "--nodes=1", "--ntasks=1",
-                   f"--output={self.run_dir.spares}/job-%j.out", *self._placement(), *self.options]
+        # The user's options first: the launcher's, last, win where sbatch reads both.
+        options = [*self.options, f"--job-name={HOLDER_NAME}", "--nodes=1", "--ntasks=1",
+                   f"--output={self.run_dir.spares}/job-%j.out", "--export=ALL", *self._placement()]
         try:
             job_id = self.client.submit(script, sbatch_options=options, env=self.env)
         except SlurmError as exc:
-            self._retry_s = min(RETRY_MAX_S, max(RETRY_S, 2 * self._retry_s))
-            self._next_submit = time.monotonic() + self._retry_s
+            with self._lock:
+                self._back_off()
             self._warn("submit", f"WARNING: spare refill: sbatch of a spare job failed: {exc} "
                                  f"(tried again after {RETRY_S:g} s, then less and less often)")
             return
-        self._retry_s = 0.0
         with self._lock:
             self._pending[job_id] = ""
             self._all.append(job_id)
         self.log(f"asked Slurm for a spare node: job {job_id} ({' '.join(options)})")
+        if self._stop.is_set():   # the launcher stopped while sbatch ran: close() may have missed it
+            self._scancel(job_id)
 
     def _placement(self) -> list[str]:
         """The main job's partition, a time limit within its own, the fenced nodes excluded."""
@@ -257,20 +287,26 @@ class Refill:
         out = [f"--partition={self._partition}"] if self._partition else []
         if self._limit_end is not None:
             end = self._limit_end if self._limit_end.tzinfo else self._limit_end.replace(tzinfo=timezone.utc)
-            left = (end - datetime.now(timezone.utc)).total_seconds() - END_MARGIN_S
-            out.append(f"--time={max(1, math.floor(left / 60))}")
+            left = (end - datetime.now(timezone.utc)).total_seconds() + TIME_MARGIN_S
+            out.append(f"--time={max(1, math.ceil(left / 60))}")
         with self._lock:
             avoid = sorted(self._avoid)
         if avoid:
             out.append(f"--exclude={','.join(avoid)}")
         return out
 
-    def _scancel(self, job_id: str) -> None:
+    def _back_off(self) -> None:   # under the lock
+        self._retry_s = min(RETRY_MAX_S, max(RETRY_S, 2 * self._retry_s))
+        self._next_submit = time.monotonic() + self._retry_s
+
+    def _scancel(self, job_id: str) -> bool:
         try:
             self.client.cancel(job_id)
+            return True
         except SlurmError as exc:
-            self.log(f"WARNING: could not cancel the spare job {job_id}: {exc} (it ends by itself "
-                     "once the launcher is gone)")
+            self.log(f"WARNING: could not cancel the spare job {job_id}: {exc} (tried again; it "
+                     "ends by itself once the launcher is gone)")
+            return False
 
     def _warn(self, key: str, line: str) -> None:
         if key not in self._warned:
@@ -285,18 +321,23 @@ def enabled(env: Mapping[str, str]) -> bool:
     return flag == "1"
 
 
-def step_environ(main_raw_id: str, restart_count: int) -> dict[str, str]:
+def step_environ(env: Mapping[str, str], main_raw_id: str, restart_count: int) -> dict[str, str]:
     """What the launcher adds to a holder's step, so that its task and everything under it (the
     ranks' journal, heartbeats, a requeue from there) name the training job, not the holder
     (``task.adopt_main_job``)."""
-    return {task.AS_JOB_ENV: main_raw_id, task.AS_RESTART_ENV: str(restart_count)}
+    out = {task.AS_JOB_ENV: main_raw_id, task.AS_RESTART_ENV: str(restart_count)}
+    for name in task.ADOPTED:
+        if env.get(name):
+            out[task.AS_PREFIX + name] = env[name]
+    return out
 
 
 # srun reads these as its own options' defaults: the training job's, they would ask the holder's
-# one-node allocation for what the training job's has (its memory, its tasks per node).
+# one-node allocation for the training job's task layout and memory (its own memory is what its
+# sbatch options gave it). Its CPUs and GPUs per task or node are asked as the training job's.
 _STEP_INPUTS = ("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
                 "SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU",
-                "SLURM_CPUS_PER_TASK", "SLURM_TRES_PER_TASK", "SLURM_DISTRIBUTION")
+                "SLURM_DISTRIBUTION")
 
 
 def step_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -10,7 +10,9 @@ once the training job's launcher is gone or no longer counts on it:
     or the job ended or was requeued and nothing started again;
   - ``allocation.json`` is the training job's and has not listed this job among its spare jobs
     for ``UNLISTED_S`` (the launcher lists a spare job as soon as sbatch answers): a new launcher
-    (the job requeued) has spares of its own.
+    (the job requeued) has spares of its own;
+  - ``allocation.json`` lists this node as fenced: the launcher is done with it (and cancels the
+    job itself; this is for a cancel that did not reach Slurm).
 
 Every wait has its bound; what it reads is the user's run dir, checked (``slurmft.allocation``).
 """
@@ -42,8 +44,8 @@ class Hold:
     """Whether the spare job is still wanted, judged on this node's monotonic clock."""
 
     def __init__(self, run_dir: RunDir, main_job: str, own_job: str, host_alive: Path,
-                 silent_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.run_dir, self.main_job, self.own_job = run_dir, main_job, own_job
+                 silent_s: float, clock: Callable[[], float] = time.monotonic, node: str = "") -> None:
+        self.run_dir, self.main_job, self.own_job, self.node = run_dir, main_job, own_job, node
         self.host_alive, self.clock = host_alive, clock
         self.pulse_s = max(PULSE_MIN_S, 6 * silent_s)
         now = clock()
@@ -73,6 +75,8 @@ class Hold:
             alloc = None    # unreadable now: judged again at the next look, the pulse bounds it
         if alloc is None or not alloc.for_job(self.main_job):
             return None
+        if self.node and self.node in alloc.fenced_nodes:
+            return f"job {self.main_job}'s launcher fenced this node ({self.node})"
         if self.own_job in alloc.spare_job_ids:
             self.listed = now
         elif now - self.listed > UNLISTED_S:
@@ -88,7 +92,8 @@ def from_environ(env: Mapping[str, str]) -> Hold:
         silent = float(env[refill.SILENT_ENV])
     except (KeyError, ValueError) as exc:
         raise SystemExit(f"slurmft.launch.sparehold: not started by slurmft's launcher ({exc})") from None
-    return Hold(RunDir(Path(run_dir)), main_job, own, Path(alive), silent)
+    return Hold(RunDir(Path(run_dir)), main_job, own, Path(alive), silent,
+                node=env.get("SLURMD_NODENAME", ""))
 
 
 def main() -> None:

@@ -48,6 +48,10 @@ ALIVE_ENV = "SLURMFT_ALIVE_FILE"
 # the task the spare job's id, and the training job's is put back (``adopt_main_job``).
 AS_JOB_ENV = "SLURMFT_STEP_FOR_JOB"
 AS_RESTART_ENV = "SLURMFT_STEP_FOR_RESTART_COUNT"
+AS_PREFIX = "SLURMFT_STEP_FOR_"
+# The training job's own words on its allocation, put back as they were in the launcher's
+# environment (a release that sets them for the step's job would name the spare job's one node).
+ADOPTED = ("SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID")
 ALIVE_PERIOD_S = 1.0
 ALIVE_VERSION = 1
 
@@ -220,9 +224,16 @@ def adopt_main_job(env) -> None:
     """In a step of a spare job's allocation: the training job's id and restart count where Slurm
     put the spare job's, for this task and everything it starts (the ranks journal them)."""
     job = env.get(AS_JOB_ENV)
-    if job:
-        env["SLURM_JOB_ID"] = env["SLURM_JOBID"] = job
-        env["SLURM_RESTART_COUNT"] = env.get(AS_RESTART_ENV) or "0"
+    if not job:
+        return
+    env["SLURM_JOB_ID"] = env["SLURM_JOBID"] = job
+    env["SLURM_RESTART_COUNT"] = env.get(AS_RESTART_ENV) or "0"
+    for name in ADOPTED:
+        value = env.get(AS_PREFIX + name)
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
 
 
 def main() -> None:

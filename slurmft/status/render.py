@@ -119,7 +119,8 @@ def _allocation(report: Report) -> str:
         return f"allocation.json unreadable: {a['unreadable']}"
     fenced = ", ".join(f"{f['node']} ({f['cause'] or 'no cause'})" for f in a["fenced"][:8])
     whose = "" if a["job_id"] == report.job_id else f" (job {a['job_id']}'s)"
-    jobs = a.get("spare_jobs") or []
+    fenced_nodes = {f["node"] for f in a["fenced"]}
+    jobs = [j for j in a.get("spare_jobs") or [] if j["node"] not in fenced_nodes]
     outside = ", ".join(f"{j['job_id']} on {j['node']}" if j["node"] else f"{j['job_id']} queued"
                         for j in jobs[:8])
     return (f"generation {a['generation']}{whose}: active {nodes(a['active'])}, "

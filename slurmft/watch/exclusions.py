@@ -31,7 +31,8 @@ def sized_as_allocated(job: Job, record: Allocation | None) -> Job:
     can never start (the soak of 2026-11-27: 3 of 6 nodes excluded, 4 needed, 3 counted)."""
     if record is None or not record.for_job(job.ids):
         return job
-    size = len({*record.active, *record.spares, *record.fenced_nodes})
+    outside = {j.node for j in record.spare_jobs if j.node}   # spare jobs' nodes: not the job's
+    size = len({*record.active, *record.spares, *record.fenced_nodes} - outside)
     return job if size <= needed_nodes(job) else dataclasses.replace(job, min_nodes=size)
 
 

@@ -308,6 +308,11 @@ def test_a_job_the_launcher_shrank_before_its_requeue_is_judged_at_its_allocated
     assert sized_as_allocated(shown, replace(record, job_id="2")) is shown
     assert sized_as_allocated(shown, None) is shown
     assert sized_as_allocated(replace(shown, min_nodes=5), record).min_nodes == 5
+    # A spare job's node (SLURMFT_SPARE_REFILL=1), active or fenced, was never the job's own.
+    from slurmft.allocation import SpareJob
+    refilled = replace(record, spares=("n7",), fenced=(*record.fenced, Fence("n8", "node_silent", 2.0)),
+                       spare_jobs=(SpareJob("40", "n7"), SpareJob("41", "n8"), SpareJob("42")))
+    assert sized_as_allocated(shown, refilled).min_nodes == 4
 
 
 # -- fault counts fade -------------------------------------------------------------------------
