@@ -183,13 +183,25 @@ def active_nodes(run_dir: RunDir) -> list[str]:
     return [] if record is None else list(record.active)
 
 
+def spare_job_nodes(run_dir: RunDir) -> set[str]:
+    """The nodes of the run's spare jobs (``SLURMFT_SPARE_REFILL=1``): not in the job's own node
+    list, yet training once one took a place."""
+    try:
+        record = allocation.read(run_dir)
+    except allocation.AllocationError:
+        return set()
+    return set() if record is None else {j.node for j in record.spare_jobs if j.node}
+
+
 def training_victim(target: Target) -> str:
     """The node a node fault hits: in the allocation, a training node other than the batch host
-    (whose loss ends the job: that is the requeue path's, measured apart); a spare's would test
-    nothing. Else the job's last node, which is never the batch host either."""
+    (whose loss ends the job: that is the requeue path's, measured apart), a spare job's node
+    among them; a spare's would test nothing. Else the job's last node, which is never the batch
+    host either."""
     nodes = target.nodes()
     batch = target.client.job(target.job_id).batch_host or nodes[0]
-    training = [n for n in active_nodes(target.run_dir) if n in nodes and n != batch]
+    ours = {*nodes, *spare_job_nodes(target.run_dir)}
+    training = [n for n in active_nodes(target.run_dir) if n in ours and n != batch]
     return training[-1] if training else nodes[-1]
 
 

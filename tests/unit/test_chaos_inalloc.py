@@ -120,5 +120,12 @@ def test_a_node_fault_in_the_allocation_hits_a_training_node_never_the_batch_hos
     assert faults.training_victim(target) == "n3"
     write_alloc(run, 1, ["n1", "n2", "n4"], [], fenced=["n3"])
     assert faults.training_victim(target) == "n4"
+    # A spare job's node (SLURMFT_SPARE_REFILL=1) that took a place trains though Slurm does not
+    # list it among the job's nodes (the soak of 2026-11-28 killed fenced n4 instead, and waited).
+    allocation.write(run, allocation.Allocation(
+        job_id="7", generation=2, active=("n1", "n2", "n9"), fenced=(
+            allocation.Fence("n3", "node_death", 1.0), allocation.Fence("n4", "node_death", 2.0)),
+        spare_jobs=(allocation.SpareJob("8", "n9"),)))
+    assert faults.training_victim(target) == "n9"
     run.allocation.unlink()
     assert faults.training_victim(target) == "n4"
