@@ -238,10 +238,12 @@ class Refill:
                 with self._lock:
                     bad = node in self._avoid
                 if bad:  # cannot happen with --exclude honoured; never used if it does
-                    self.log(f"the spare job {job_id} got {node}, a node this job fenced: cancelled")
-                    self._scancel(job_id)
-                    with self._lock:
-                        self._pending.pop(job_id, None)
+                    self.log(f"the spare job {job_id} got {node}, a node of this job or one it "
+                             "fenced: cancelled")
+                    with self._lock:   # never handed over; cancelled next round (and retried)
+                        self._pending[job_id] = node
+                        self._taken.add(job_id)
+                        self._cancel.add(job_id)
                     continue
                 with self._lock:
                     self._pending[job_id] = node

@@ -2,11 +2,13 @@
 spare, ``sbatch --no-kill``) whose non-batch node is killed goes on inside its allocation, on
 the spare, without leaving RUNNING, every step's loss bit-identical to an uninterrupted run's,
 and the spare, whose beat file stalls meanwhile, is neither dropped nor fenced (its TCP beats go
-on); without a spare the world shrinks from 3 to 2 nodes at the same global sample. The world's
-size does not matter to a spare's take-over before Slurm's DOWN, a preemption or the batch host's
-death either: each is 2 active + 1 spare (issue 28: 3 + 1 before; each node is a torchrun, a warm
-server and a rank). A rank's crash, restarted in place, keeps 3 + 1: the one 3-rank world that is
-re-formed and compared bit for bit (with 3 ranks a reduction's order shows in the last bits).
+on); with ``SLURMFT_SPARE_REFILL=1`` a spare job on the cluster's fourth node then replaces the
+used spare and takes a second dead node's place the same way; without a spare the world shrinks
+from 3 to 2 nodes at the same global sample. The world's size does not matter to a spare's
+take-over before Slurm's DOWN, a preemption or the batch host's death either: each is 2 active +
+1 spare (issue 28: 3 + 1 before; each node is a torchrun, a warm server and a rank). A rank's
+crash, restarted in place, keeps 3 + 1: the one 3-rank world that is re-formed and compared bit
+for bit (with 3 ranks a reduction's order shows in the last bits).
 
 Ranks are forked from each node's warm server, the default in this mode: the spare and rank-crash
 cases assert it (every rank of every world forked warm, none cold); the shrink case opts out
@@ -132,14 +134,22 @@ def _segments(job: TrainJob) -> list:
 
 
 @pytest.mark.timeout(480)
-def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_path):
-    """The launcher's recovery; beside it the real watcher, even in operator mode with a short
-    hang timeout, never requeues or holds the run (on the code before in-allocation mode it did:
-    its operator rule set the dead node DOWN and recovered the job, and its hang rule called the
-    restarting world hung 20 s after the last beat before the fault)."""
+def test_spares_replace_two_killed_nodes_the_second_from_a_spare_job_outside_the_allocation(
+        slurm_cluster, tmp_path):
+    """The launcher's recovery, twice, without leaving RUNNING: the job's own spare takes the
+    first dead node's place; then (``SLURMFT_SPARE_REFILL=1``) the launcher asks Slurm for a
+    one-node spare job (the cluster's fourth node), starts that node's task in the spare job's
+    allocation, and it takes the second dead node's place. Beside it the real watcher, even in
+    operator mode with a short hang timeout, never requeues or holds the run (on the code before
+    in-allocation mode it did: its operator rule set the dead node DOWN and recovered the job, and
+    its hang rule called the restarting world hung 20 s after the last beat before the fault).
+    Issue 27's refill merged into issue 28's spare case (one job start): the refill's own test
+    (test_a_spare_job_from_outside_the_allocation_replaces_the_second_dead_node, 2026-11-28) is
+    this one's second death."""
     run = tmp_path / "run"
-    job = submit(slurm_cluster, run, ARGS, nodes=3, sbatch_options=["--no-kill"],
-                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1"})
+    args = [*TINY_ARGS, "--steps", "80", "--ckpt-every", "5", "--step-sleep", "0.2"]
+    job = submit(slurm_cluster, run, args, nodes=3, sbatch_options=["--no-kill"],
+                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1", "SLURMFT_SPARE_REFILL": "1"})
     job.watcher = WatcherProc(slurm_cluster, [job.job_id], tmp_path / "watch.log", "--operator",
                               "--hang-timeout", "20", run_dir=run)
     try:
@@ -148,11 +158,23 @@ def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_p
         batch = alloc["active"][0]
         assert victim != batch
         [spare] = [n for n in alloc["active"] + alloc["spares"] if n not in (batch, victim)]
+        [free] = [n for n in slurm_cluster.nodes() if n not in (batch, victim, spare)]
         # Meanwhile the spare's beat file stalls past the bound, and past what the file alone is
         # given (liveness.FILE_ALONE_S, 10 s), while it takes the victim's place: only its TCP
         # beats keep it from being dropped as a silent spare or fenced as a silent active node
         # (issue 28: the third active node's of a 3 + 1 job before).
         _stall_alive(run, spare, 12)
+
+        def outside_spare_beats(_):
+            alloc = _allocation(run)
+            return any(j["node"] == free for j in alloc.get("spare_jobs", [])) \
+                and free in alloc["spares"] and RunDir(run).alive(free).exists()
+        job.wait_for(outside_spare_beats, 150, f"a spare job on {free}, its task beating")
+        [holder] = [j["job_id"] for j in _allocation(run)["spare_jobs"] if j["node"] == free]
+        assert job.client.job(holder).state is JobState.RUNNING
+        assert _allocation(run)["active"] == [batch, spare]
+        second_committed = max(RunDir(run).committed_steps())
+        slurm_cluster.kill_node(spare)
         states = _wait_running_until_end(job, timeout=300)
     finally:
         job.watcher.kill()
@@ -160,118 +182,69 @@ def test_spare_replaces_a_killed_node_inside_the_allocation(slurm_cluster, tmp_p
     assert job.state().restart_count == 0  # never requeued
 
     alloc = _allocation(run)
-    assert alloc["generation"] == 1 and victim not in alloc["active"]
-    assert alloc["active"] == [batch, spare] and alloc["spares"] == []
-    assert [f["node"] for f in alloc["fenced"]] == [victim]
+    assert alloc["generation"] == 2 and alloc["active"] == [batch, free] and alloc["spares"] == []
+    assert [f["node"] for f in alloc["fenced"]] == [victim, spare]
     faults = [e for e in job.events([journal.FAULT_DETECTED]) if e.get("where") == "allocation"]
-    assert [(e.get("cause"), e.get("nodes")) for e in faults] in (
-        [("node_silent", [victim])], [("node_death", [victim])])
+    assert [e.get("nodes") for e in faults] == [[victim], [spare]], job.context()
+    assert all(e.get("cause") in ("node_silent", "node_death") for e in faults)
     if faults[0].get("cause") == "node_silent":  # both channels had beaten: the TCP one too
         assert "TCP " in faults[0].get("evidence")[0] and "no TCP" not in faults[0].get("evidence")[0]
     actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
-    assert [(a.get("action"), a.get("nodes"), a.get("world_nodes")) for a in actions] == \
-        [("replace_node", [victim], 2)]
-    assert actions[0].get("spare") == spare
+    assert [(a.get("action"), a.get("nodes"), a.get("spare"), a.get("world_nodes")) for a in actions] == \
+        [("replace_node", [victim], spare, 2), ("replace_node", [spare], free, 2)], job.context()
 
-    # Back at the restored step on 2 nodes, the dead node unused from the fence on.
-    starts = _segments(job)
-    after = [e for e in starts if e.time > faults[0].time]
-    assert after and all(e.get("world_size") == 2 for e in starts)
-    assert after[-1].get("restored_step") >= committed
-    fence_time = actions[0].time
-    assert not [e for e in job.events() if e.time > fence_time and e.get("node") == victim]
-    assert not RunDir(run).alive(victim).exists() or \
-        RunDir(run).alive(victim).stat().st_mtime <= fence_time
-
-    # The watcher's only act: the fenced node set DOWN (operator mode), when it saw Slurm's
-    # NOT_RESPONDING at two polls before Slurm's own SlurmdTimeout made it DOWN.
-    watcher = [e for e in job.events([journal.FAULT_DETECTED, journal.RECOVERY_ACTION,
-                                      journal.PLANNED_END, journal.GAVE_UP])
-               if not journal.in_allocation(e)]
-    assert all(e.kind == journal.RECOVERY_ACTION and e.get("action") == "set_down"
-               and e.get("nodes") == [victim] for e in watcher), (watcher, job.context())
-    node = slurm_cluster.nodes()[victim]
-    assert node.state == "DOWN", node.describe()
-    if watcher:  # set DOWN by the watcher: the launcher's evidence is the reason
-        assert node.reason.startswith(f"slurmft: watch: fenced by job {job.job_id}'s launcher"), node.reason
-
-    # slurmft status: the recovery is a fault recovered in the allocation, the spare used up.
-    out = subprocess.run([sys.executable, "-m", "slurmft.cli", "status", str(run), "--json"],
-                         env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
-    (fault,) = report["faults"]
-    assert (fault["where"], fault["nodes"], fault["recovered"]) == ("allocation", [victim], True)
-    assert fault["requeued"] is None and fault["acted"] is not None
-    assert report["restarts"] == 1 and report["allocation"]["spares"] == []
-    assert victim in [f["node"] for f in report["allocation"]["fenced"]]
-
-    # Every rank of both worlds was forked by its node's warm server, none started cold.
-    log = job.log_text()
-    forked = {(int(r), int(a)) for r, a in FORKED.findall(log)}
-    assert {(r, 0) for r in range(2)} <= forked, log[-4000:]
-    assert any(a >= 1 for _, a in forked), log[-4000:]     # the new world's ranks too
-    assert COLD not in log and "no warm workers" not in log
-
-    # Every step's loss, the first time and when redone after the restore, equals an
-    # uninterrupted 2-rank run's bit for bit.
-    ref = reference_losses(tmp_path / "reference", ARGS, world_size=2)
-    seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
-    assert {s for s, _, _ in seen} == set(ref)
-    for step, loss, samples in seen:
-        assert (loss, samples) == ref[step], f"step {step}"
-
-
-@pytest.mark.timeout(480)
-def test_a_spare_job_from_outside_the_allocation_replaces_the_second_dead_node(slurm_cluster, tmp_path):
-    """SLURMFT_SPARE_REFILL=1: once the job's own spare took the first dead node's place, the
-    launcher asks Slurm for a one-node spare job (the cluster's fourth node), starts the node's
-    task in that job's allocation, and that spare takes the second dead node's place: the job
-    never leaves RUNNING, both recoveries are in the allocation, every loss equals an
-    uninterrupted run's, and the spare job ends with the training."""
-    run = tmp_path / "run"
-    args = [*TINY_ARGS, "--steps", "80", "--ckpt-every", "5", "--step-sleep", "0.2"]
-    job = submit(slurm_cluster, run, args, nodes=3, sbatch_options=["--no-kill"],
-                 env={**INALLOC_ENV, "SLURMFT_SPARE_NODES": "1", "SLURMFT_SPARE_REFILL": "1"})
-    first, _ = _kill_when_ready(slurm_cluster, job, run, spares=1)
-    [free] = [n for n in slurm_cluster.nodes() if n not in job.state().nodes]
-
-    def outside_spare_beats(_):
-        alloc = _allocation(run)
-        return any(j["node"] == free for j in alloc.get("spare_jobs", [])) and free in alloc["spares"] \
-            and RunDir(run).alive(free).exists()
-    job.wait_for(outside_spare_beats, 150, f"a spare job on {free}, its task beating")
-    [holder] = [j["job_id"] for j in _allocation(run)["spare_jobs"] if j["node"] == free]
-    assert job.client.job(holder).state is JobState.RUNNING
-    alloc = _allocation(run)
-    second = alloc["active"][1]         # the job's own spare, active since the first death
-    assert second not in (first, free)
-    committed = max(RunDir(run).committed_steps())
-    slurm_cluster.kill_node(second)
-    states = _wait_running_until_end(job, timeout=300)
-    assert states == [JobState.RUNNING, JobState.COMPLETED], job.context()
-    assert job.state().restart_count == 0  # never requeued
-
-    alloc = _allocation(run)
-    assert alloc["generation"] == 2 and alloc["active"][1] == free, alloc
-    assert [f["node"] for f in alloc["fenced"]] == [first, second]
-    actions = [e for e in job.events([journal.RECOVERY_ACTION]) if e.get("where") == "allocation"]
-    assert [(a.get("action"), a.get("nodes"), a.get("spare")) for a in actions] == \
-        [("replace_node", [first], second), ("replace_node", [second], free)], job.context()
+    # Back at the restored step on 2 nodes each time, a dead node unused from its fence on.
     starts = _segments(job)
     assert all(e.get("world_size") == 2 for e in starts)
-    last = [e for e in starts if e.time > actions[1].time]
-    assert last and last[-1].get("restored_step") >= committed
+    for fault, action, restored in zip(faults, actions, (committed, second_committed)):
+        after = [e for e in starts if e.time > fault.time]
+        assert after and after[0].get("restored_step") >= restored
+        dead = action.get("nodes")[0]
+        assert not [e for e in job.events() if e.time > action.time and e.get("node") == dead]
+        assert not RunDir(run).alive(dead).exists() or RunDir(run).alive(dead).stat().st_mtime <= action.time
     # The ranks on the spare job's node journaled the training job's id, not the spare job's.
-    ids = {str(e.get("job_id")) for e in job.events(["segment_start", "loss"])}
-    assert ids == {job.job_id}, ids
+    assert {str(e.get("job_id")) for e in job.events(["segment_start", "loss"])} == {job.job_id}
     # The spare job ended with the training (the launcher cancelled it): nothing left queued.
     held = job.client.jobs([holder])
     assert holder not in held or held[holder].state.finished, held
     assert not [j for j in job.client.user_jobs(pwd.getpwuid(os.getuid()).pw_name).values()
                 if not j.state.finished]
 
+    # The watcher's only acts: a fenced node set DOWN (operator mode), when it saw Slurm's
+    # NOT_RESPONDING at two polls before Slurm's own SlurmdTimeout made it DOWN.
+    watcher = [e for e in job.events([journal.FAULT_DETECTED, journal.RECOVERY_ACTION,
+                                      journal.PLANNED_END, journal.GAVE_UP])
+               if not journal.in_allocation(e)]
+    assert all(e.kind == journal.RECOVERY_ACTION and e.get("action") == "set_down"
+               and e.get("nodes") in ([victim], [spare]) for e in watcher), (watcher, job.context())
+    node = slurm_cluster.nodes()[victim]
+    assert node.state == "DOWN", node.describe()
+    if [e for e in watcher if e.get("nodes") == [victim]]:  # set DOWN by the watcher: the launcher's evidence
+        assert node.reason.startswith(f"slurmft: watch: fenced by job {job.job_id}'s launcher"), node.reason
+
+    # slurmft status: two faults recovered in the allocation, the spare job's node training.
+    out = subprocess.run([sys.executable, "-m", "slurmft.cli", "status", str(run), "--json"],
+                         env={**os.environ, **slurm_cluster.env}, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert [(f["where"], f["nodes"], f["recovered"]) for f in report["faults"]] == \
+        [("allocation", [victim], True), ("allocation", [spare], True)]
+    assert all(f["requeued"] is None and f["acted"] is not None for f in report["faults"])
+    assert report["restarts"] == 2 and report["allocation"]["spares"] == []
+    assert {victim, spare} <= {f["node"] for f in report["allocation"]["fenced"]}
+    assert {"job_id": holder, "node": free} in report["allocation"]["spare_jobs"]
+
+    # Every rank of every world was forked by its node's warm server, the spare job's node's
+    # too, none started cold.
+    log = job.log_text()
+    forked = {(int(r), int(a)) for r, a in FORKED.findall(log)}
+    assert {(r, 0) for r in range(2)} <= forked, log[-4000:]
+    assert any(a >= 2 for _, a in forked), log[-4000:]     # the last world's ranks too
+    assert COLD not in log and "no warm workers" not in log
+
+    # Every step's loss, the first time and when redone after a restore, equals an
+    # uninterrupted 2-rank run's bit for bit.
     ref = reference_losses(tmp_path / "reference", args, world_size=2)
     seen = [(e.get("step"), e.get("loss"), e.get("samples")) for e in job.events(["loss"])]
     assert {s for s, _, _ in seen} == set(ref)

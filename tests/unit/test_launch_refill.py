@@ -358,3 +358,15 @@ def test_a_fenced_spare_jobs_node_ends_its_hold_and_a_late_cancel_is_tried_again
     r._round()
     assert "41" in r._cancel    # kept: tried again next round, and at the end
     assert any("could not cancel the spare job 41" in line for line in lines)
+
+
+def test_a_spare_job_on_a_node_to_avoid_is_never_handed_over_and_is_cancelled(tmp_path):
+    client = Client()
+    r, _ = _refill(tmp_path, client)
+    r.want(1, ["n1", "n3"])
+    r._round()
+    client.states["41"] = Job("41", refill.HOLDER_NAME, JobState.RUNNING, nodes=("n3",))
+    r._round()
+    assert r.take_ready() == [] and "41" not in r.pending()   # another asked for instead
+    r._round()
+    assert client.cancelled == ["41"]
