@@ -149,6 +149,29 @@ def test_cancel_with_usr2_reaches_the_batch_script(client, tmp_path):
     assert marker.read_text().strip() == "usr2"
 
 
+@pytest.mark.timeout(90)
+def test_a_job_starts_a_step_in_another_of_its_users_jobs(client, tmp_path):
+    """What in-allocation mode's spares from outside the allocation rest on
+    (``slurmft.launch.refill``): from inside one job, ``srun --jobid=J`` starts a step in the
+    one-node job J's allocation, on J's node, without J's batch script doing anything; the step's
+    Slurm sets J's id (the task puts the training job's back), and cancelling J ends the step.
+    Run on every release of the matrix (22.05, 24.11, 26.05)."""
+    holder = submit(client, tmp_path, "sleep 300", "-N1", "--exclusive")
+    node = running(client, holder).nodes[0]
+    seen, ended = tmp_path / "step-seen", tmp_path / "step-ended"
+    step = (f"srun --jobid={holder} --nodes=1 --ntasks=1 --nodelist={node} --kill-on-bad-exit=0 "
+            f"bash -c 'echo $SLURMD_NODENAME $SLURM_JOB_ID > {seen}; sleep 300'; "
+            f"echo $? > {ended}")
+    outer = submit(client, tmp_path, step, "-N1", f"--exclude={node}")
+    running(client, outer)
+    text = wait_for(lambda: seen.read_text() if seen.exists() else "", bool, 30, "the step's line")
+    assert text.split() == [node, holder]
+    client.cancel(holder)
+    wait_for(lambda: ended.exists(), bool, 30, "srun's end after the holder's cancel")
+    assert ended.read_text().strip() != "0"
+    wait_for(lambda: client.job(outer), lambda j: j.state.finished, 30, "the outer job's end")
+
+
 @pytest.mark.timeout(40)
 def test_no_requeue_job_is_refused_and_left_running(client, tmp_path):
     job_id = submit(client, tmp_path, "sleep 60", "--no-requeue")
