@@ -240,24 +240,30 @@ def test_a_task_in_a_spare_jobs_allocation_names_the_training_job():
     assert stripped == {"PATH": "/bin", "SLURM_CPUS_PER_TASK": "8", "SLURM_GPUS_PER_NODE": "8"}
 
 
-def _supervisor_with_spare_job(tmp_path, monkeypatch, step_code: str = "import time; time.sleep(60)"):
-    """A supervisor (n1, n2, n4 active; n3 fenced; no spare of its own left) given the spare job
-    41's node n7, whose step is a local process running ``step_code`` (a stand-in for srun);
-    (the supervisor, the client, what each node's step was started with)."""
+def _refilling_supervisor(tmp_path):
+    """A supervisor of n[1-4] (one spare, SLURMFT_SPARE_REFILL=1) and its stand-in client."""
     full = _env(SLURMFT_RUN_DIR=str(tmp_path), SLURMFT_SPARE_NODES="1", SLURMFT_SPARE_REFILL="1")
     ident = identity.from_environ(full)
-    started: dict[str, tuple[list[str], dict]] = {}
-
-    def start(node, argv, env, run_dir, extra_env=None):
-        started[node] = (list(argv), {**env, **(extra_env or {})})
-        return nodesteps.NodeStep(node, procs.start([sys.executable, "-c", step_code]), time.monotonic())
-    monkeypatch.setattr(nodesteps, "start", start)
     client = Client()
     sup = inalloc.Supervisor(ident, settings.from_environ(full, ident),
                              alloc_settings.from_environ(full, ident), Rendezvous("n1", 40001, "r"),
                              ["train.py"], full, SignalLog(), Voice(ident, tmp_path), client,
                              lambda name: None, lambda: None)
     assert sup.refill is not None
+    return sup, client
+
+
+def _supervisor_with_spare_job(tmp_path, monkeypatch, step_code: str = "import time; time.sleep(60)"):
+    """A supervisor (n1, n2, n4 active; n3 fenced; no spare of its own left) given the spare job
+    41's node n7, whose step is a local process running ``step_code`` (a stand-in for srun);
+    (the supervisor, the client, what each node's step was started with)."""
+    started: dict[str, tuple[list[str], dict]] = {}
+
+    def start(node, argv, env, run_dir, extra_env=None):
+        started[node] = (list(argv), {**env, **(extra_env or {})})
+        return nodesteps.NodeStep(node, procs.start([sys.executable, "-c", step_code]), time.monotonic())
+    monkeypatch.setattr(nodesteps, "start", start)
+    sup, client = _refilling_supervisor(tmp_path)
     sup.alloc = allocation.Allocation(job_id=sup.alloc.job_id, generation=1, active=("n1", "n2", "n4"),
                                       spares=(), fenced=(allocation.Fence("n3", "node_death", None),))
     run = RunDir(tmp_path)
@@ -306,13 +312,7 @@ def test_a_spare_jobs_node_whose_step_ended_is_fenced_and_its_job_cancelled(tmp_
 
 
 def test_the_supervisor_lists_a_queued_spare_job_until_it_ends_in_the_queue(tmp_path):
-    full = _env(SLURMFT_RUN_DIR=str(tmp_path), SLURMFT_SPARE_NODES="1", SLURMFT_SPARE_REFILL="1")
-    ident = identity.from_environ(full)
-    client = Client()
-    sup = inalloc.Supervisor(ident, settings.from_environ(full, ident),
-                             alloc_settings.from_environ(full, ident), Rendezvous("n1", 40001, "r"),
-                             ["train.py"], full, SignalLog(), Voice(ident, tmp_path), client,
-                             lambda name: None, lambda: None)
+    sup, client = _refilling_supervisor(tmp_path)
     sup.alloc = allocation.Allocation(job_id=sup.alloc.job_id, generation=1, active=("n1", "n2", "n4"),
                                       fenced=(allocation.Fence("n3", "node_death", None),))
     sup._refill()                     # one spare short: the refill is told so
@@ -328,13 +328,7 @@ def test_the_supervisor_lists_a_queued_spare_job_until_it_ends_in_the_queue(tmp_
 
 
 def test_a_spare_job_that_runs_when_no_spare_is_wanted_any_more_is_cancelled(tmp_path):
-    full = _env(SLURMFT_RUN_DIR=str(tmp_path), SLURMFT_SPARE_NODES="1", SLURMFT_SPARE_REFILL="1")
-    ident = identity.from_environ(full)
-    client = Client()
-    sup = inalloc.Supervisor(ident, settings.from_environ(full, ident),
-                             alloc_settings.from_environ(full, ident), Rendezvous("n1", 40001, "r"),
-                             ["train.py"], full, SignalLog(), Voice(ident, tmp_path), client,
-                             lambda name: None, lambda: None)
+    sup, client = _refilling_supervisor(tmp_path)
     assert sup.alloc.spares == ("n4",)   # its own spare still waits
     sup.refill._ready.append(refill.Ready("41", "n7"))
     sup._refill()
