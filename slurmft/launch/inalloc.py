@@ -7,7 +7,9 @@ node's death inside the allocation, without Slurm.
   reap ended steps -> a node silent for ``SLURMFT_NODE_SILENT_S`` on both channels, or whose step ended without training having ended,
   is fenced: ``allocation.json`` gets the new generation first (the ranks exit on it), then the
   journal's ``fault_detected``/``recovery_action`` (``"where": "allocation"``), then its step is
-  killed (its srun here, its tasks through ``scancel --signal=KILL JOB.STEP``). An active node
+  killed (its srun here, its tasks through ``scancel --signal=KILL JOB.STEP``); a live active
+  node's only once its agent left torchrun's rendezvous (``rdzvleave``) or after
+  ``LEAVE_GRACE_S``. An active node
   is replaced by the first spare (same world: bit-identical) or, without one, dropped (the
   world shrinks) while at least ``SLURMFT_MIN_NODES`` remain; below that, and when the batch
   host's own step fails (it holds the rendezvous store), the job goes the requeue path (85).
@@ -37,7 +39,7 @@ from typing import Callable, Mapping, Sequence
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan, refill
+from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan, rdzvleave, refill
 from slurmft.launch import spare as spare_task
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
@@ -78,6 +80,13 @@ class GoRequeue(Exception):
 
 
 @dataclass
+class _Leaving:
+    until: float               # monotonic: its step is killed then if it has not ended
+    step_id: str | None
+    holder: str | None         # its spare job (``refill``), cancelled with the kill
+
+
+@dataclass
 class Fault:
     node: str
     cause: str                # node_death | node_silent | rank_crash
@@ -110,6 +119,7 @@ class Supervisor:
                                                  poll_s=alloc.node_poll_s)
         self._warned_unfit: set[str] = set()
         self.kills = handback.StepKills(client, ident.slurm_id, voice.log)
+        self._leaving: dict[str, _Leaving] = {}   # fenced live nodes whose agents leave first
         self.spares_wanted = len(alloc.spares)
         self.refill = refill.Refill(client, ident, self.run_dir, env, alloc.spare_sbatch, voice.log,
                                     batch_alive=self.run_dir.alive(rdzv.host),
@@ -139,6 +149,7 @@ class Supervisor:
             self._resend()
             self.liveness.poll()
             self._reap()
+            self._end_leaving()
             if not self.ending:
                 self._fence_found()
                 self._refill()
@@ -166,6 +177,7 @@ class Supervisor:
             host, self.run_dir.alive(host), self.settings.node_silent_s, others.index(node))
         if node in self.alloc.spares:
             extra[spare_task.SPARE_ENV] = node
+        extra[rdzvleave.LEAVE_ENV] = node
         if self.net is not None:
             extra.update(self.net.environ_for(node))
         env = self.env
@@ -351,11 +363,18 @@ class Supervisor:
         spare = alloc.spares[0] if was_active and alloc.spares else None
         self._journal_fault(fault)
         holder = alloc.spare_job_of(node)
+        # A live active node's agent is a participant of torchrun's rendezvous: it leaves it by
+        # itself (``rdzvleave``) before its step is killed, or the next round waits for its
+        # keep-alive to expire. A silent node cannot; a spare's agent never joined.
+        leaves = was_active and not reaped and fault.cause not in ("node_silent", "node_death")
         if holder is not None and self.refill is not None:  # the node goes back to Slurm with its job
-            self.refill.cancel(holder)
+            if not leaves:
+                self.refill.cancel(holder)
             if not was_active:
                 self.refill.spoiled(holder)
         if was_active and spare is None and len(alloc.active) - 1 < self.min_nodes:
+            if leaves and holder is not None and self.refill is not None:
+                self.refill.cancel(holder)
             self._kill(node)
             raise GoRequeue(f"{node} lost ({fault.cause}) and no spare is left: "
                             f"{len(alloc.active) - 1} node(s) is below SLURMFT_MIN_NODES="
@@ -373,11 +392,31 @@ class Supervisor:
                 "shrink": f"dropped: training goes on on {len(self.alloc.active)} node(s)"}[action]
         self.voice.log(f"{node} {fault.cause}: {'; '.join(fault.evidence)} -> {what} "
                        f"(generation {self.alloc.generation})")
-        if not reaped:
+        if leaves:
+            self._leaving[node] = _Leaving(time.monotonic() + rdzvleave.LEAVE_GRACE_S,
+                                           self.liveness.step_id(node), holder)
+        elif not reaped:
             self._kill(node)
         self.liveness.forget(node)
         if spare is not None and spare not in self.steps:
             self._start(spare)
+
+    def _end_leaving(self, now: bool = False) -> None:
+        """Kill the step of each fenced node that left (its step ended) or had its
+        ``LEAVE_GRACE_S`` (``now``: every one)."""
+        for node, leaving in list(self._leaving.items()):
+            step = self.steps.get(node)
+            ended = step is None or step.poll() is not None
+            if not (now or ended or time.monotonic() >= leaving.until):
+                continue
+            del self._leaving[node]
+            if leaving.holder is not None and self.refill is not None:
+                self.refill.cancel(leaving.holder)
+            if ended:   # its tasks ended with it: nothing to kill (``handback``: no evidence)
+                self.steps.pop(node, None)
+                self.voice.log(f"the fenced {node}'s step ended by itself")
+            else:
+                self._kill(node, leaving.step_id)
 
     def _journal_fault(self, fault: Fault) -> None:
         # A dead or silent node's fault is its last beat; a crash is seen as it happens.
@@ -386,11 +425,11 @@ class Supervisor:
         self.voice.event(journal.FAULT_DETECTED, where=WHERE, cause=fault.cause, nodes=[fault.node],
                          evidence=fault.evidence, fault_time=fault_time, detected_by="launcher")
 
-    def _kill(self, node: str) -> None:
+    def _kill(self, node: str, step_id: str | None = None) -> None:
         """End the node's step: our srun at once (it may wait on a dead node for ever), and its
         tasks through Slurm (a frozen node's tasks must never come back)."""
         step = self.steps.pop(node, None)
-        step_id = self.liveness.step_id(node)
+        step_id = step_id or self.liveness.step_id(node)
         if step is not None and step.proc.poll() is None:
             try:
                 os.killpg(step.proc.pid, signal.SIGKILL)
@@ -439,6 +478,7 @@ class Supervisor:
         nothing), KILL what is still there after ``STOP_KILL_AFTER_S``: the job's end takes the
         remote tasks with it."""
         self.node_states.stop()
+        self._end_leaving(now=True)
         if self.refill is not None:   # every spare job ends with the training
             self.refill.close()
         running = [step for step in self.steps.values() if step.proc.poll() is None]

@@ -60,7 +60,9 @@ MAX_REQUEST = 16 << 20
 # After torchrun's TERM: a worker stopped this long is killed; one still there after the grace too.
 # The grace outlasts a rank's own bounded exits after a TERM (train/hard_exit.py: 5 s; the
 # watchdog's report: 10 s), so what a healthy rank journals on its way out is not cut.
-STOPPED_CONFIRM_S = 1.0
+# Stopped at two polls in a row (STOP_POLL_S apart): a ptrace stop (py-spy, a debugger) is
+# milliseconds; each 0.75 s more was paid by every restart after a hang (the soak of 2026-11-28).
+STOPPED_CONFIRM_S = 0.25
 STOP_GRACE_S = 15.0
 STOP_POLL_S = 0.25
 STOPPING_NAME = "stopping"   # beside the socket: the node's task is stopping torchrun for real

@@ -112,6 +112,11 @@ def test_a_sweepers_drain_is_replaced_at_once_an_admins_after_the_next_checkpoin
     [commit] = [e for e in job.events(["checkpoint_committed"]) if e.get("step") == step]
     assert commit.time <= faults[1].time
 
+    # Each fenced node's torchrun agent left the rendezvous by itself (rdzvleave) instead of
+    # holding the next round until its keep-alive expired.
+    for node in (victim, first):
+        assert f"{node} is fenced by the launcher: left the rendezvous" in job.log_text(), node
+
     starts = job.events([journal.SEGMENT_START])
     assert len(starts) == 3 and all(e.get("world_size") == 2 for e in starts)
     assert starts[1].get("restored_step") >= 10 and starts[2].get("restored_step") >= step

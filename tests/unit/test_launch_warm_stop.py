@@ -195,9 +195,9 @@ def test_the_stop_rule_step_by_step(tmp_path):
     assert w.due(0.0, "T") is None                       # no TERM yet: nothing to decide
     w.signalled(signal.SIGTERM, 10.0)
     assert w.due(10.5, "T") is None                      # stopped, not yet for STOPPED_CONFIRM_S
-    assert w.due(11.2, "S") is None                      # it ran again: the count starts over
-    assert w.due(11.4, "T") is None and w.due(12.0, "T") is None
-    assert "stopped (state T)" in w.due(12.5, "T")
+    assert w.due(10.75, "S") is None                     # it ran again: the count starts over
+    assert w.due(11.4, "T") is None and w.due(11.6, "T") is None
+    assert "stopped (state T) 1.7 s after" in w.due(11.65, "T")
     assert w.due(30.0, "Z") is None and w.due(30.0, None) is None   # it ended: the server reaps it
     g = warmclient.StopWatch(marker, grace_s=15.0)
     g.signalled(signal.SIGTERM, 0.0)
