@@ -27,8 +27,13 @@ in a collective that cannot be aborted (gloo) until the process-group timeout. N
 the run: the launcher re-forms the world in the allocation (a spare, a smaller world, or the same
 nodes again) and the ranks resume from the newest valid checkpoint."""
 
+FENCED = 89
+"""In-allocation mode, a node's torchrun agent (``slurmft.launch.rdzvleave``): the launcher fenced
+this node, so the agent left the rendezvous and ended without joining another round. Its node
+task and step end with it; the launcher, which fenced the node, expects it."""
+
 NAMES: dict[int, str] = {OK: "OK", REQUEUE: "REQUEUE", NO_REQUEUE: "NO_REQUEUE", HANG: "HANG",
-                         REFORM: "REFORM"}
+                         REFORM: "REFORM", FENCED: "FENCED"}
 
 
 def describe(code: int) -> str:

@@ -39,7 +39,7 @@ from typing import Callable, Mapping, Sequence
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan, rdzvleave, refill
+from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan, rdzvleave, rdzvpoll, refill
 from slurmft.launch import spare as spare_task
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
@@ -64,6 +64,10 @@ DONE_GRACE_S = 60.0       # a clean end (0): torchrun ends by itself, nothing re
 END_KILL_AFTER_S = 40.0   # TERM -> KILL: torchrun's own stop of its workers takes up to 30 s
 ENDED = (exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE)
 WHERE = "allocation"
+# The fences of a node that still runs, whose agent leaves torchrun's rendezvous by itself
+# (``rdzvleave``) when it beat this recently; a silent or DOWN node cannot.
+LEAVING_CAUSES = (nodestate.NODE_UNHEALTHY, nodestate.NODE_DRAINED)
+LEAVE_BEAT_S = 2.0
 
 
 class GiveUp(Exception):
@@ -84,6 +88,7 @@ class _Leaving:
     until: float               # monotonic: its step is killed then if it has not ended
     step_id: str | None
     holder: str | None         # its spare job (``refill``), cancelled with the kill
+    rc: int | None = None      # its srun's exit status once it ended
 
 
 @dataclass
@@ -178,6 +183,7 @@ class Supervisor:
         if node in self.alloc.spares:
             extra[spare_task.SPARE_ENV] = node
         extra[rdzvleave.LEAVE_ENV] = node
+        extra[rdzvpoll.ENV] = str(rdzvpoll.poll_for(len(self.ident.nodes)))
         if self.net is not None:
             extra.update(self.net.environ_for(node))
         env = self.env
@@ -238,6 +244,8 @@ class Supervisor:
                 continue
             del self.steps[node]
             if node in self.alloc.fenced_nodes:
+                if node in self._leaving:
+                    self._leaving[node].rc = rc
                 continue
             if not self.ending and (rc == 0 or self.recorded() in ENDED):
                 self._begin_end(f"the step on {node} exited {rc}")
@@ -365,8 +373,9 @@ class Supervisor:
         holder = alloc.spare_job_of(node)
         # A live active node's agent is a participant of torchrun's rendezvous: it leaves it by
         # itself (``rdzvleave``) before its step is killed, or the next round waits for its
-        # keep-alive to expire. A silent node cannot; a spare's agent never joined.
-        leaves = was_active and not reaped and fault.cause not in ("node_silent", "node_death")
+        # keep-alive to expire. A silent or DOWN node cannot; a spare's agent never joined.
+        leaves = was_active and not reaped and fault.cause in LEAVING_CAUSES \
+            and not self.liveness.silent(node, LEAVE_BEAT_S)
         if holder is not None and self.refill is not None:  # the node goes back to Slurm with its job
             if not leaves:
                 self.refill.cancel(holder)
@@ -406,16 +415,17 @@ class Supervisor:
         ``LEAVE_GRACE_S`` (``now``: every one)."""
         for node, leaving in list(self._leaving.items()):
             step = self.steps.get(node)
-            ended = step is None or step.poll() is not None
-            if not (now or ended or time.monotonic() >= leaving.until):
+            if step is not None and step.poll() is not None:
+                leaving.rc = step.rc
+            if not (now or leaving.rc is not None or time.monotonic() >= leaving.until):
                 continue
             del self._leaving[node]
             if leaving.holder is not None and self.refill is not None:
                 self.refill.cancel(leaving.holder)
-            if ended:   # its tasks ended with it: nothing to kill (``handback``: no evidence)
+            if leaving.rc == exitcodes.FENCED:   # its agent left and its task ended: nothing runs
                 self.steps.pop(node, None)
-                self.voice.log(f"the fenced {node}'s step ended by itself")
-            else:
+                self.voice.log(f"the fenced {node}'s agent left the rendezvous and its step ended")
+            else:   # still running, or its srun ended otherwise: its tasks may live on
                 self._kill(node, leaving.step_id)
 
     def _journal_fault(self, fault: Fault) -> None:

@@ -31,6 +31,10 @@ from typing import Callable, Iterator, TextIO
 from slurmft import exitcodes
 from slurmft.train.hard_exit import exit_after_report
 
+# The thread looks every poll, and also just past the deadline in sight: a hang is ended at its
+# deadline, not up to a poll (1 s) after it (0.5 s on average of every in-place hang restart).
+DEADLINE_SLACK_S = 0.01
+
 
 @dataclass
 class _Watch:
@@ -46,7 +50,8 @@ class StepWatchdog:
     step (10). warmup_steps: steps observed before the adaptive limit applies (5). min_timeout_s:
     floor of the adaptive limit (60). history: steps in the median (50). on_fire: called with the
     message before exiting (None). stream: where stacks go (stderr). exit_code: (87, HANG).
-    poll_s: how often the thread looks (default: a tenth of the limit, at most 1 s).
+    poll_s: how often the thread looks (default: a tenth of the limit, at most 1 s), and again
+    just past the watched deadline.
     report_timeout_s: longest the exit waits for the message, stacks and ``on_fire`` (10).
     """
 
@@ -164,7 +169,16 @@ class StepWatchdog:
                 watch, limit = current
                 self._fire(watch.label, time.monotonic() - watch.started, limit)
                 return
-            self._stop.wait(poll)
+            self._stop.wait(self._next_look(current, poll, time.monotonic()))
+
+    @staticmethod
+    def _next_look(current: tuple[_Watch, float] | None, poll: float, now: float) -> float:
+        """Seconds until the thread looks again: the poll, or just past the deadline in sight
+        when that comes first (a hang ends at its deadline, not up to a poll after it)."""
+        if current is None:
+            return poll
+        watch, limit = current
+        return min(poll, max(watch.started + limit - now, 0.0) + DEADLINE_SLACK_S)
 
     def _fire(self, label: str, elapsed: float, limit: float) -> None:
         message = (f"slurmft watchdog: {label} has run {elapsed:.1f} s, over its {limit:.1f} s "

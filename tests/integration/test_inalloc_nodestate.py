@@ -113,9 +113,13 @@ def test_a_sweepers_drain_is_replaced_at_once_an_admins_after_the_next_checkpoin
     assert commit.time <= faults[1].time
 
     # Each fenced node's torchrun agent left the rendezvous by itself (rdzvleave) instead of
-    # holding the next round until its keep-alive expired.
+    # holding the next round until its keep-alive expired, and its step ended with it (89).
+    log = job.log_text().splitlines()
     for node in (victim, first):
-        assert f"{node} is fenced by the launcher: left the rendezvous" in job.log_text(), node
+        assert any(f"{node} is fenced by the launcher (" in line and "): left the rendezvous" in line
+                   for line in log), node
+        assert any(f"the fenced {node}'s agent left the rendezvous and its step ended" in line
+                   for line in log), node
 
     starts = job.events([journal.SEGMENT_START])
     assert len(starts) == 3 and all(e.get("world_size") == 2 for e in starts)

@@ -4,15 +4,16 @@ sruns (the devcluster test kills a real node: tests/integration/test_inalloc.py)
 and a spare's death that moves no generation."""
 
 import json
+import sys
 import time
 
 import pytest
 
 from inalloc_support import start_beating_steps
 from launch_envs import recorded
-from slurmft import journal
+from slurmft import exitcodes, journal
 from slurmft.journal import read_events
-from slurmft.launch import alloc_settings, identity, inalloc, procs, settings
+from slurmft.launch import alloc_settings, identity, inalloc, nodesteps, procs, rdzvleave, rdzvpoll, settings
 from slurmft.launch.journaling import Voice
 from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.signals import SignalLog
@@ -131,5 +132,68 @@ def test_silence_past_the_bound_is_a_fault_but_not_on_the_batch_host(tmp_path):
         assert [(f.node, f.cause) for f in faults] == [("n2", "node_silent"), ("n3", "node_silent"),
                                                        ("n4", "node_silent")]
         assert "SLURMFT_NODE_SILENT_S=2" in faults[0].evidence[0]
+    finally:
+        _stop(sup)
+
+
+def test_each_nodes_agent_is_told_its_node_and_the_rendezvous_poll(tmp_path, monkeypatch):
+    """What the agents' rendezvous hooks need (rdzvleave, rdzvpoll), on every node's step."""
+    sup, client, run = _supervisor(tmp_path, SLURMFT_SPARE_NODES="1")
+    real = dict(sup.steps)
+    extras: dict = {}
+    try:
+        monkeypatch.setattr(inalloc.nodesteps, "start",
+                            lambda node, argv, env, run_dir, extra: extras.setdefault(node, extra))
+        for node in ("n1", "n2", "n4"):   # the batch host, another active node, the spare
+            sup._start(node)
+        assert {n: e[rdzvleave.LEAVE_ENV] for n, e in extras.items()} == {"n1": "n1", "n2": "n2", "n4": "n4"}
+        assert {e[rdzvpoll.ENV] for e in extras.values()} == {"0.25"}
+        assert rdzvpoll.parse(extras["n1"][rdzvpoll.ENV]) == rdzvpoll.POLL_S
+    finally:
+        sup.steps = real
+        _stop(sup)
+
+
+def _ends_with(sup, node: str, rc: int) -> None:
+    """Swap ``node``'s stand-in step for one that exits ``rc`` at once."""
+    procs.stop(sup.steps[node].proc, kill_after_s=1)
+    proc = procs.start([sys.executable, "-c", f"raise SystemExit({rc})"])
+    sup.steps[node] = nodesteps.NodeStep(node, proc, time.monotonic())
+
+
+@pytest.mark.parametrize("rc, killed", [(exitcodes.FENCED, []), (1, [("1", "11", "KILL")])],
+                         ids=["its_agent_left", "its_srun_ended_otherwise"])
+def test_a_drained_node_that_beats_is_killed_only_if_its_agent_did_not_leave(tmp_path, rc, killed):
+    sup, client, run = _supervisor(tmp_path, SLURMFT_SPARE_NODES="1")
+    try:
+        sup.fence(inalloc.Fault("n2", "node_unhealthy", ["drained"]))
+        assert "n2" in sup.steps and "n2" in sup._leaving and client.killed == []  # it may leave
+        _ends_with(sup, "n2", rc)
+        deadline = time.monotonic() + 10
+        while "n2" in sup._leaving and time.monotonic() < deadline:
+            sup._reap()
+            sup._end_leaving()
+            time.sleep(0.05)
+        assert "n2" not in sup._leaving and "n2" not in sup.steps
+        _wait_killed(client, len(killed))
+        time.sleep(0.2)
+        assert client.killed == killed   # 89: its agent left and its tasks ended with it
+    finally:
+        _stop(sup)
+
+
+def test_a_drained_node_that_no_longer_beats_or_a_leaving_one_at_the_end_is_killed_at_once(
+        tmp_path, monkeypatch):
+    sup, client, run = _supervisor(tmp_path, SLURMFT_SPARE_NODES="2")
+    try:
+        sup.fence(inalloc.Fault("n2", "node_unhealthy", ["drained"]))   # n3 replaces it, leaving
+        assert "n2" in sup._leaving
+        monkeypatch.setattr(sup.liveness, "silent", lambda node, bound: node == "n3")
+        sup.fence(inalloc.Fault("n3", "node_drained", ["drained"]))      # silent: cannot leave
+        assert "n3" not in sup.steps and "n3" not in sup._leaving
+        sup.stop_all()                   # the job's end: no leaving node outlives it
+        assert not sup._leaving and not sup.steps
+        _wait_killed(client, 2)
+        assert sorted(client.killed) == [("1", "11", "KILL"), ("1", "12", "KILL")]
     finally:
         _stop(sup)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from slurmft import exitcodes
-from slurmft.train.watchdog import StepWatchdog
+from slurmft.train.watchdog import DEADLINE_SLACK_S, StepWatchdog, _Watch
 
 HANGING = textwrap.dedent("""
     import threading, time
@@ -63,6 +63,17 @@ def test_fast_steps_never_fire():
     finally:
         dog.stop()
     assert exits == []
+
+
+def test_the_thread_looks_again_just_past_the_deadline_in_sight_not_a_poll_later():
+    """A 1 s poll and a step of limit 10 s started at t=0: it looks every second until the
+    deadline is less than a poll away, then just past it (at 10.01 s, not at up to 11 s)."""
+    step = (_Watch("step 1", 0.0, None), 10.0)
+    look = StepWatchdog._next_look
+    assert look(None, 1.0, 5.0) == 1.0                      # nothing watched: the poll
+    assert look(step, 1.0, 3.0) == 1.0
+    assert look(step, 1.0, 9.4) == pytest.approx(0.6 + DEADLINE_SLACK_S)
+    assert look(step, 1.0, 10.5) == DEADLINE_SLACK_S        # past it: it fires on this look
 
 
 def test_bad_settings_are_refused():
