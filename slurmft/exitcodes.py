@@ -28,7 +28,7 @@ the run: the launcher re-forms the world in the allocation (a spare, a smaller w
 nodes again) and the ranks resume from the newest valid checkpoint."""
 
 FENCED = 89
-"""In-allocation mode, a node's torchrun agent (``slurmft.launch.rdzvleave``): the launcher fenced
+"""In-allocation mode, a node's torchrun agent (``slurmft.train.rdzv_leave``): the launcher fenced
 this node, so the agent left the rendezvous and ended without joining another round. Its node
 task and step end with it; the launcher, which fenced the node, expects it."""
 

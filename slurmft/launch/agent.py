@@ -9,8 +9,8 @@ directory: torchrun makes one in the temp dir and leaves it there, so the agent 
 its own, removed when the agent ends or, when it was killed, by the next agent on the node
 (``ownedtmp``; a directory the command names is torchrun's and kept); and in the allocation the
 agent of a node the launcher fenced leaves the rendezvous instead of joining its next round
-(``rdzvleave``: it exits ``exitcodes.FENCED``), and every agent polls a forming round every 0.25 s
-instead of every second (``rdzvpoll``). It then ends as a script
+(``rdzv_leave``: it exits ``exitcodes.FENCED``), and every agent polls a forming round every 0.25 s
+instead of every second (``rdzv_poll``). It then ends as a script
 ends but without the interpreter's teardown of torch (``scriptend``: ~0.5 CPU-s per agent,
 which writes nothing). With warm workers it forks the node's warm server after its own import of
 torch, before torchrun starts a thread (``warmfork``), and stops it at torchrun's end. Every
@@ -30,7 +30,8 @@ import types
 from typing import NoReturn, Sequence
 
 from slurmft import exitcodes
-from slurmft.launch import ownedtmp, rdzvleave, rdzvpoll, scriptend, warmfork
+from slurmft.launch import ownedtmp, scriptend, warmfork
+from slurmft.train import rdzv_leave, rdzv_poll
 
 MODULE = "slurmft.launch.agent"
 TORCHRUN = "torch.distributed.run"
@@ -65,14 +66,14 @@ def run_torchrun(args: Sequence[str] | None = None) -> None:
             for a in sys.argv[1:]):
         log_dir = ownedtmp.make(LOG_DIR_PREFIX)
         sys.argv.insert(1, f"--log-dir={log_dir[0]}")
-    rdzvpoll.install(os.environ)
-    rdzvleave.install(os.environ)   # outermost: a fenced node's agent never enters a round
+    rdzv_poll.install(os.environ)
+    rdzv_leave.install(os.environ)   # outermost: a fenced node's agent never enters a round
     own = sys.modules.get("__main__")   # this module when run by -m: kept alive while torchrun runs
     sys.modules["__main__"] = types.ModuleType("__main__")   # torchrun's own namespace, as -m's
     try:
         runpy._run_module_as_main(TORCHRUN, alter_argv=True)  # type: ignore[attr-defined]
     except Exception as exc:
-        if rdzvleave.is_fenced_end(exc):
+        if rdzv_leave.is_fenced_end(exc):
             raise SystemExit(exitcodes.FENCED) from None
         raise
     finally:

@@ -8,7 +8,7 @@ node's death inside the allocation, without Slurm.
   is fenced: ``allocation.json`` gets the new generation first (the ranks exit on it), then the
   journal's ``fault_detected``/``recovery_action`` (``"where": "allocation"``), then its step is
   killed (its srun here, its tasks through ``scancel --signal=KILL JOB.STEP``); a live active
-  node's only once its agent left torchrun's rendezvous (``rdzvleave``) or after
+  node's only once its agent left torchrun's rendezvous (``rdzv_leave``) or after
   ``LEAVE_GRACE_S``. An active node
   is replaced by the first spare (same world: bit-identical) or, without one, dropped (the
   world shrinks) while at least ``SLURMFT_MIN_NODES`` remain; below that, and when the batch
@@ -39,7 +39,7 @@ from typing import Callable, Mapping, Sequence
 from slurmft import allocation as record
 from slurmft import exitcodes, journal, steppoint
 from slurmft.launch import allocation as alloc_mod
-from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan, rdzvleave, rdzvpoll, refill
+from slurmft.launch import beatnet, handback, nodesteps, nodestate, orphan, refill
 from slurmft.launch import spare as spare_task
 from slurmft.launch.inplace import InPlace, ProcessFaults
 from slurmft.launch.alloc_settings import AllocSettings
@@ -51,6 +51,7 @@ from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.settings import LaunchSettings
 from slurmft.launch.signals import SignalLog
 from slurmft.rundir import RunDir
+from slurmft.train import rdzv_leave, rdzv_poll
 
 POLL_S = 0.5
 STARTUP_S = 120.0        # srun + python + the first beat of a node's task on a loaded node
@@ -65,7 +66,7 @@ END_KILL_AFTER_S = 40.0   # TERM -> KILL: torchrun's own stop of its workers tak
 ENDED = (exitcodes.OK, exitcodes.REQUEUE, exitcodes.NO_REQUEUE)
 WHERE = "allocation"
 # The fences of a node that still runs, whose agent leaves torchrun's rendezvous by itself
-# (``rdzvleave``) when it beat this recently; a silent or DOWN node cannot.
+# (``rdzv_leave``) when it beat this recently; a silent or DOWN node cannot.
 LEAVING_CAUSES = (nodestate.NODE_UNHEALTHY, nodestate.NODE_DRAINED)
 LEAVE_BEAT_S = 2.0
 
@@ -182,8 +183,8 @@ class Supervisor:
             host, self.run_dir.alive(host), self.settings.node_silent_s, others.index(node))
         if node in self.alloc.spares:
             extra[spare_task.SPARE_ENV] = node
-        extra[rdzvleave.LEAVE_ENV] = node
-        extra[rdzvpoll.ENV] = str(rdzvpoll.poll_for(len(self.ident.nodes)))
+        extra[rdzv_leave.LEAVE_ENV] = node
+        extra[rdzv_poll.ENV] = str(rdzv_poll.poll_for(len(self.ident.nodes)))
         if self.net is not None:
             extra.update(self.net.environ_for(node))
         env = self.env
@@ -372,7 +373,7 @@ class Supervisor:
         self._journal_fault(fault)
         holder = alloc.spare_job_of(node)
         # A live active node's agent is a participant of torchrun's rendezvous: it leaves it by
-        # itself (``rdzvleave``) before its step is killed, or the next round waits for its
+        # itself (``rdzv_leave``) before its step is killed, or the next round waits for its
         # keep-alive to expire. A silent or DOWN node cannot; a spare's agent never joined.
         leaves = was_active and not reaped and fault.cause in LEAVING_CAUSES \
             and not self.liveness.silent(node, LEAVE_BEAT_S)
@@ -402,7 +403,7 @@ class Supervisor:
         self.voice.log(f"{node} {fault.cause}: {'; '.join(fault.evidence)} -> {what} "
                        f"(generation {self.alloc.generation})")
         if leaves:
-            self._leaving[node] = _Leaving(time.monotonic() + rdzvleave.LEAVE_GRACE_S,
+            self._leaving[node] = _Leaving(time.monotonic() + rdzv_leave.LEAVE_GRACE_S,
                                            self.liveness.step_id(node), holder)
         elif not reaped:
             self._kill(node)

@@ -112,7 +112,7 @@ def test_a_sweepers_drain_is_replaced_at_once_an_admins_after_the_next_checkpoin
     [commit] = [e for e in job.events(["checkpoint_committed"]) if e.get("step") == step]
     assert commit.time <= faults[1].time
 
-    # Each fenced node's torchrun agent left the rendezvous by itself (rdzvleave) instead of
+    # Each fenced node's torchrun agent left the rendezvous by itself (rdzv_leave) instead of
     # holding the next round until its keep-alive expired, and its step ended with it (89).
     log = job.log_text().splitlines()
     for node in (victim, first):

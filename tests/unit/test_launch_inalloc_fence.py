@@ -13,11 +13,12 @@ from inalloc_support import start_beating_steps
 from launch_envs import recorded
 from slurmft import exitcodes, journal
 from slurmft.journal import read_events
-from slurmft.launch import alloc_settings, identity, inalloc, nodesteps, procs, rdzvleave, rdzvpoll, settings
+from slurmft.launch import alloc_settings, identity, inalloc, nodesteps, procs, settings
 from slurmft.launch.journaling import Voice
 from slurmft.launch.rendezvous import Rendezvous
 from slurmft.launch.signals import SignalLog
 from slurmft.rundir import RunDir
+from slurmft.train import rdzv_leave, rdzv_poll
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,7 +138,7 @@ def test_silence_past_the_bound_is_a_fault_but_not_on_the_batch_host(tmp_path):
 
 
 def test_each_nodes_agent_is_told_its_node_and_the_rendezvous_poll(tmp_path, monkeypatch):
-    """What the agents' rendezvous hooks need (rdzvleave, rdzvpoll), on every node's step."""
+    """What the agents' rendezvous hooks need (rdzv_leave, rdzv_poll), on every node's step."""
     sup, client, run = _supervisor(tmp_path, SLURMFT_SPARE_NODES="1")
     real = dict(sup.steps)
     extras: dict = {}
@@ -146,9 +147,9 @@ def test_each_nodes_agent_is_told_its_node_and_the_rendezvous_poll(tmp_path, mon
                             lambda node, argv, env, run_dir, extra: extras.setdefault(node, extra))
         for node in ("n1", "n2", "n4"):   # the batch host, another active node, the spare
             sup._start(node)
-        assert {n: e[rdzvleave.LEAVE_ENV] for n, e in extras.items()} == {"n1": "n1", "n2": "n2", "n4": "n4"}
-        assert {e[rdzvpoll.ENV] for e in extras.values()} == {"0.25"}
-        assert rdzvpoll.parse(extras["n1"][rdzvpoll.ENV]) == rdzvpoll.POLL_S
+        assert {n: e[rdzv_leave.LEAVE_ENV] for n, e in extras.items()} == {"n1": "n1", "n2": "n2", "n4": "n4"}
+        assert {e[rdzv_poll.ENV] for e in extras.values()} == {"0.25"}
+        assert rdzv_poll.parse(extras["n1"][rdzv_poll.ENV]) == rdzv_poll.POLL_S
     finally:
         sup.steps = real
         _stop(sup)

@@ -130,7 +130,7 @@ def test_a_drained_active_node_that_still_beats_is_replaced_by_the_spare_after_t
         [action] = _events(run, journal.RECOVERY_ACTION)
         assert (action.get("action"), action.get("nodes"), action.get("spare")) == ("replace_node", ["n2"], "n4")
         # It still beats: its agent is given LEAVE_GRACE_S to leave torchrun's rendezvous
-        # (rdzvleave) before its step is killed; this one's task never ends by itself.
+        # (rdzv_leave) before its step is killed; this one's task never ends by itself.
         assert "n2" in sup.steps and client.killed == []
         sup._end_leaving()
         assert "n2" in sup.steps and client.killed == []

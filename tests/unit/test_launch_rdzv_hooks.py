@@ -1,7 +1,7 @@
 """The in-allocation agents' hooks on torch's real c10d rendezvous (a TCPStore on loopback, one
-handler per node as each torchrun agent has): ``rdzvleave``, a fenced node's agent leaves the
+handler per node as each torchrun agent has): ``rdzv_leave``, a fenced node's agent leaves the
 rendezvous (before a round, waiting in one, or at a keep-alive), so the next round completes with
-the spare at once, not after the fenced participant's keep-alive expired; ``rdzvpoll``, the
+the spare at once, not after the fenced participant's keep-alive expired; ``rdzv_poll``, the
 agents wait 0.25 s between reads inside a round, and only there."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 
 from slurmft import allocation as record  # noqa: E402
 from slurmft.launch import allocation as alloc_mod  # noqa: E402
-from slurmft.launch import rdzvleave, rdzvpoll  # noqa: E402
+from slurmft.train import rdzv_leave, rdzv_poll  # noqa: E402
 from slurmft.rundir import RunDir  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
@@ -106,7 +106,7 @@ def _state(st):
 
 
 def _hook(run: RunDir, node: str, said: list) -> bool:
-    return rdzvleave.install({rdzvleave.LEAVE_ENV: node, rdzvleave.RUN_DIR_ENV: str(run.root),
+    return rdzv_leave.install({rdzv_leave.LEAVE_ENV: node, rdzv_leave.RUN_DIR_ENV: str(run.root),
                               "SLURMFT_JOB_ID": "7"}, said.append)
 
 
@@ -122,7 +122,7 @@ def test_a_fenced_node_leaves_and_the_spare_completes_the_next_round_at_once(sto
     assert _hook(run, "b", said)   # once
     with pytest.raises(SignalException) as ended:
         b.next_rendezvous()
-    assert rdzvleave.is_fenced_end(ended.value)  # torchrun keeps the rendezvous open on it
+    assert rdzv_leave.is_fenced_end(ended.value)  # torchrun keeps the rendezvous open on it
     assert said == ["b is fenced by the launcher (before a round): left the rendezvous, not joining "
                     "another round (torchrun logs this end as a SIGTERM)"]
     assert len(_state(store).participants) == 1
@@ -150,7 +150,7 @@ def test_a_node_fenced_while_it_waits_in_a_round_leaves_the_wait_list(store, tmp
     _record(tmp_path, fenced="a")
     waiting.join(JOIN_S + 30)
     [ended] = out
-    assert isinstance(ended, SignalException) and rdzvleave.is_fenced_end(ended), out
+    assert isinstance(ended, SignalException) and rdzv_leave.is_fenced_end(ended), out
     assert said == ["a is fenced by the launcher (in a round): left the rendezvous, not joining "
                     "another round (torchrun logs this end as a SIGTERM)"]
     state = _state(store)
@@ -186,20 +186,20 @@ def test_without_leaving_the_fenced_participant_holds_the_next_round(store, tmp_
 
 def test_another_jobs_record_or_an_unreadable_one_is_no_fence(tmp_path):
     run = _record(tmp_path, fenced="b")
-    assert rdzvleave.is_fenced(run.root, "b", {"7"})
-    assert not rdzvleave.is_fenced(run.root, "a", {"7"})
-    assert not rdzvleave.is_fenced(run.root, "b", {"8"})
+    assert rdzv_leave.is_fenced(run.root, "b", {"7"})
+    assert not rdzv_leave.is_fenced(run.root, "a", {"7"})
+    assert not rdzv_leave.is_fenced(run.root, "b", {"8"})
     run.allocation.write_text("{not json")
-    assert not rdzvleave.is_fenced(run.root, "b", {"7"})
-    assert not rdzvleave.install({rdzvleave.RUN_DIR_ENV: str(run.root)})   # no node: not hooked
+    assert not rdzv_leave.is_fenced(run.root, "b", {"7"})
+    assert not rdzv_leave.install({rdzv_leave.RUN_DIR_ENV: str(run.root)})   # no node: not hooked
 
 
 def test_the_agents_poll_a_forming_round_every_quarter_second_and_keep_torchs_cache_outside(
         store, monkeypatch):
     torch_delay = dr._delay
-    assert not rdzvpoll.install({})                               # not in the allocation
-    assert rdzvpoll.install({rdzvpoll.ENV: "0.25"}) and dr._delay is not torch_delay
-    assert rdzvpoll.install({rdzvpoll.ENV: "0.25"})               # once
+    assert not rdzv_poll.install({})                               # not in the allocation
+    assert rdzv_poll.install({rdzv_poll.ENV: "0.25"}) and dr._delay is not torch_delay
+    assert rdzv_poll.install({rdzv_poll.ENV: "0.25"})               # once
     caches: list = []
     get_world = dr.DynamicRendezvousHandler._get_world   # called at the end of a joined round
     monkeypatch.setattr(dr.DynamicRendezvousHandler, "_get_world",
@@ -207,18 +207,18 @@ def test_the_agents_poll_a_forming_round_every_quarter_second_and_keep_torchs_ca
     a, b = store.handler(), store.handler()
     assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
     assert caches == [0.125, 0.125]                               # inside the round: half the poll
-    assert a._state_holder._cache_duration == b._state_holder._cache_duration == rdzvpoll.TORCH_POLL_S
+    assert a._state_holder._cache_duration == b._state_holder._cache_duration == rdzv_poll.TORCH_POLL_S
     sleeps: list = []
-    monkeypatch.setattr(rdzvpoll, "time", SimpleNamespace(sleep=sleeps.append))
+    monkeypatch.setattr(rdzv_poll, "time", SimpleNamespace(sleep=sleeps.append))
     dr._delay(seconds=1)                                          # the wait between two reads
     dr._delay(seconds=(0, 0))                                     # any other: torch's own
     assert sleeps == [0.25]
 
 
 def test_the_poll_grows_with_the_nodes_to_torchs_own():
-    assert [rdzvpoll.poll_for(n) for n in (2, 32, 64, 128, 1024)] == [0.25, 0.25, 0.5, 1.0, 1.0]
+    assert [rdzv_poll.poll_for(n) for n in (2, 32, 64, 128, 1024)] == [0.25, 0.25, 0.5, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("raw", ["", "0", "0.01", "2", "nan", "x", "-1"])
 def test_a_poll_out_of_its_range_is_torchs_own(raw):
-    assert rdzvpoll.parse(raw) is None
+    assert rdzv_poll.parse(raw) is None

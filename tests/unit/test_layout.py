@@ -22,6 +22,7 @@ TORCH_FREE = {
     "slurmft.train.run_config", "slurmft.train.resume_check", "slurmft.train.redo_check",
     "slurmft.train.guards", "slurmft.train.heartbeat", "slurmft.train.watchdog", "slurmft.train.runtime",
     "slurmft.train.hard_exit", "slurmft.train.alloc_watch", "slurmft.train.phases",
+    "slurmft.train.rdzv_leave", "slurmft.train.rdzv_poll",
 }
 
 

@@ -22,6 +22,9 @@ make another agent's compare-and-set fail (only writes do): the keep-alive race 
 explains is not made worse.
 
 This uses torch's private names (torch 2.13); where they are missing nothing is changed.
+
+It lives in ``slurmft.train`` because it touches torch (only inside ``install``, which the agent
+(``slurmft.launch.agent``) calls); the launcher reads its names, torch-free.
 """
 
 from __future__ import annotations

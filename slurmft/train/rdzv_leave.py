@@ -27,6 +27,9 @@ bounds the wait. A dead node cannot leave: its keep-alive's expiry stays on that
 
 Private torch internals (2.13) are used: where they are missing the agent does not hook and
 torchrun's rendezvous is unchanged.
+
+It lives in ``slurmft.train`` because it touches torch (only inside ``install``, which the agent
+(``slurmft.launch.agent``) calls); the launcher reads its names, torch-free.
 """
 
 from __future__ import annotations
