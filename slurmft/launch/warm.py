@@ -84,6 +84,7 @@ _PR_SET_PDEATHSIG = 1
 SERVER_NAME = "slurmft-warm"   # its /proc/PID/comm (``warmworker.name_process``)
 REQUEST_READ_S = 10.0
 REAP_POLL_S = 0.2
+STAGING_SUFFIX = "~"        # the socket's name while it is bound but not yet listening
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -223,12 +224,25 @@ def listen(path: str) -> socket.socket:
         finally:
             probe.close()
         os.unlink(path)
+    # Bound and listening under a name of its own, then renamed into place: a client polling
+    # for ``path`` (``warmclient._connect``) would take the refusal of a socket bound but not yet
+    # listening for a dead server's and start its rank cold.
+    staging = path + STAGING_SUFFIX
+    try:
+        os.unlink(staging)   # one a server that died between its bind and rename left
+    except FileNotFoundError:
+        pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(path)
+        sock.bind(staging)
         sock.listen(64)
+        os.rename(staging, path)
     except BaseException:
         sock.close()
+        try:
+            os.unlink(staging)
+        except OSError:
+            pass
         raise
     return sock
 

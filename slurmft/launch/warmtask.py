@@ -27,8 +27,9 @@ from slurmft.launch import warm
 _SUN_PATH_MAX = 108   # bytes, the terminating NUL included
 DIR_PREFIX = "slurmft-warm-"
 SOCKET_NAME = "s"
-# "/" + the directory's name (prefix, host tag, "-", mkdtemp's 8) + "/" + the socket's + NUL
-_NAME_ROOM = 1 + len(DIR_PREFIX) + 8 + 1 + 8 + 1 + len(SOCKET_NAME) + 1
+# "/" + the directory's name (prefix, host tag, "-", mkdtemp's 8) + "/" + the socket's while
+# it is bound (``warm.listen``) + NUL
+_NAME_ROOM = 1 + len(DIR_PREFIX) + 8 + 1 + 8 + 1 + len(SOCKET_NAME + warm.STAGING_SUFFIX) + 1
 
 
 class NodeServer(NamedTuple):

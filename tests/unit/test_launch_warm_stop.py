@@ -61,7 +61,18 @@ def _torchrun_starts(srv: Srv, script: Path, tmp_path: Path, **env: str):
     wait_until("the worker's ready file", lambda: (ready.exists() and ready.read_text() != "")
            or handler.proc.poll() is not None)
     assert handler.proc.poll() is None, (tmp_path / "rank.err").read_text()
-    return handler, int(ready.read_text())
+    worker = int(ready.read_text())
+    assert _parent(worker) == srv.proc.pid, \
+        f"the rank was not forked warm: {(tmp_path / 'rank.err').read_text()}"
+    return handler, worker
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
 
 
 def _ended(handler, timeout: float = WAIT_S) -> int:

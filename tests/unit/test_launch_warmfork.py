@@ -300,6 +300,34 @@ def test_a_fork_that_fails_leaves_the_nodes_ranks_cold(tmp_path, monkeypatch):
     probe.close()
 
 
+def test_the_socket_appears_only_once_it_listens(tmp_path, monkeypatch):
+    """A client polls for the path and takes a refusal for a dead server's (its rank then runs
+    cold): the path must never name a socket that is bound but not yet listening. A staging
+    socket a server left when it died between the two is no obstacle."""
+    path = str(tmp_path / "s")
+    left = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    left.bind(path + warm.STAGING_SUFFIX)
+    left.close()
+    seen = []
+
+    class Watched(socket.socket):
+        def listen(self, *args) -> None:
+            seen.append(os.path.exists(path))
+            super().listen(*args)
+
+    monkeypatch.setattr(warm.socket, "socket", Watched)
+    sock = warm.listen(path)
+    monkeypatch.undo()
+    try:
+        assert seen == [False]
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect(path)
+        probe.close()
+        assert os.listdir(tmp_path) == ["s"]
+    finally:
+        sock.close()
+
+
 def test_a_live_servers_socket_or_another_file_is_never_replaced(tmp_path):
     path = str(tmp_path / "s")
     live = warm.listen(path)
