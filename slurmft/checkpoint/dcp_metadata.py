@@ -105,15 +105,20 @@ def load_dcp_metadata(ckpt_dir: Path) -> Metadata:
     return parse_dcp_metadata(read_dcp_metadata_bytes(ckpt_dir), Path(ckpt_dir) / DCP_METADATA_NAME)
 
 
+def checked_metadata(ckpt_dir: Path) -> tuple[Metadata | None, str | None]:
+    """The checkpoint's ``.metadata``, or why it cannot be used (one line)."""
+    try:
+        return load_dcp_metadata(ckpt_dir), None
+    except MetadataRefused as exc:
+        return None, str(exc)
+    except OSError as exc:
+        return None, (str(exc) if exc.filename
+                      else f"{Path(ckpt_dir) / DCP_METADATA_NAME}: unreadable ({exc})")
+
+
 def metadata_problem(ckpt_dir: Path) -> str | None:
     """Why the checkpoint's ``.metadata`` cannot be used (one line), or None when it can."""
-    try:
-        load_dcp_metadata(ckpt_dir)
-    except MetadataRefused as exc:
-        return str(exc)
-    except OSError as exc:
-        return str(exc) if exc.filename else f"{Path(ckpt_dir) / DCP_METADATA_NAME}: unreadable ({exc})"
-    return None
+    return checked_metadata(ckpt_dir)[1]
 
 
 class SafeMetadataReader(FileSystemReader):
@@ -121,18 +126,25 @@ class SafeMetadataReader(FileSystemReader):
 
     ``dir_fd``: a descriptor of the checkpoint directory (kept open by the caller) to read from
     instead of looking ``path`` up again; ``path`` then only names the files in errors.
+    ``metadata``: the ``.metadata`` the caller already read through :func:`checked_metadata` (a
+    restore's coordinator checks it before the load: not unpickled twice).
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, dir_fd: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, dir_fd: int | None = None,
+                 metadata: Metadata | None = None) -> None:
         super().__init__(path)
         self.dir_fd = dir_fd
+        self.checked = metadata
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
         name = DCP_METADATA_NAME if rank is None else f"__{int(rank)}{DCP_METADATA_NAME}"
         ckpt_dir = Path(self.path)
-        metadata = parse_dcp_metadata(read_dcp_metadata_bytes(ckpt_dir, name, dir_fd=self.dir_fd),
-                                      ckpt_dir / name)
+        if rank is None and self.checked is not None:
+            metadata = self.checked
+        else:
+            metadata = parse_dcp_metadata(read_dcp_metadata_bytes(ckpt_dir, name, dir_fd=self.dir_fd),
+                                          ckpt_dir / name)
         storage_meta = getattr(metadata, "storage_meta", None)
         if storage_meta is None:
             storage_meta = metadata.storage_meta = StorageMeta()

@@ -23,9 +23,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata
 
 from slurmft.rundir import RunDir
-from slurmft.checkpoint.dcp_metadata import metadata_problem, parse_dcp_metadata, read_dcp_metadata_bytes
+from slurmft.checkpoint.dcp_metadata import checked_metadata, parse_dcp_metadata, read_dcp_metadata_bytes
 from slurmft.checkpoint.groups import CheckpointGroups
 from slurmft.checkpoint.incremental import TensorIndex
 from slurmft.checkpoint.local_tier import LocalTier, NewerFormatError
@@ -120,12 +121,13 @@ class CheckpointLoading:
             except ManifestVersionError as exc:
                 raise CheckpointError(str(exc)) from None
             mine = list(report.problems)
+            metadata = None
             if not mine and groups.is_coordinator:  # DCP's .metadata must unpickle through the
-                refused = metadata_problem(path)    # allow-list (structure too), never freely
+                metadata, refused = checked_metadata(path)   # allow-list (structure too), never freely
                 mine += [refused] if refused else []
             problems = groups.union(mine)
             if not problems:
-                problems = self._load(path, step, state)
+                problems = self._load(path, step, state, metadata=metadata)
             if problems:
                 self.load_skipped.append((step, "; ".join(map(str, problems))))
                 if groups.is_coordinator:
@@ -210,10 +212,11 @@ class CheckpointLoading:
         return {storage[item.storage_index].relative_path for item in planner.create_local_plan().items}
 
     def _load(self, path: Path, step: int, state: TrainState, manifest: Manifest | None = None,
-              also: tuple[Path, ...] = ()) -> list[str]:
+              also: tuple[Path, ...] = (), metadata: Metadata | None = None) -> list[str]:
         """Load ``path`` into ``state``, checksumming as it reads; the problems that made every
         rank refuse it (state untouched), or [] once loaded. ``manifest`` (agreed, else the
-        coordinator reads it) and ``also`` (more directories holding its files): the local tier."""
+        coordinator reads it) and ``also`` (more directories holding its files): the local tier.
+        ``metadata``: its ``.metadata`` as this rank already checked it (the coordinator)."""
         self._faults.at(LOAD_PHASE, step)  # a test's slow storage ($SLURMFT_CKPT_FAULT_SLOW)
         groups = self._groups
         if manifest is None:
@@ -221,7 +224,7 @@ class CheckpointLoading:
         same_world = manifest.world_size == groups.world_size
         template = {**state.heavy_state(), **state.light_state(include_rng=same_world)}
         reader = VerifyingReader(path, manifest.every_file, rank=groups.rank, world_size=groups.world_size,
-                                 union=groups.union, also=also)
+                                 union=groups.union, also=also, metadata=metadata)
         try:
             dcp.load(template, storage_reader=reader, planner=_PlainDataLoadPlanner(),
                      process_group=groups.io, no_dist=not groups.distributed)

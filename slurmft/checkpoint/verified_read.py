@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
@@ -68,8 +69,9 @@ def _no_transforms(storage_info: Any) -> bool:
 
 class VerifyingReader(SafeMetadataReader):
     def __init__(self, path: Path, files: tuple[FileEntry, ...], *, rank: int, world_size: int,
-                 union: Union, dir_fd: int | None = None, also: tuple[Path, ...] = ()) -> None:
-        super().__init__(path, dir_fd=dir_fd)
+                 union: Union, dir_fd: int | None = None, also: tuple[Path, ...] = (),
+                 metadata: Metadata | None = None) -> None:
+        super().__init__(path, dir_fd=dir_fd, metadata=metadata)
         self.root = Path(path)
         # More directories holding files of the same checkpoint (the node-local tier: a node's
         # local step dir, files fetched from other nodes, the run dir's copy), tried in order

@@ -65,3 +65,28 @@ def test_dcp_load_through_the_reader_never_unpickles_freely(ckpt, tmp_path):
     failures = info.value.failures
     assert any("refused to unpickle posix.system" in str(e) for e, _tb in failures.values())
     assert not marker.exists()
+
+
+def test_a_restore_unpickles_the_metadata_once(ckpt, tmp_path, monkeypatch):
+    """The coordinator checks ``.metadata`` through the allow-list before the load, and DCP's load
+    reads it again through the reader: the reader takes the checked one (each parse ~0.1 s on the
+    critical path of every restart)."""
+    import torch
+
+    import slurmft.checkpoint.dcp_metadata as dcp_metadata
+    from slurmft.checkpoint.manager import CheckpointConfig, CheckpointManager
+
+    run = tmp_path / "run"
+    shutil.copytree(ckpt.parent.parent, run, symlinks=True)
+    parsed: list[str] = []
+    real = dcp_metadata.parse_dcp_metadata
+    monkeypatch.setattr(dcp_metadata, "parse_dcp_metadata",
+                        lambda data, shown: parsed.append(str(shown)) or real(data, shown))
+    state = hostile.make_model_state()
+    manager = CheckpointManager(run, CheckpointConfig(keep_last=10), job_id="8", restart_count=1)
+    try:
+        assert manager.load_latest(state) == 3
+    finally:
+        manager.close()
+    assert parsed == [str(RunDir(run).checkpoint(3) / DCP_METADATA_NAME)]
+    assert all(torch.isfinite(p).all() for p in state.model.parameters())
