@@ -110,6 +110,16 @@ def _hook(run: RunDir, node: str, said: list) -> bool:
                               "SLURMFT_JOB_ID": "7"}, said.append)
 
 
+def _a_round_then_hooked(store, tmp_path, node: str) -> tuple:
+    """a and b in a finished round, the run's record fencing nobody yet, and ``node``'s agent
+    hooked: (a, b, what the hook said)."""
+    a, b = store.handler(), store.handler()
+    assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
+    said: list[str] = []
+    assert _hook(_record(tmp_path), node, said)
+    return a, b, said
+
+
 def test_a_fenced_node_leaves_and_the_spare_completes_the_next_round_at_once(store, tmp_path):
     a, b = store.handler(), store.handler()
     assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
@@ -135,11 +145,7 @@ def test_a_fenced_node_leaves_and_the_spare_completes_the_next_round_at_once(sto
 
 
 def test_a_node_fenced_while_it_waits_in_a_round_leaves_the_wait_list(store, tmp_path):
-    a, b = store.handler(), store.handler()
-    assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
-    run = _record(tmp_path)
-    said: list[str] = []
-    assert _hook(run, "a", said)
+    a, b, said = _a_round_then_hooked(store, tmp_path, "a")
     out: list = []
     waiting = threading.Thread(target=lambda: out.append(_round(a)[0]))
     waiting.start()   # a leaves the finished round and waits for the next (b is still in it)
@@ -159,11 +165,7 @@ def test_a_node_fenced_while_it_waits_in_a_round_leaves_the_wait_list(store, tmp
 
 def test_a_fenced_node_whose_workers_do_not_stop_leaves_at_its_keep_alive(store, tmp_path):
     """Its agent never reaches another round (a rank in D state): its keep-alive timer leaves."""
-    a, b = store.handler(), store.handler()
-    assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
-    run = _record(tmp_path)
-    said: list[str] = []
-    assert _hook(run, "b", said)
+    a, b, said = _a_round_then_hooked(store, tmp_path, "b")
     b._keep_alive()                       # not fenced: torch's keep-alive
     assert len(_state(store).participants) == 2 and said == []
     _record(tmp_path, fenced="b")
