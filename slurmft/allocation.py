@@ -100,6 +100,12 @@ class Allocation:
         return out
 
 
+def job_ids(env: Mapping[str, str]) -> set[str]:
+    """The ids a record may name the job of a process with environment ``env`` by: the
+    launcher's array-aware ``SLURMFT_JOB_ID`` and Slurm's raw ``SLURM_JOB_ID``."""
+    return {v for v in (env.get("SLURMFT_JOB_ID"), env.get("SLURM_JOB_ID")) if v}
+
+
 def _node(value: Any, field: str) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= 64 or not set(value) <= _NODE_CHARS \
             or value[0] in "._-":

@@ -113,5 +113,3 @@ class ReadyTorchrun:
             self.proc.wait(timeout=CANCEL_WAIT_S)
 
 
-def job_ids(env: Mapping[str, str]) -> set[str]:
-    return {v for v in (env.get("SLURMFT_JOB_ID"), env.get("SLURM_JOB_ID")) if v}

@@ -39,6 +39,7 @@ import threading
 import time
 from pathlib import Path
 
+from slurmft import allocation
 from slurmft.launch import beatsend, orphan, relay, spare, warm, warmfork, warmtask
 from slurmft.launch.warmclient import SOCKET_ENV
 from slurmft.rundir import atomic_write_json
@@ -148,7 +149,7 @@ def supervise(argv: list[str], alive: Path) -> int:
         else:   # a spare: torchrun waits, imported, until the launcher makes this node active
             ready, active = spare.ReadyTorchrun.start(argv, env), False
             try:
-                active = spare.wait_until_active(Path(run_dir), node, spare.job_ids(os.environ),
+                active = spare.wait_until_active(Path(run_dir), node, allocation.job_ids(os.environ),
                                                  stopping)
             finally:
                 if ready is not None and not active:

@@ -58,11 +58,6 @@ def is_fenced_end(exc: BaseException) -> bool:
     return bool(getattr(exc, "slurmft_fenced", False))
 
 
-def job_ids(env: Mapping[str, str]) -> set[str]:
-    """The ids the run's allocation record may name this job by."""
-    return {v for v in (env.get("SLURMFT_JOB_ID"), env.get("SLURM_JOB_ID")) if v}
-
-
 def is_fenced(run_dir: Path, node: str, ids: set[str]) -> bool:
     """The run's allocation record, of this job, lists ``node`` as fenced."""
     try:
@@ -124,7 +119,7 @@ def install(env: Mapping[str, str], log: Callable[[str], None] | None = None) ->
     original = handler_cls.next_rendezvous
     if getattr(original, "_slurmft_leave", False):
         return True
-    ids, where = job_ids(env), Path(run_dir)
+    ids, where = allocation.job_ids(env), Path(run_dir)
     left: set[int] = set()   # the handlers (ids) that left: one leave each
 
     def fenced() -> bool:
