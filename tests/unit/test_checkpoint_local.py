@@ -370,7 +370,7 @@ def test_saves_and_loads_are_phases_of_the_step_watchdog(tmp_path, monkeypatch):
     assert dog.watching == "step 3"  # the phase ended; the step goes on
     dog.step_finished()
     real_load = manager._load
-    monkeypatch.setattr(manager, "_load", lambda *a: (seen.append(dog.watching), real_load(*a))[1])
+    monkeypatch.setattr(manager, "_load", lambda *a, **kw: (seen.append(dog.watching), real_load(*a, **kw))[1])
     assert manager.load_latest(make_state()) == 3
     assert seen[-1] == "checkpoint load"
     manager.close()
