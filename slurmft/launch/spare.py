@@ -111,5 +111,3 @@ class ReadyTorchrun:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=CANCEL_WAIT_S)
-
-
