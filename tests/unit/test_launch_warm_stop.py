@@ -43,12 +43,17 @@ def srv():
     server.stop()
 
 
-def _state(pid: int) -> str | None:
+def _stat(pid: int, field: int) -> str | None:
+    """A field of /proc/PID/stat after the command's name (0: the state, 1: the parent's pid)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()[field]
     except OSError:
         return None
+
+
+def _state(pid: int) -> str | None:
+    return _stat(pid, 0)
 
 
 def _torchrun_starts(srv: Srv, script: Path, tmp_path: Path, **env: str):
@@ -62,17 +67,9 @@ def _torchrun_starts(srv: Srv, script: Path, tmp_path: Path, **env: str):
            or handler.proc.poll() is not None)
     assert handler.proc.poll() is None, (tmp_path / "rank.err").read_text()
     worker = int(ready.read_text())
-    assert _parent(worker) == srv.proc.pid, \
+    assert _stat(worker, 1) == str(srv.proc.pid), \
         f"the rank was not forked warm: {(tmp_path / 'rank.err').read_text()}"
     return handler, worker
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
 
 
 def _ended(handler, timeout: float = WAIT_S) -> int:
