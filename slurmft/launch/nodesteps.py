@@ -52,6 +52,12 @@ from slurmft.rundir import RunDir
 
 LAST_CALL_S = 3                 # a shrunk world's round completes this long after MIN joined
 MAX_RESTARTS = 1000             # torchrun's own bound: the launcher's progress rule decides
+# How often an agent looks at its ranks and at the rendezvous (torch's own default): a rank's
+# exit, or another agent's new round, is seen this long after on the critical path of every
+# recovery in the allocation (0.5 s before 2026-11-28: 0.25 s on average, twice in a row for a
+# crash on another node). A look is a waitpid per rank, and a read of the store at most once per
+# ``rdzv_poll`` poll.
+MONITOR_S = 0.1
 
 
 def keep_alive(node_silent_s: float) -> tuple[int, int]:
@@ -80,7 +86,7 @@ def node_argv(node: str, rdzv: Rendezvous, alloc: AllocSettings, settings: Launc
             f"--nproc-per-node={settings.nproc_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={rdzv.rdzv_id}",
             rdzv_conf(node == rdzv.host, alloc), f"--max-restarts={MAX_RESTARTS}",
-            "--monitor-interval=0.5",
+            f"--monitor-interval={MONITOR_S}",
             *(["--no-python", *warm.worker_command(command, python)] if settings.warm_workers
               else command)]
 

@@ -1,5 +1,5 @@
 """In-allocation mode: torchrun's agents poll the rendezvous every ``POLL_S`` while they wait in a
-round, not every second.
+round and while they watch for a new one, not every second.
 
 torch's c10d rendezvous (``dynamic_rendezvous``, torch 2.13) has an agent that waits for others
 (the round to reopen once the last one's participants left, the round to fill, the others to see
@@ -12,12 +12,16 @@ for. In the soak of 2026-11-28 the set-up of the first step after a re-form took
 the new ranks started 1.4-1.9 s after the old ones left.
 
 So the agent of each in-allocation step (``ENV``, set by the launcher to ``poll_for(nodes)``)
-waits that long between its reads inside a round, its state cache half as long and only there:
-the reads of its monitoring loop (``num_nodes_waiting``, every ``--monitor-interval``) keep
-torch's one-second cache. What it costs: while a round forms, each waiting agent reads the state
-(a pickle of ~100 bytes per node, from the batch host's store) 1 / poll times a second instead
-of once. The poll grows with the nodes (``POLL_S`` up to 32, torch's own 1 s from 128), so that
-all of them together never read more often than 128 agents do with torch's poll. Reads never
+waits that long between its reads inside a round, its state cache half as long there. Its
+monitoring loop (every ``--monitor-interval``, 0.1 s in the allocation: ``nodesteps``) asks
+``num_nodes_waiting`` whether another agent opened a new round (a rank crashed or hung on its
+node, a spare waits), served from a cache of one poll instead of torch's second: in the soak
+the agents whose ranks were fine stopped them 0.55-0.65 s after the failed one's agent had
+reopened the round, and every new rank's process-group set-up waits for the last of them.
+What it costs: each agent reads the state (a pickle of ~100 bytes per node, from the batch
+host's store) 1 / poll times a second instead of once, while a round forms and while training
+runs. The poll grows with the nodes (``POLL_S`` up to 32, torch's own 1 s from 128), so that all
+of them together never read more often than 128 agents do with torch's own cache. Reads never
 make another agent's compare-and-set fail (only writes do): the keep-alive race ``nodesteps``
 explains is not made worse.
 
@@ -30,7 +34,7 @@ It lives in ``slurmft.train`` because it touches torch (only inside ``install``,
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 ENV = "SLURMFT_RDZV_POLL_S"
 POLL_S = 0.25
@@ -70,19 +74,24 @@ def install(env: Mapping[str, str]) -> bool:
             delay(seconds)
 
     _delay._slurmft_poll = True  # type: ignore[attr-defined]
-    original = handler_cls.next_rendezvous
+    dr._delay = _delay
+    # Inside a round a read after each wait is fresh; the monitoring loop's reads one poll apart.
+    handler_cls.next_rendezvous = _cached(handler_cls.next_rendezvous, poll / 2)  # type: ignore[method-assign]
+    handler_cls.num_nodes_waiting = _cached(handler_cls.num_nodes_waiting, poll)  # type: ignore[method-assign]
+    return True
 
-    def next_rendezvous(self):
-        holder = getattr(self, "_state_holder", None)
+
+def _cached(method: Callable[[Any], Any], seconds: float) -> Callable[[Any], Any]:
+    """``method`` of a rendezvous handler with its state served from a cache of at most
+    ``seconds`` while it runs (torch's own cache outside it)."""
+    def wrapped(self: Any) -> Any:
+        holder: Any = getattr(self, "_state_holder", None)
         cached = getattr(holder, "_cache_duration", None)
         if cached is not None:
-            holder._cache_duration = min(cached, poll / 2)   # a read after each wait is fresh
+            holder._cache_duration = min(cached, seconds)
         try:
-            return original(self)
+            return method(self)
         finally:
             if cached is not None:
                 holder._cache_duration = cached
-
-    dr._delay = _delay
-    handler_cls.next_rendezvous = next_rendezvous   # type: ignore[method-assign]
-    return True
+    return wrapped

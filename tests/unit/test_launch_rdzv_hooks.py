@@ -2,7 +2,7 @@
 handler per node as each torchrun agent has): ``rdzv_leave``, a fenced node's agent leaves the
 rendezvous (before a round, waiting in one, or at a keep-alive), so the next round completes with
 the spare at once, not after the fenced participant's keep-alive expired; ``rdzv_poll``, the
-agents wait 0.25 s between reads inside a round, and only there."""
+agents wait 0.25 s between reads inside a round, and their monitoring loops read as often."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def test_another_jobs_record_or_an_unreadable_one_is_no_fence(tmp_path):
     assert not rdzv_leave.install({rdzv_leave.RUN_DIR_ENV: str(run.root)})   # no node: not hooked
 
 
-def test_the_agents_poll_a_forming_round_every_quarter_second_and_keep_torchs_cache_outside(
+def test_the_agents_poll_a_forming_round_every_quarter_second_and_watch_for_one_as_often(
         store, monkeypatch):
     torch_delay = dr._delay
     assert not rdzv_poll.install({})                               # not in the allocation
@@ -210,6 +210,21 @@ def test_the_agents_poll_a_forming_round_every_quarter_second_and_keep_torchs_ca
     assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
     assert caches == [0.125, 0.125]                               # inside the round: half the poll
     assert a._state_holder._cache_duration == b._state_holder._cache_duration == rdzv_poll.TORCH_POLL_S
+    sync = a._state_holder.sync
+    monkeypatch.setattr(a._state_holder, "sync",
+                        lambda: caches.append(a._state_holder._cache_duration) or sync())
+    again: list = []          # b's ranks failed: its agent opens the next round and waits in it
+    restart = threading.Thread(target=lambda: again.extend(_round(b)))
+    restart.start()
+    deadline = time.monotonic() + 5
+    while a.num_nodes_waiting() == 0:                             # a's monitoring loop
+        assert time.monotonic() < deadline, "a never saw b waiting"
+        time.sleep(0.05)
+    assert set(caches[2:]) == {0.25}                              # its reads: one poll apart
+    assert a._state_holder._cache_duration == rdzv_poll.TORCH_POLL_S
+    assert [r[1] for r in _round(a)] == [2]                       # a joins: the round completes
+    restart.join(JOIN_S)
+    assert [r[1] for r in again] == [2]
     sleeps: list = []
     monkeypatch.setattr(rdzv_poll, "time", SimpleNamespace(sleep=sleeps.append))
     dr._delay(seconds=1)                                          # the wait between two reads

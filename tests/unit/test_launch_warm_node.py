@@ -106,7 +106,7 @@ def test_the_node_step_runs_the_client_after_no_python_only_when_on():
         cfg = settings.from_environ(full, ident)
         in_alloc = nodesteps.node_argv("n2", rdzv, alloc, cfg, command, python="/py")
         requeue = rendezvous.step_argv(rdzv, ident, cfg, command, python="/py")
-        for argv, last in ((in_alloc, "--monitor-interval=0.5"), (requeue, "--monitor-interval=1")):
+        for argv, last in ((in_alloc, f"--monitor-interval={nodesteps.MONITOR_S}"), (requeue, "--monitor-interval=1")):
             tail = argv[argv.index(last) + 1:]
             task_argv = argv[argv.index("slurmft.launch.task") + 1:]
             assert warm.serves(task_argv) is (on == "1")   # the node task asks for a server only then
