@@ -20,7 +20,7 @@ the agents whose ranks were fine stopped them 0.55-0.65 s after the failed one's
 reopened the round, and every new rank's process-group set-up waits for the last of them.
 What it costs: each agent reads the state (a pickle of ~100 bytes per node, from the batch
 host's store) 1 / poll times a second instead of once, while a round forms and while training
-runs. The poll grows with the nodes (``POLL_S`` up to 32, torch's own 1 s from 128), so that all
+runs. The poll grows with the nodes (``POLL_S`` up to 12, torch's own 1 s from 128), so that all
 of them together never read more often than 128 agents do with torch's own cache. Reads never
 make another agent's compare-and-set fail (only writes do): the keep-alive race ``nodesteps``
 explains is not made worse.
@@ -37,13 +37,13 @@ import time
 from typing import Any, Callable, Mapping
 
 ENV = "SLURMFT_RDZV_POLL_S"
-POLL_S = 0.25
+POLL_S = 0.1
 TORCH_POLL_S = 1      # torch's own: the wait between reads in a round, and the cache of a read
 _MIN_S, _MAX_S = 0.05, 1.0
 
 
 def poll_for(nodes: int) -> float:
-    """The poll for a job of ``nodes`` (active and spare): ``POLL_S`` to 32, 1 s from 128."""
+    """The poll for a job of ``nodes`` (active and spare): ``POLL_S`` to 12, 1 s from 128."""
     return min(float(TORCH_POLL_S), max(POLL_S, nodes / 128))
 
 

@@ -148,7 +148,7 @@ def test_each_nodes_agent_is_told_its_node_and_the_rendezvous_poll(tmp_path, mon
         for node in ("n1", "n2", "n4"):   # the batch host, another active node, the spare
             sup._start(node)
         assert {n: e[rdzv_leave.LEAVE_ENV] for n, e in extras.items()} == {"n1": "n1", "n2": "n2", "n4": "n4"}
-        assert {e[rdzv_poll.ENV] for e in extras.values()} == {"0.25"}
+        assert {e[rdzv_poll.ENV] for e in extras.values()} == {"0.1"}
         assert rdzv_poll.parse(extras["n1"][rdzv_poll.ENV]) == rdzv_poll.POLL_S
     finally:
         sup.steps = real

@@ -2,7 +2,8 @@
 handler per node as each torchrun agent has): ``rdzv_leave``, a fenced node's agent leaves the
 rendezvous (before a round, waiting in one, or at a keep-alive), so the next round completes with
 the spare at once, not after the fenced participant's keep-alive expired; ``rdzv_poll``, the
-agents wait 0.25 s between reads inside a round, and their monitoring loops read as often."""
+agents wait one poll (0.1 s for a small job) between reads inside a round, and their monitoring
+loops read as often."""
 
 from __future__ import annotations
 
@@ -196,19 +197,19 @@ def test_another_jobs_record_or_an_unreadable_one_is_no_fence(tmp_path):
     assert not rdzv_leave.install({rdzv_leave.RUN_DIR_ENV: str(run.root)})   # no node: not hooked
 
 
-def test_the_agents_poll_a_forming_round_every_quarter_second_and_watch_for_one_as_often(
-        store, monkeypatch):
+def test_the_agents_poll_a_forming_round_every_poll_and_watch_for_one_as_often(store, monkeypatch):
+    poll = rdzv_poll.poll_for(3)                                  # what the launcher says: 0.1 s
     torch_delay = dr._delay
     assert not rdzv_poll.install({})                               # not in the allocation
-    assert rdzv_poll.install({rdzv_poll.ENV: "0.25"}) and dr._delay is not torch_delay
-    assert rdzv_poll.install({rdzv_poll.ENV: "0.25"})               # once
+    assert rdzv_poll.install({rdzv_poll.ENV: str(poll)}) and dr._delay is not torch_delay
+    assert rdzv_poll.install({rdzv_poll.ENV: str(poll)})            # once
     caches: list = []
     get_world = dr.DynamicRendezvousHandler._get_world   # called at the end of a joined round
     monkeypatch.setattr(dr.DynamicRendezvousHandler, "_get_world",
                         lambda self: caches.append(self._state_holder._cache_duration) or get_world(self))
     a, b = store.handler(), store.handler()
     assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
-    assert caches == [0.125, 0.125]                               # inside the round: half the poll
+    assert caches == [poll / 2, poll / 2]                         # inside the round: half the poll
     assert a._state_holder._cache_duration == b._state_holder._cache_duration == rdzv_poll.TORCH_POLL_S
     sync = a._state_holder.sync
     monkeypatch.setattr(a._state_holder, "sync",
@@ -220,7 +221,7 @@ def test_the_agents_poll_a_forming_round_every_quarter_second_and_watch_for_one_
     while a.num_nodes_waiting() == 0:                             # a's monitoring loop
         assert time.monotonic() < deadline, "a never saw b waiting"
         time.sleep(0.05)
-    assert set(caches[2:]) == {0.25}                              # its reads: one poll apart
+    assert set(caches[2:]) == {poll}                              # its reads: one poll apart
     assert a._state_holder._cache_duration == rdzv_poll.TORCH_POLL_S
     assert [r[1] for r in _round(a)] == [2]                       # a joins: the round completes
     restart.join(JOIN_S)
@@ -229,11 +230,11 @@ def test_the_agents_poll_a_forming_round_every_quarter_second_and_watch_for_one_
     monkeypatch.setattr(rdzv_poll, "time", SimpleNamespace(sleep=sleeps.append))
     dr._delay(seconds=1)                                          # the wait between two reads
     dr._delay(seconds=(0, 0))                                     # any other: torch's own
-    assert sleeps == [0.25]
+    assert sleeps == [poll]
 
 
 def test_the_poll_grows_with_the_nodes_to_torchs_own():
-    assert [rdzv_poll.poll_for(n) for n in (2, 32, 64, 128, 1024)] == [0.25, 0.25, 0.5, 1.0, 1.0]
+    assert [rdzv_poll.poll_for(n) for n in (2, 32, 64, 128, 1024)] == [0.1, 0.25, 0.5, 1.0, 1.0]
 
 
 @pytest.mark.parametrize("raw", ["", "0", "0.01", "2", "nan", "x", "-1"])
