@@ -20,8 +20,9 @@ the agents whose ranks were fine stopped them 0.55-0.65 s after the failed one's
 reopened the round, and every new rank's process-group set-up waits for the last of them.
 What it costs: each agent reads the state (a pickle of ~100 bytes per node, from the batch
 host's store) 1 / poll times a second instead of once, while a round forms and while training
-runs. The poll grows with the nodes (``POLL_S`` up to 12, torch's own 1 s from 128), so that all
-of them together never read more often than 128 agents do with torch's own cache. Reads never
+runs: ~10 times torch's reads for a job of up to 12 nodes. The poll grows with the nodes
+(``POLL_S`` up to 12, torch's own 1 s from 128), so that up to 128 nodes all of them together never
+read more often than 128 agents do with torch's own cache, and from 128 as often as torch's. Reads never
 make another agent's compare-and-set fail (only writes do): the keep-alive race ``nodesteps``
 explains is not made worse.
 

@@ -47,6 +47,7 @@ def store(monkeypatch):
     # As every step of the allocation runs its agents (``nodesteps.STEP_ENV``).
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     for cls, name in ((dr.DynamicRendezvousHandler, "next_rendezvous"),
+                      (dr.DynamicRendezvousHandler, "num_nodes_waiting"),
                       (dr.DynamicRendezvousHandler, "_keep_alive"), (dr._RendezvousJoinOp, "__call__")):
         monkeypatch.setattr(cls, name, getattr(cls, name))
     monkeypatch.setattr(dr, "_delay", dr._delay)
