@@ -48,26 +48,28 @@ def store(monkeypatch):
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     for cls, name in ((dr.DynamicRendezvousHandler, "next_rendezvous"),
                       (dr.DynamicRendezvousHandler, "num_nodes_waiting"),
-                      (dr.DynamicRendezvousHandler, "_keep_alive"), (dr._RendezvousJoinOp, "__call__")):
+                      (dr.DynamicRendezvousHandler, "_keep_alive"), (dr._RendezvousJoinOp, "__call__"),
+                      (dr._BackendRendezvousStateHolder, "_sanitize")):
         monkeypatch.setattr(cls, name, getattr(cls, name))
     monkeypatch.setattr(dr, "_delay", dr._delay)
     port = _free_port()
     master = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                       timeout=timedelta(seconds=30))
     made: list = []
-    yield SimpleNamespace(port=port, master=master, made=made, handler=lambda: _handler(port, made))
+    yield SimpleNamespace(port=port, master=master, made=made,
+                          handler=lambda keep_alive=KEEP_ALIVE: _handler(port, made, keep_alive=keep_alive))
     for h in made:
         h._stop_heartbeats()
 
 
-def _handler(port: int, made: list, nodes: int = 2):
+def _handler(port: int, made: list, nodes: int = 2, keep_alive: tuple[int, int] = KEEP_ALIVE):
     client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
     backend = C10dRendezvousBackend(client, RUN_ID)
     timeout = dr.RendezvousTimeout(join=timedelta(seconds=JOIN_S), last_call=timedelta(seconds=1),
                                    close=timedelta(seconds=5), heartbeat=timedelta(seconds=5))
     h = dr.DynamicRendezvousHandler.from_backend(
         RUN_ID, client, backend, min_nodes=nodes, max_nodes=nodes, local_addr="127.0.0.1",
-        timeout=timeout, keep_alive_interval=KEEP_ALIVE[0], keep_alive_max_attempt=KEEP_ALIVE[1])
+        timeout=timeout, keep_alive_interval=keep_alive[0], keep_alive_max_attempt=keep_alive[1])
     made.append(h)
     return h
 
@@ -100,9 +102,9 @@ def _record(tmp_path, fenced: str | None = None) -> RunDir:
     return run
 
 
-def _state(st):
+def _state(st, keep_alive=KEEP_ALIVE):
     """The rendezvous state as the store has it now (a new handler: no cached state)."""
-    reader = st.handler()
+    reader = st.handler(keep_alive)
     reader._state_holder.sync()
     return reader._state_holder.state
 
@@ -186,6 +188,45 @@ def test_without_leaving_the_fenced_participant_holds_the_next_round(store, tmp_
     c = store.handler()
     out = _round(a, c)
     assert all(isinstance(r, RendezvousTimeoutError) for r in out), out
+
+
+def test_a_dead_fenced_nodes_entry_is_dropped_by_the_others_so_the_spare_completes_the_round(store, tmp_path):
+    """b dies where it stood (no leave, no keep-alive: a node death); its entry would expire only
+    90 s after its last keep-alive, past the join's 10 s. Fenced, it is dropped at the next read of
+    the state that sees it missed a keep-alive, and a's round with the spare c completes."""
+    quick = (1, 90)   # a keep-alive every second (b misses one at once), expiry far past the join
+    a, b = store.handler(quick), store.handler(quick)
+    assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
+    said: list[str] = []
+    assert _hook(_record(tmp_path, fenced="b"), "a", said)   # a's agent (this process) is hooked
+    b._stop_heartbeats()
+    time.sleep(1.5)   # b's last keep-alive is older than the interval now
+    assert len(_state(store, quick).participants) == 2   # fenced, but b published no identity yet
+    rdzv_leave.publish(b, "b")   # as b's own agent did before its first round
+    _record(tmp_path)             # the record fences nobody: nothing is dropped
+    assert len(_state(store, quick).participants) == 2
+    _record(tmp_path, fenced="b")
+    state = _state(store, quick)
+    assert b._this_node not in state.participants and b._this_node not in state.last_heartbeats
+    assert len(state.participants) == 1   # a's, until a leaves the finished round
+    c = store.handler(quick)
+    out = _round(a, c)
+    assert sorted(map(str, out)) == ["(0, 2)", "(1, 2)"], out   # not a join timeout: b dropped
+    assert said == []   # a is not fenced: it joined
+    # Each agent published its own identity before its first round (here a's and c's are both
+    # this process's, node "a": the later one's stands).
+    assert rdzv_leave.published(a._store, a._settings.run_id, "a", dr) in (a._this_node, c._this_node)
+
+
+def test_a_published_identity_that_is_not_one_is_never_used(store):
+    h = store.handler()
+    key = rdzv_leave.DESC_KEY.format(run_id=RUN_ID, node="x")
+    assert rdzv_leave.published(h._store, RUN_ID, "x", dr) is None   # none published
+    for junk in ("", "no separators", "host|pid|1", "host|1|two", "host|1|2.5"):
+        h._store.set(key, junk)
+        assert rdzv_leave.published(h._store, RUN_ID, "x", dr) is None, junk
+    h._store.set(key, "n3|41|0")
+    assert rdzv_leave.published(h._store, RUN_ID, "x", dr) == dr._NodeDesc("n3", 41, 0)
 
 
 def test_another_jobs_record_or_an_unreadable_one_is_no_fence(tmp_path):
