@@ -15,9 +15,11 @@ after MIN joined.
 
 The agents' keep-alive expiry (interval x attempts) is the launcher's own
 ``SLURMFT_NODE_SILENT_S`` rounded up to whole intervals: torchrun cannot close a round while a
-dead participant is in it, so the expiry is on a node death's critical path, and it needs no
-margin past the launcher's fence. It is three intervals of a third of the bound (2 s x 3 at the
-default 5 s), not 1 s x the bound: every state change of torch's c10d rendezvous is one
+dead participant is in it, so the expiry was on a node death's critical path, and it needs no
+margin past the launcher's fence (since 2026-11-28 the other agents drop a dead node's entry once
+the launcher fenced it, ``rdzv_leave``: the expiry is on that path only where that cannot be
+done). It is three intervals of a third of the bound (2 s x 3 at the default 5 s), not 1 s x the
+bound: every state change of torch's c10d rendezvous is one
 compare-and-set of the whole state, and a node waiting in a round writes its keep-alive every
 interval; the agent whose join completes the round must read, change and write the state
 between two of those writes. On a loaded node (0.3-0.9 s from its read to its write) with two
