@@ -374,7 +374,8 @@ class Supervisor:
         holder = alloc.spare_job_of(node)
         # A live active node's agent is a participant of torchrun's rendezvous: it leaves it by
         # itself (``rdzv_leave``) before its step is killed, or the next round waits for its
-        # keep-alive to expire. A silent or DOWN node cannot; a spare's agent never joined.
+        # keep-alive to expire. A silent or DOWN node cannot (the other agents drop its entry once
+        # it is fenced, ``rdzv_leave``); a spare's agent never joined.
         leaves = was_active and not reaped and fault.cause in LEAVING_CAUSES \
             and not self.liveness.silent(node, LEAVE_BEAT_S)
         if holder is not None and self.refill is not None:  # the node goes back to Slurm with its job

@@ -140,7 +140,8 @@ def test_a_fenced_node_leaves_and_the_spare_completes_the_next_round_at_once(sto
     assert said == ["b is fenced by the launcher (before a round): left the rendezvous, not joining "
                     "another round (torchrun logs this end as a SIGTERM)"]
     assert len(_state(store).participants) == 1
-    # The hooks are the process's, and b's: a's and the spare's next round is torch's own again.
+    # The hooks are the process's, and b's: a's and the spare's next round is torch's own again
+    # (but for the state reads' drop of fenced nodes, which skips b's own: the hooked node).
     for (cls, name), torchs_own in zip(hooked, torchs):
         setattr(cls, name, torchs_own)
     c = store.handler()
@@ -194,17 +195,18 @@ def test_a_dead_fenced_nodes_entry_is_dropped_by_the_others_so_the_spare_complet
     """b dies where it stood (no leave, no keep-alive: a node death); its entry would expire only
     90 s after its last keep-alive, past the join's 10 s. Fenced, it is dropped at the next read of
     the state that sees it missed a keep-alive, and a's round with the spare c completes."""
-    quick = (1, 90)   # a keep-alive every second (b misses one at once), expiry far past the join
+    quick = (1, 90)   # a keep-alive every second (b misses some at once), expiry far past the join
     a, b = store.handler(quick), store.handler(quick)
     assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
     said: list[str] = []
-    assert _hook(_record(tmp_path, fenced="b"), "a", said)   # a's agent (this process) is hooked
+    assert _hook(_record(tmp_path), "a", said)   # a's agent (this process) is hooked; no fence
     b._stop_heartbeats()
-    time.sleep(1.5)   # b's last keep-alive is older than the interval now
-    assert len(_state(store, quick).participants) == 2   # fenced, but b published no identity yet
-    rdzv_leave.publish(b, "b")   # as b's own agent did before its first round
-    _record(tmp_path)             # the record fences nobody: nothing is dropped
-    assert len(_state(store, quick).participants) == 2
+    time.sleep(2.5)   # b's last keep-alive is older than the interval and the margin now
+    _record(tmp_path, fenced="b")
+    assert len(_state(store, quick).participants) == 2   # fenced, but b published no identity
+    _record(tmp_path)
+    rdzv_leave.publish(b, "b")   # as b's own agent does before its first round
+    assert len(_state(store, quick).participants) == 2   # published, not fenced: kept
     _record(tmp_path, fenced="b")
     state = _state(store, quick)
     assert b._this_node not in state.participants and b._this_node not in state.last_heartbeats
@@ -213,9 +215,23 @@ def test_a_dead_fenced_nodes_entry_is_dropped_by_the_others_so_the_spare_complet
     out = _round(a, c)
     assert sorted(map(str, out)) == ["(0, 2)", "(1, 2)"], out   # not a join timeout: b dropped
     assert said == []   # a is not fenced: it joined
+    assert rdzv_leave.fenced_nodes(tmp_path, {"7"}) == ("b",) and rdzv_leave.fenced_nodes(tmp_path, {"8"}) == ()
     # Each agent published its own identity before its first round (here a's and c's are both
     # this process's, node "a": the later one's stands).
     assert rdzv_leave.published(a._store, a._settings.run_id, "a", dr) in (a._this_node, c._this_node)
+
+
+def test_a_record_that_cannot_be_read_is_no_fence_for_the_drop(store, tmp_path):
+    """b published and silent, the run's record unreadable: b is kept (its entry expires)."""
+    quick = (1, 90)
+    a, b = store.handler(quick), store.handler(quick)
+    assert sorted(_round(a, b)) == [(0, 2), (1, 2)]
+    assert _hook(_record(tmp_path), "a", [])
+    RunDir(tmp_path).allocation.write_text("{not json")
+    rdzv_leave.publish(b, "b")
+    b._stop_heartbeats()
+    time.sleep(2.5)
+    assert len(_state(store, quick).participants) == 2
 
 
 def test_a_published_identity_that_is_not_one_is_never_used(store):
