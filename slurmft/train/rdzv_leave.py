@@ -84,11 +84,7 @@ def is_fenced_end(exc: BaseException) -> bool:
 
 def is_fenced(run_dir: Path, node: str, ids: set[str]) -> bool:
     """The run's allocation record, of this job, lists ``node`` as fenced."""
-    try:
-        record = allocation.read(RunDir(run_dir))
-    except allocation.AllocationError:
-        return False
-    return record is not None and record.for_job(ids) and node in record.fenced_nodes
+    return node in fenced_nodes(run_dir, ids)
 
 
 def _leave_op(dr: Any) -> Callable[[Any, float], Any]:
@@ -145,18 +141,14 @@ def published(store: Any, run_id: str, node: str, dr: Any) -> Any:
         return None
 
 
-def drop(state: Any, desc: Any, settings: Any, dr: Any) -> bool:
+def drop(state: Any, desc: Any, settings: Any, dr: Any) -> None:
     """Take ``desc`` out of ``state`` as torch's ``_sanitize`` takes an expired node out (its
-    epilogue: a finished round with no participant left reopens); True when it was in."""
-    was_in = state.last_heartbeats.pop(desc, None) is not None
-    participant = state.participants.pop(desc, None) is not None
-    for waiting in (state.wait_list, state.redundancy_list):
-        if desc in waiting:
-            waiting.discard(desc)
-            was_in = True
-    if participant:
+    epilogue: a finished round with no participant left reopens)."""
+    state.last_heartbeats.pop(desc, None)
+    state.wait_list.discard(desc)
+    state.redundancy_list.discard(desc)
+    if state.participants.pop(desc, None) is not None:
         dr._remove_participant_epilogue(state, settings)
-    return was_in or participant
 
 
 def fenced_nodes(run_dir: Path, ids: set[str]) -> tuple[str, ...]:
