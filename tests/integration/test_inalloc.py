@@ -238,9 +238,13 @@ def test_spares_replace_two_killed_nodes_the_second_from_a_spare_job_outside_the
     # Every rank of every world was forked by its node's warm server, the spare job's node's
     # too, none started cold.
     log = job.log_text()
-    forked = {(int(r), int(a)) for r, a in FORKED.findall(log)}
-    assert {(r, 0) for r in range(2)} <= forked, log[-4000:]
-    assert any(a >= 2 for _, a in forked), log[-4000:]     # the last world's ranks too
+    forks = [(int(r), int(a)) for r, a in FORKED.findall(log)]
+    assert {(r, 0) for r in range(2)} <= set(forks), log[-4000:]
+    # Two ranks forked for each of the three worlds, the last one's too. Counted, not told apart by
+    # attempt: torchrun's TORCHELASTIC_RESTART_COUNT grows on a node whose ranks failed, not on
+    # one that restarted them for a waiting spare (which of the two a survivor sees first is a
+    # race), so the last world's attempt may be 0, 1 or 2 (">= 2" failed once in a -n 3 run).
+    assert len(forks) >= 2 * len(starts) >= 6, log[-4000:]
     assert COLD not in log and "no warm workers" not in log
 
     # Every step's loss, the first time and when redone after a restore, equals an
