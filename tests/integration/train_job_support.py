@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurmft.chaos.reference import ReferenceRunError, uninterrupted_run
 from slurmft.journal import Event, read_events
-from slurmft.launch import agent
 from slurmft.rundir import RunDir
 from slurmft.slurm.cli import CliSlurmClient
 from slurmft.slurm.client import Job
@@ -211,14 +210,11 @@ def reference_losses(run_dir: Path, train_args: list[str], world_size: int, *,
 
 def _reference_run(run_dir: Path, train_args: list[str], world_size: int, script: Path,
                    env: dict[str, str] | None) -> dict[int, tuple[float, int]]:
-    extra = env or {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env.update(JOB_ENV)
-    env.update(extra)
-    env["SLURMFT_RUN_DIR"] = str(run_dir)  # train_gpt.py's --run-dir default; Run reads it too
-    proc = subprocess.run(
-        [*agent.argv(), "--standalone",
-         f"--nproc-per-node={world_size}", str(script), *train_args],
-        env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return losses(read_events(RunDir(run_dir).events))
+    # The demo's and the soak's uninterrupted run (slurmft.chaos.reference): its ranks forked
+    # warm as a job's are, one import of torch instead of one per rank.
+    try:
+        events = uninterrupted_run(run_dir, script, train_args, world_size,
+                                   env={**JOB_ENV, **(env or {})}, timeout=240)
+    except ReferenceRunError as exc:
+        raise AssertionError(str(exc)) from None
+    return losses(events)
