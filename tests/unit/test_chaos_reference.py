@@ -52,9 +52,9 @@ def test_the_ranks_are_forked_warm_and_nothing_is_left_behind(tmp_path):
 
 def test_a_run_past_its_bound_is_killed_warm_ranks_and_all(tmp_path):
     run_dir = tmp_path / "reference"
-    # Each step sleeps 60 s: the run cannot end within its 20 s bound, its ranks are mid-step.
+    # Each step sleeps 60 s: the run cannot end within its 20 s bound, its rank is mid-step.
     with pytest.raises(ReferenceRunError, match="did not finish within 20 s"):
-        uninterrupted_run(run_dir, EXAMPLE, ["--tiny", "--steps", "5", "--step-sleep", "60"], 2,
+        uninterrupted_run(run_dir, EXAMPLE, ["--tiny", "--steps", "5", "--step-sleep", "60"], 1,
                           env={**ENV, "TMPDIR": str(tmp_path)}, timeout=20)
     assert FORKED.search((tmp_path / "reference.log").read_text())
     wait_until("the reference run's processes to end", lambda: not _processes_of(run_dir), 60)
