@@ -10,6 +10,11 @@ TORCH_SPEC ?= torch==2.13.0
 # gcc and libc6-dev: tests/unit/test_warm_cuda_driver.py builds a stand-in CUDA driver library.
 DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server debootstrap iproute2 prometheus gcc libc6-dev
 PYTEST_ARGS ?=
+# Python caches compiled modules (__pycache__) unless PYTHONDONTWRITEBYTECODE is set, as it is on our
+# CI machines: then every one of a test run's ~2,000 Python processes (CLI calls, tasks, agents,
+# pytest workers) compiled slurmft/ again (0.1 CPU-s each) and each pytest worker rewrote every
+# test module again (7 of its 12 CPU-s of collection). Not in this Makefile's recipes.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install system-deps venv docs demo test test-unit test-integration test-matrix bench lint clean
 
