@@ -11,9 +11,10 @@ TORCH_SPEC ?= torch==2.13.0
 DEBIAN_PKGS := slurm-wlm slurmdbd munge mariadb-server debootstrap iproute2 prometheus gcc libc6-dev
 PYTEST_ARGS ?=
 # Python caches compiled modules (__pycache__) unless PYTHONDONTWRITEBYTECODE is set, as it is on our
-# CI machines: then every one of a test run's ~2,000 Python processes (CLI calls, tasks, agents,
-# pytest workers) compiled slurmft/ again (0.1 CPU-s each) and each pytest worker rewrote every
-# test module again (7 of its 12 CPU-s of collection). Not in this Makefile's recipes.
+# CI machines: then each of a test run's ~1,500 Python processes (CLI calls, tasks, agents) compiled
+# what it imports of slurmft/ again (0.01-0.04 CPU-s each) and each pytest process rewrote and
+# compiled every test module again (its collection 11.5 CPU-s, 5.3 with the cache). Not in this
+# Makefile's recipes: ~70 CPU-s of a test run.
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install system-deps venv docs demo test test-unit test-integration test-matrix bench lint clean
