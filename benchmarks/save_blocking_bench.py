@@ -42,7 +42,11 @@ def _ms(values: list[float]) -> tuple[float, float]:
     return round(1000 * statistics.median(values), 2), round(1000 * min(values), 2)
 
 
-def measure(layers: int, width: int, saves: int, work: Path) -> dict:
+class SaveFailed(RuntimeError):
+    pass
+
+
+def measure(layers: int, width: int, saves: int, run_dir: Path) -> dict:
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     for layer in model:
         fully_shard(layer)
@@ -57,15 +61,20 @@ def measure(layers: int, width: int, saves: int, work: Path) -> dict:
 
     step()  # the optimizer's state exists from here on, as in any save after the first step
     state = TrainState(model, optimizer)
-    manager = CheckpointManager(work / f"run{layers}", CheckpointConfig.load(interval=1))
+    # The defaults, not the environment's or a slurmft.toml's settings: the same save everywhere.
+    manager = CheckpointManager(run_dir, CheckpointConfig(interval=1))
     blocking = []
     try:
         for i in range(saves + 1):
             step()
             started = time.perf_counter()
-            manager.save(i + 1, state)
+            saved = manager.save(i + 1, state)
             took = time.perf_counter() - started
             manager.wait()
+            last = manager.stats[-1] if manager.stats else None
+            if not saved or last is None or last.step != i + 1 or not last.committed:
+                raise SaveFailed(f"the save of step {i + 1} ({layers} layers) did not commit: "
+                                 f"{getattr(last, 'error', None) or 'skipped'}")
             if i:  # the first allocates the staging buffers
                 blocking.append(took)
     finally:
@@ -77,7 +86,8 @@ def measure(layers: int, width: int, saves: int, work: Path) -> dict:
         walks.append(time.perf_counter() - started)
     tensors = sum(1 for _ in model.parameters())
     median, fastest = _ms(blocking)
-    return {"layers": layers, "parameters": tensors, "blocking_ms_median": median,
+    return {"layers": layers, "parameters": tensors, "committed_saves": saves + 1,
+            "blocking_ms_median": median,
             "blocking_ms_min": fastest, "get_state_dict_ms_median": _ms(walks)[0]}
 
 
@@ -96,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with tempfile.TemporaryDirectory(prefix="slurmft-save-blocking-") as work:
-            rows = [measure(n, args.width, args.saves, Path(work)) for n in args.layers]
+            rows = [measure(n, args.width, args.saves, Path(work) / f"run{i}")
+                    for i, n in enumerate(args.layers)]
+    except SaveFailed as exc:
+        print(f"save_blocking_bench: {exc}", file=sys.stderr)
+        return 1
     finally:
         dist.destroy_process_group()
     result = {"torch": torch.__version__, "width": args.width, "saves": args.saves, "rows": rows}

@@ -30,13 +30,23 @@ def test_the_structure_check_is_linear_in_the_states_entries():
     print(f"_signature: {took:.3f} s at {CAP} tensors, {base:.4f} s at 1/16")
 
 
+def test_the_structure_names_every_entry_in_order():
+    state = {"b": [torch.zeros(2, 3, dtype=torch.float16), 7], "a": (torch.zeros(1), "x"), 3: {}}
+    assert _signature(state) == (
+        ("", "dict", 3),
+        ("/3", "dict", 0),                   # keys sorted by str(): "3" < "a" < "b"
+        ("/a", "tuple", 2), ("/a/0", "tensor", torch.float32, (1,), "cpu"), ("/a/1", "value"),
+        ("/b", "list", 2), ("/b/0", "tensor", torch.float16, (2, 3), "cpu"), ("/b/1", "value"))
+
+
 def test_buffers_are_allocated_again_only_when_the_structure_changes():
     stager = Stager()
     state = _state(8)
     stager.stage(state)
+    pointers = stager.buffer_pointers()
     state["optim"]["state"]["layers.0.weight"]["exp_avg"].add_(1.0)   # values change: same buffers
     stager.stage(state)
-    assert stager.allocations == 1
+    assert stager.allocations == 1 and stager.buffer_pointers() == pointers
     state["optim"]["state"]["layers.0.weight"]["exp_avg_sq"] = torch.zeros(2)  # a new entry
     staged = stager.stage(state)
     assert stager.allocations == 2
