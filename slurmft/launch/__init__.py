@@ -6,7 +6,7 @@ launcher, which owns the orchestration as small, unit-tested modules:
   ``identity``   who this job is (array-aware ``<array_job_id>_<task_id>``; hetjobs refused)
   ``settings``   every ``SLURMFT_*`` number from the environment, validated, with floors
   ``preflight``  one bounded ``srun`` of ``nodecheck`` on every node; which nodes to exclude
-  ``nodecheck``  runs on each node: run dir, disk, torch, ``slurmft sweep --quick --dry-run``
+  ``nodecheck``  runs on each node: run dir, disk, torch, the quick dry-run sweep (``sweep.main``)
   ``rendezvous`` torchrun's c10d endpoint from ``SLURM_JOB_NODELIST`` (python-hostlist)
   ``task``       one node's task of the training step: torchrun with USR2 ignored
   ``agent``      torchrun's agent as slurmft starts it (``scriptend``: no teardown); its argv

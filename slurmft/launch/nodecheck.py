@@ -11,7 +11,8 @@ line as one that did not answer):
 Checks, each a subprocess under the time left before ``--deadline-s``: ``python -m
 slurmft.train.runtime preflight`` (run dir writable, free disk, torch imports; one that does not
 finish in time FAILS: a hung mount is what it is there to catch), then ``slurmft sweep --quick
---dry-run --json``. A sweep that exits 3 with no output is busy (another job's pre-flight, the cron
+--dry-run --json`` as ``python -m slurmft.sweep.main`` (the command without typer's start-up: half
+of its CPU, on every node of every job start). A sweep that exits 3 with no output is busy (another job's pre-flight, the cron
 sweep): its fresh report is used if it wrote one, else it is retried until ``--sweep-wait-s``.
 Torch-free (torch is imported by the child that checks it).
 """
@@ -125,7 +126,7 @@ def sweep_lines(node: str, python: str, deadline: float, wait_s: float, fresh_s:
                 run: Callable[[list[str], float], tuple[int | None, str, str]] = run_bounded,
                 sleep: Callable[[float], None] = time.sleep,
                 clock: Callable[[], float] = time.monotonic) -> list[str]:
-    argv = [python, "-m", "slurmft.cli", "sweep", "--quick", "--dry-run", "--json", "--node", node]
+    argv = [python, "-m", "slurmft.sweep.main", "--quick", "--dry-run", "--json", "--node", node]
     started = clock()
     busy_until = started + wait_s
     delay = MIN_SWEEP_RETRY_S

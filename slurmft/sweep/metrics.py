@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 # prometheus_client is imported where a textfile is built, not at import: the launcher's
-# pre-flight (``slurmft sweep --quick --dry-run --json`` on every node of every job start)
+# pre-flight (the quick dry-run sweep with ``--json`` on every node of every job start)
 # writes none, and the import was a quarter of that command's CPU.
 
 

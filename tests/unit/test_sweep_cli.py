@@ -1,11 +1,31 @@
-"""``slurmft sweep`` refuses bad input with one line and exit 2, before touching Slurm."""
+"""``slurmft sweep`` refuses bad input with one line and exit 2, before touching Slurm; so does
+``python -m slurmft.sweep.main`` (the pre-flight's way in), whose options are the command's."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+import typer
 from typer.testing import CliRunner
 
-from slurmft.cli import app
+from slurmft.cli import app, build
+from slurmft.sweep import main as sweep_main
+
+
+def _run(door: str, args: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """(exit code, output) of the sweep with ``args``, through the CLI or the module's parser."""
+    if door == "cli":
+        result = CliRunner().invoke(app, ["sweep", *args], env={"SLURMFT_CONFIG": ""})
+        return result.exit_code, result.output
+    monkeypatch.setenv("SLURMFT_CONFIG", "")
+    try:
+        code = sweep_main.main(args)
+    except SystemExit as exc:   # argparse's refusal
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out + err
 
 
 @pytest.mark.parametrize("args,toml,message", [
@@ -16,15 +36,42 @@ from slurmft.cli import app
     (["--node", "n1"], "[health_gpu]\nexpected_count = 8.5\n", "[health_gpu] expected_count must be an integer"),
     (["--node", "n1"], "[sweep]\nmax_drian_share = 0.2\n", "[sweep] unknown key 'max_drian_share'"),
 ])
-def test_bad_input_exits_2_with_one_line(tmp_path, args, toml, message):
+@pytest.mark.parametrize("door", ["cli", "module"])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, toml, message, door, capsys, monkeypatch):
     if toml is not None:
         (tmp_path / "slurmft.toml").write_text(toml)
         cfg = tmp_path / "slurmft.toml"
         args = args + ["--config", str(cfg)]
-    result = CliRunner().invoke(app, ["sweep", *args], env={"SLURMFT_CONFIG": ""})
-    assert result.exit_code == 2, result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    code, output = _run(door, args, capsys, monkeypatch)
+    assert code == 2, output
+    lines = [ln for ln in output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("slurmft-sweep: error: ") and message in lines[0]
+
+
+def test_the_modules_options_are_the_commands_with_the_same_help():
+    command = typer.main.get_command(build("sweep")).commands["sweep"]
+    cli = {opt: param.help for param in command.params for opt in param.opts if opt != "--help"}
+    assert cli == dict(sweep_main.OPTIONS)
+    module = {opt for action in sweep_main.parser()._actions for opt in action.option_strings}
+    assert module - {"-h", "--help"} == set(cli)
+
+
+def test_the_module_refuses_an_unknown_or_abbreviated_option_in_one_line(capsys, monkeypatch):
+    for args, named in ((["--quik"], "--quik"), (["--dry"], "--dry"), (["--node"], "--node")):
+        code, output = _run("module", args, capsys, monkeypatch)
+        lines = [ln for ln in output.splitlines() if ln.strip()]
+        assert code == 2 and len(lines) == 1 and named in lines[0], output
+        assert lines[0].startswith("slurmft-sweep: error: ")
+
+
+@pytest.mark.timeout(60)
+def test_the_module_runs_as_a_script(tmp_path):
+    """Its own process, as the pre-flight starts it: a config error is its exit 2 and one line."""
+    done = subprocess.run([sys.executable, "-m", "slurmft.sweep.main", "--quick", "--dry-run", "--json",
+                           "--node", "n1", "--config", str(tmp_path / "nope.toml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == f"slurmft-sweep: error: config file {tmp_path / 'nope.toml'} does not exist"
 
 
 def test_missing_config_file_is_named(tmp_path):
@@ -37,7 +84,7 @@ def test_a_drain_whose_report_cannot_be_written_exits_5_and_says_it_drained(tmp_
     drained"."""
     from test_sweep_run import MemorySlurm, configs
 
-    import slurmft.commands.sweep as command
+    import slurmft.sweep.main as command
 
     cfg, _, _ = configs(tmp_path, exit_code=1)
     (tmp_path / "reports").write_text("not a directory")
