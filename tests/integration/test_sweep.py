@@ -274,3 +274,22 @@ timeout_s = 15
     assert not CliSlurmClient(env=slurm_cluster.env).nodes()["n2"].drained
     child = Path(f"/proc/{pid.read_text().strip()}")
     assert not child.exists() or child.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.timeout(180)
+def test_the_sweep_benchmark_times_both_ways_in_against_the_cluster(slurm_cluster, tmp_path):
+    """benchmarks/sweep_bench.py with ``--slurm-conf``: the in-process rows, and a dry-run sweep of
+    a real node through the CLI and through the pre-flight's module, each with its CPU time. This
+    checks the benchmark runs (and that both ways in sweep a live cluster's node), not its numbers."""
+    res = subprocess.run([sys.executable, str(REPO / "benchmarks" / "sweep_bench.py"), "--runs", "1",
+                          "--slurm-conf", slurm_cluster.env["SLURM_CONF"], "--node", "n2", "--json"],
+                         capture_output=True, text=True, timeout=150, cwd=REPO,
+                         env={**os.environ, **slurm_cluster.env, "TMPDIR": str(tmp_path)})
+    assert res.returncode in (0, 1), res.stderr[-2000:]   # 1: a median over its budget (a loaded box)
+    rows = json.loads(res.stdout)["rows"]
+    assert [(r["run"], r["mode"]) for r in rows] == [
+        ("in-process", "normal"), ("in-process", "quick"), ("cli+slurm", "normal"), ("cli+slurm", "quick"),
+        ("module+slurm", "normal"), ("module+slurm", "quick")]
+    for r in rows[2:]:
+        assert r["runs"] == 1 and r["median_s"] > 0 and r["cpu_median_s"] > 0, r
+    assert list(tmp_path.glob("sweep-bench-*")) == []
