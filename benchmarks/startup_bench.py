@@ -86,7 +86,7 @@ def role(record: dict) -> str | None:
     argv = " ".join(record.get("orig_argv") or record.get("argv") or [])
     if "slurmft.launch.task" in argv or agent.MODULE in argv:
         return "task"
-    if "slurmft.cli sweep" in argv:
+    if "slurmft.sweep.main" in argv or "slurmft.cli sweep" in argv:   # the pre-flight's, then before 761038f
         return "sweep"
     if "slurmft.launch.nodecheck" in argv or "slurmft.train.runtime" in argv:
         return "preflight"

@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurmft.health.registry import HealthConfig
+from slurmft.config import ConfigError
+from slurmft.health.registry import HealthConfig, plan
 from slurmft.slurm.client import Node, NodeState
 from slurmft.sweep.config import SweepConfig
 from slurmft.sweep.run import SweepRequest, sweep
@@ -45,8 +46,9 @@ class StaticNodes:
         raise RuntimeError("benchmark node would be resumed")
 
 
-def time_in_process(mode: str, runs: int, work: Path) -> list[float]:
-    cfg = SweepConfig(state_dir=work / "state", report_dir=work / "reports", textfile_dir=work / "prom")
+def time_in_process(mode: str, runs: int, work: Path, checks: tuple[str, ...] = ()) -> list[float]:
+    cfg = SweepConfig(checks=checks, state_dir=work / "state", report_dir=work / "reports",
+                      textfile_dir=work / "prom")
     hc = HealthConfig()
     out = []
     for _ in range(runs):
@@ -62,12 +64,13 @@ def time_in_process(mode: str, runs: int, work: Path) -> list[float]:
 DOORS = {"cli": ["{bin}/slurmft", "sweep"], "module": ["{python}", "-m", "slurmft.sweep.main"]}
 
 
-def time_process(door: str, mode: str, runs: int, slurm_conf: Path, node: str,
-                 work: Path) -> tuple[list[float], list[float]]:
-    """Wall and CPU seconds (user + system, the child's) of each of ``runs`` sweeps."""
+def time_process(door: str, mode: str, runs: int, slurm_conf: Path, node: str, work: Path,
+                 checks: tuple[str, ...] = ()) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds (user + system: the sweep's process and the commands it waited for,
+    sinfo and the checks' tools) of each of ``runs`` sweeps."""
     config = work / "slurmft.toml"
     config.write_text(f'[sweep]\nstate_dir = "{work}/cli-state"\nreport_dir = "{work}/cli-reports"\n'
-                      f'textfile_dir = "{work}/cli-prom"\n')
+                      f'textfile_dir = "{work}/cli-prom"\n' + (f"checks = {json.dumps(list(checks))}\n" if checks else ""))
     head = [a.format(bin=Path(sys.executable).parent, python=sys.executable) for a in DOORS[door]]
     argv = [*head, "--dry-run", "--node", node, "--config", str(config)]
     argv += ["--quick"] if mode == "quick" else []
@@ -98,8 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=15)
     p.add_argument("--slurm-conf", type=Path, help="also time the sweep's processes against this live cluster")
     p.add_argument("--node", default="n1", help="node name for the process rows (default n1)")
+    p.add_argument("--checks", default="", help="comma-separated checks to run (default: every built-in one)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
+    checks = tuple(c for c in args.checks.split(",") if c)
+    try:
+        plan(checks, HealthConfig(), "normal")
+    except ConfigError as exc:
+        p.error(f"--checks: {exc}")
     if args.runs < 1:
         p.error("--runs must be >= 1")
     if args.slurm_conf is not None and not args.slurm_conf.is_file():
@@ -108,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sweep-bench-") as tmp:
         work = Path(tmp)
         for mode in ("normal", "quick"):
-            rows.append(row("in-process", mode, time_in_process(mode, args.runs, work)))
+            rows.append(row("in-process", mode, time_in_process(mode, args.runs, work, checks)))
         if args.slurm_conf is not None:
             for door in DOORS:
                 for mode in ("normal", "quick"):
-                    walls, cpus = time_process(door, mode, args.runs, args.slurm_conf, args.node, work)
+                    walls, cpus = time_process(door, mode, args.runs, args.slurm_conf, args.node, work, checks)
                     rows.append(row(f"{door}+slurm", mode, walls, cpus))
     ok = all(r["within_budget"] for r in rows)
     if args.json:

@@ -11,8 +11,8 @@ line as one that did not answer):
 Checks, each a subprocess under the time left before ``--deadline-s``: ``python -m
 slurmft.train.runtime preflight`` (run dir writable, free disk, torch imports; one that does not
 finish in time FAILS: a hung mount is what it is there to catch), then ``slurmft sweep --quick
---dry-run --json`` as ``python -m slurmft.sweep.main`` (the command without typer's start-up: half
-of its CPU, on every node of every job start). A sweep that exits 3 with no output is busy (another job's pre-flight, the cron
+--dry-run --json`` as ``python -m slurmft.sweep.main`` (the command without typer's start-up,
+~40 % of its CPU, on every node of every job start). A sweep that exits 3 with no output is busy (another job's pre-flight, the cron
 sweep): its fresh report is used if it wrote one, else it is retried until ``--sweep-wait-s``.
 Torch-free (torch is imported by the child that checks it).
 """

@@ -2,9 +2,10 @@
 
 Two ways in, the same options and the same code from here on: the CLI (``slurmft sweep``,
 ``slurmft.commands.sweep``, typer) and ``python -m slurmft.sweep.main [OPTIONS]`` (argparse),
-which the pre-flight runs on every node of every job start (``launch/nodecheck.py``). typer
-(0.29) coerces each option through a pydantic ``TypeAdapter``: importing pydantic and building
-the adapters costs ~0.25 CPU-s of a ~0.4 CPU-s sweep, paid on each node before its job can train.
+which the pre-flight runs on every node of every job start (``launch/nodecheck.py``). typer's
+start-up (0.29: its own click, and a pydantic ``TypeAdapter`` built for each option) was ~0.17 of
+the ~0.4 CPU-s of a quick dry-run sweep (``benchmarks/sweep_bench.py``), paid on each node before
+its job can train. Unlike the CLI, ``-h`` is help here too, and a value may not start with ``-``.
 
 Exit codes:
 

@@ -98,10 +98,10 @@ def test_nodes_waiting_in_a_round_write_the_rendezvous_state_at_most_every_two_s
     # At most one keep-alive per 2 s each (with one for the window's edges); at a 1 s interval each
     # waiting node wrote on every loop of torch's join (~1 s): 5-6 in the same window. Only the
     # writes that won their compare-and-set are counted: those are what make another agent's
-    # write fail. A node whose write lost reloads the state, finds its heartbeat still due and
-    # writes again at once: two attempts, one keep-alive. (A full suite on the busy box once
-    # counted 5 attempts in 6 s for one node; a won keep-alive is never less than the interval
-    # after the last, so at least one of them had lost.)
+    # write fail. A node whose write lost takes the state from the compare-and-set's reply, finds
+    # its heartbeat still due there and writes again at once: two attempts, one keep-alive. (A full
+    # suite on the busy box once counted 5 attempts in 6 s for one node; won keep-alives' heartbeats
+    # are never less than the interval apart, so at least one of the five had lost.)
     window = counted_to - counted_from
     bound = int(window // 2) + 1
     assert waiting["host"] <= bound and waiting["other"] <= bound, \

@@ -68,3 +68,21 @@ def test_every_mark_is_written_once_in_the_order_the_process_reached_it(tmp_path
 def test_without_the_variable_nothing_is_written(tmp_path):
     out = run_child(tmp_path, trace=False)
     assert list(out.iterdir()) == []
+
+
+def test_the_preflights_sweep_is_told_apart_by_its_argv():
+    """The process the pre-flight starts for the sweep (its argv as ``nodecheck`` builds it) is
+    the bench's "sweep", not "preflight": its started/done rows would be empty otherwise."""
+    from slurmft.launch import nodecheck
+
+    seen: list[list[str]] = []
+
+    def run(argv, timeout):
+        seen.append(argv)
+        return 0, '{"node": "n1", "results": []}', ""
+
+    nodecheck.sweep_lines("n1", sys.executable, time.monotonic() + 60, 5, 300, run=run)
+    bench = bench_module()
+    [argv] = seen
+    assert bench.role({"argv": argv}) == "sweep"
+    assert bench.role({"argv": [sys.executable, "-m", "slurmft.launch.nodecheck", "x"]}) == "preflight"

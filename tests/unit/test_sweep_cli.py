@@ -48,6 +48,34 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, toml, message, door, ca
     assert len(lines) == 1 and lines[0].startswith("slurmft-sweep: error: ") and message in lines[0]
 
 
+@pytest.mark.parametrize("door", ["cli", "module"])
+@pytest.mark.parametrize("args,expected", [
+    ([], dict(node=None, config=None, quick=False, deep=False, dry_run=False, as_json=False, forget_xids=False)),
+    (["--node", "n3", "--config", "c.toml", "--quick"], dict(node="n3", config="c.toml", quick=True)),
+    (["--deep"], dict(deep=True)), (["--dry-run"], dict(dry_run=True)), (["--json"], dict(as_json=True)),
+    (["--forget-xids"], dict(forget_xids=True)),
+])
+def test_each_option_reaches_the_same_parameter_of_the_sweep_both_ways_in(door, args, expected, capsys,
+                                                                          monkeypatch):
+    import slurmft.commands.sweep as command
+
+    calls: list[dict] = []
+
+    def fake(node, config, quick, deep, dry_run, as_json, forget_xids):
+        calls.append(dict(node=node, config=None if config is None else str(config), quick=quick, deep=deep,
+                          dry_run=dry_run, as_json=as_json, forget_xids=forget_xids))
+        return 7
+
+    monkeypatch.setattr(command, "run", fake)
+    monkeypatch.setattr(sweep_main, "run", fake)
+    code, output = _run(door, args, capsys, monkeypatch)
+    assert code == 7, output
+    [call] = calls
+    assert {k: call[k] for k in expected} == expected
+    assert sum(call[k] is True for k in ("quick", "deep", "dry_run", "as_json", "forget_xids")) == \
+        sum(v is True for v in expected.values())
+
+
 def test_the_modules_options_are_the_commands_with_the_same_help():
     command = typer.main.get_command(build("sweep")).commands["sweep"]
     cli = {opt: param.help for param in command.params for opt in param.opts if opt != "--help"}
