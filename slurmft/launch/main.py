@@ -185,8 +185,8 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         voice.template("forward", signal=name)
 
     if alloc is None:
-        srun_rc = run_step(rendezvous.step_argv(rdzv, ident, cfg, command), env, signals,
-                           cfg.resignal_s, forward, pending=signals.take())
+        srun_rc = run_step(rendezvous.step_argv(rdzv, ident, cfg, command), rendezvous.step_env(env, ident),
+                           signals, cfg.resignal_s, forward, pending=signals.take())
     else:
         voice.log(f"in-allocation mode: active {','.join(alloc.active)}, spares "
                   f"{','.join(alloc.spares) or 'none'}, at least {alloc.min_nodes} node(s), a node "

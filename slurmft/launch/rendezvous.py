@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from slurmft.launch import agent, warm
 from slurmft.launch.identity import JobIdentity
 from slurmft.launch.settings import LaunchSettings
+from slurmft.train import rdzv_poll
 
 
 class RendezvousError(RuntimeError):
@@ -47,6 +48,14 @@ def torchrun_argv(rdzv: Rendezvous, identity: JobIdentity, settings: LaunchSetti
             "--max-restarts=0", "--monitor-interval=1",
             *(["--no-python", *warm.worker_command(command, python)] if settings.warm_workers
               else command)]
+
+
+def step_env(env: Mapping[str, str], identity: JobIdentity) -> dict[str, str]:
+    """The training step's environment: ``env`` with the agents' rendezvous poll (``rdzv_poll``).
+    Every start of a requeued job forms its first round: with torch's own poll its agents saw the
+    round complete up to a second or two after the last one joined (1.4-1.8 s from the last
+    agent's join to the last agent's workers started, 3 nodes, ``benchmarks/startup_bench.py``)."""
+    return {**env, rdzv_poll.ENV: str(rdzv_poll.poll_for(identity.num_nodes))}
 
 
 def step_argv(rdzv: Rendezvous, identity: JobIdentity, settings: LaunchSettings,

@@ -258,7 +258,7 @@ def test_another_jobs_record_or_an_unreadable_one_is_no_fence(tmp_path):
 def test_the_agents_poll_a_forming_round_every_poll_and_watch_for_one_as_often(store, monkeypatch):
     poll = rdzv_poll.poll_for(3)                                  # what the launcher says: 0.1 s
     torch_delay = dr._delay
-    assert not rdzv_poll.install({})                               # not in the allocation
+    assert not rdzv_poll.install({})                               # not set: torch's own
     assert rdzv_poll.install({rdzv_poll.ENV: str(poll)}) and dr._delay is not torch_delay
     assert rdzv_poll.install({rdzv_poll.ENV: str(poll)})            # once
     caches: list = []

@@ -6,6 +6,7 @@ import pytest
 
 from launch_envs import recorded
 from slurmft.launch import agent, identity, procs, rendezvous, settings, task
+from slurmft.train import rdzv_poll
 
 pytestmark = pytest.mark.timeout(60)
 ENV = {**recorded("nonarray"), "SLURM_RESTART_COUNT": "4", "SLURMFT_RUN_DIR": "/runs/a",
@@ -33,6 +34,17 @@ def test_step_argv_runs_one_task_per_node_that_execs_torchrun():
     assert "--nproc-per-node=2" in tail and "--rdzv-endpoint=n1:40001" in tail
     assert tail[-3:] == ["train.py", "--steps", "5"]
 
+
+
+def test_the_step_env_makes_a_requeued_jobs_agents_poll_their_first_round_fast():
+    """Every start of a requeued job forms a round: the agents poll it as in-allocation ones do
+    (``rdzv_poll``: the value their hook accepts), on top of the launcher's environment, which
+    is left as it was."""
+    env = {"PATH": "/bin", rdzv_poll.ENV: "0.9"}
+    step_env = rendezvous.step_env(env, IDENT)
+    assert step_env[rdzv_poll.ENV] == str(rdzv_poll.poll_for(IDENT.num_nodes)) == "0.1"
+    assert rdzv_poll.parse(step_env[rdzv_poll.ENV]) == rdzv_poll.POLL_S
+    assert step_env["PATH"] == "/bin" and env[rdzv_poll.ENV] == "0.9"
 
 @pytest.mark.parametrize("node_id, is_host", [("0", "1"), ("1", "0"), (None, "0")])
 def test_only_node_zero_hosts_the_store(node_id, is_host):
