@@ -53,7 +53,7 @@ def torchrun_argv(rdzv: Rendezvous, identity: JobIdentity, settings: LaunchSetti
 def step_env(env: Mapping[str, str], identity: JobIdentity) -> dict[str, str]:
     """The training step's environment: ``env`` with the agents' rendezvous poll (``rdzv_poll``).
     Every start of a requeued job forms its first round: with torch's own poll its agents saw the
-    round complete up to a second or two after the last one joined (1.4-1.8 s from the last
+    round complete up to a second or two after the last one joined (1.1-1.5 s from the last
     agent's join to the last agent's workers started, 3 nodes, ``benchmarks/startup_bench.py``)."""
     return {**env, rdzv_poll.ENV: str(rdzv_poll.poll_for(identity.num_nodes))}
 

@@ -1,6 +1,6 @@
-"""torchrun's agents poll the rendezvous every ``POLL_S`` while they wait in a round and while
-they watch for a new one, not every second: in the allocation, and on the requeue path, where
-every start of the job forms a first round (``slurmft.launch.rendezvous.step_env``: 1.1-1.5 s
+"""torchrun's agents poll the rendezvous every ``POLL_S`` while they wait in a round and (in the
+allocation) while they watch for a new one, not every second: in the allocation, and on the
+requeue path, where every start of the job forms a first round (``slurmft.launch.rendezvous.step_env``: 1.1-1.5 s
 from the last agent's join to the last one's workers started with torch's poll, 0.65-1.0 s with
 this one; 3 devcluster nodes, ``benchmarks/startup_bench.py``).
 

@@ -29,6 +29,9 @@ FAKE_SRUN = textwrap.dedent(f"""\
         node = os.path.basename(os.environ["SLURMFT_ALIVE_FILE"])
         with open(os.path.join(os.environ["FAKE_ENV_OUT"], node), "w") as out:
             out.write(os.environ.get("SLURMFT_NODE_SILENT_S", "unset"))
+    if os.environ.get("FAKE_POLL_OUT") and "slurmft.launch.task" in sys.argv:  # the training step
+        with open(os.environ["FAKE_POLL_OUT"], "w") as out:
+            out.write(os.environ.get("SLURMFT_RDZV_POLL_S", "unset"))
     code = int(os.environ["FAKE_CODE"])
     journal.append_event(os.path.join(os.environ["SLURMFT_RUN_DIR"], "events.jsonl"),
                          journal.SEGMENT_END, job_id=os.environ["SLURM_JOB_ID"],
@@ -147,3 +150,12 @@ def test_every_node_step_gets_the_silence_bound_the_launcher_judges_by(tmp_path,
     extra = {"SLURMFT_IN_ALLOCATION": "1", "FAKE_ENV_OUT": str(out), **extra}
     assert _launch(tmp_path, extra=extra) == exitcodes.OK
     assert {p.name: p.read_text() for p in out.iterdir()} == {"n1.json": bound, "n2.json": bound}
+
+
+def test_the_requeue_paths_training_step_gets_the_rendezvous_poll(tmp_path):
+    """Each start of a requeued job forms a first rendezvous round: its agents poll it every
+    ``rdzv_poll.poll_for(nodes)`` (0.1 s for 2 nodes), whatever the launcher's own environment
+    said; the pre-flight's step is not torchrun's and gets nothing."""
+    out = tmp_path / "poll"
+    assert _launch(tmp_path, extra={"FAKE_POLL_OUT": str(out), "SLURMFT_RDZV_POLL_S": "0.9"}) == exitcodes.OK
+    assert out.read_text() == "0.1"

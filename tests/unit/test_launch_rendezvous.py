@@ -35,7 +35,6 @@ def test_step_argv_runs_one_task_per_node_that_execs_torchrun():
     assert tail[-3:] == ["train.py", "--steps", "5"]
 
 
-
 def test_the_step_env_makes_a_requeued_jobs_agents_poll_their_first_round_fast():
     """Every start of a requeued job forms a round: the agents poll it as in-allocation ones do
     (``rdzv_poll``: the value their hook accepts), on top of the launcher's environment, which
@@ -45,6 +44,7 @@ def test_the_step_env_makes_a_requeued_jobs_agents_poll_their_first_round_fast()
     assert step_env[rdzv_poll.ENV] == str(rdzv_poll.poll_for(IDENT.num_nodes)) == "0.1"
     assert rdzv_poll.parse(step_env[rdzv_poll.ENV]) == rdzv_poll.POLL_S
     assert step_env["PATH"] == "/bin" and env[rdzv_poll.ENV] == "0.9"
+
 
 @pytest.mark.parametrize("node_id, is_host", [("0", "1"), ("1", "0"), (None, "0")])
 def test_only_node_zero_hosts_the_store(node_id, is_host):
