@@ -11,8 +11,8 @@ its own, removed when the agent ends or, when it was killed, by the next agent o
 agent of a node the launcher fenced leaves the rendezvous instead of joining its next round
 (``rdzv_leave``: it exits ``exitcodes.FENCED``; the others drop a dead fenced node's entry); and
 in both modes every agent polls a forming round every 0.1 s for a small job instead of every
-second (``rdzv_poll``, set by the launcher: ``inalloc``, ``rendezvous.step_env``). It then ends as a script
-ends but without the interpreter's teardown of torch (``scriptend``: ~0.5 CPU-s per agent,
+second (``rdzv_poll``, set by the launcher: ``inalloc``, ``rendezvous.step_env``). It then ends
+as a script ends but without the interpreter's teardown of torch (``scriptend``: ~0.5 CPU-s per agent,
 which writes nothing). With warm workers it forks the node's warm server after its own import of
 torch, before torchrun starts a thread (``warmfork``), and stops it at torchrun's end. Every
 agent slurmft starts (each node's task in both modes, a spare's

@@ -1,8 +1,9 @@
 """torchrun's agents poll the rendezvous every ``POLL_S`` while they wait in a round and (in the
 allocation) while they watch for a new one, not every second: in the allocation, and on the
-requeue path, where every start of the job forms a first round (``slurmft.launch.rendezvous.step_env``: 1.1-1.5 s
-from the last agent's join to the last one's workers started with torch's poll, 0.65-1.0 s with
-this one; 3 devcluster nodes, ``benchmarks/startup_bench.py``).
+requeue path, where every start of the job forms a first round
+(``slurmft.launch.rendezvous.step_env``: 1.1-1.5 s from the last agent's join to the last one's
+workers started with torch's poll, 0.65-1.0 s with this one; 3 devcluster nodes,
+``benchmarks/startup_bench.py``).
 
 torch's c10d rendezvous (``dynamic_rendezvous``, torch 2.13) has an agent that waits for others
 (the round to reopen once the last one's participants left, the round to fill, the others to see
@@ -24,10 +25,10 @@ reopened the round, and every new rank's process-group set-up waits for the last
 What it costs: each agent reads the state (a pickle of ~100 bytes per node, from the batch
 host's store) 1 / poll times a second instead of once, while a round forms and while training
 runs: ~10 times torch's reads for a job of up to 12 nodes in the allocation (on the requeue
-path the monitoring loop looks every second: one read a second while training, as torch's). The poll grows with the nodes
-(``POLL_S`` up to 12, torch's own 1 s from 128), so that up to 128 nodes all of them together never
-read more often than 128 agents do with torch's own cache, and from 128 as often as torch's. Reads never
-make another agent's compare-and-set fail (only writes do): the keep-alive race ``nodesteps``
+path the monitoring loop looks every second: one read a second while training, as torch's).
+The poll grows with the nodes (``POLL_S`` up to 12, torch's own 1 s from 128), so that up to
+128 nodes all of them together never read more often than 128 agents do with torch's own cache,
+and from 128 as often as torch's. Reads never make another agent's compare-and-set fail (only writes do): the keep-alive race ``nodesteps``
 explains is not made worse.
 
 This uses torch's private names (torch 2.13); where they are missing nothing is changed.

@@ -23,6 +23,9 @@ FAKE_SRUN = textwrap.dedent(f"""\
     import os, sys
     from slurmft import journal
     if "slurmft.launch.nodecheck" in sys.argv:
+        if os.environ.get("FAKE_POLL_OUT"):
+            with open(os.environ["FAKE_POLL_OUT"] + ".preflight", "w") as out:
+                out.write(os.environ.get("SLURMFT_RDZV_POLL_S", "unset"))
         print(os.environ["FAKE_PREFLIGHT"].replace(";", "\\n"))
         sys.exit(0)
     if os.environ.get("FAKE_ENV_OUT") and os.environ.get("SLURMFT_ALIVE_FILE"):  # a node's step
@@ -155,7 +158,8 @@ def test_every_node_step_gets_the_silence_bound_the_launcher_judges_by(tmp_path,
 def test_the_requeue_paths_training_step_gets_the_rendezvous_poll(tmp_path):
     """Each start of a requeued job forms a first rendezvous round: its agents poll it every
     ``rdzv_poll.poll_for(nodes)`` (0.1 s for 2 nodes), whatever the launcher's own environment
-    said; the pre-flight's step is not torchrun's and gets nothing."""
+    said; the pre-flight's step (not torchrun's) keeps the launcher's environment as it was."""
     out = tmp_path / "poll"
     assert _launch(tmp_path, extra={"FAKE_POLL_OUT": str(out), "SLURMFT_RDZV_POLL_S": "0.9"}) == exitcodes.OK
     assert out.read_text() == "0.1"
+    assert (tmp_path / "poll.preflight").read_text() == "0.9"
