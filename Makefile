@@ -59,10 +59,11 @@ docs: venv
 # with its own devcluster, in a random order (pytest-randomly prints its seed;
 # PYTEST_ARGS=--randomly-seed=N repeats an order, PYTEST_ARGS="-p no:randomly" keeps the files').
 # loadgroup: the tests of one xdist_group (a module-scoped world, tests/conftest.py) go to one worker.
-# Five workers: since the tiny model's steps cost half the CPU (2026-11-29) four kept the 2 cores
-# only ~1.5 busy, the run bound by its tests' waits (their wall times summed, over the workers).
+# Six workers: since the tiny model's steps cost half the CPU (2026-11-29) four kept the 2 cores
+# only ~1.5 busy, five ~1.66, the run bound by its tests' waits (their wall times summed, over the
+# workers).
 TEST_MATRIX_SUITES ?= trixie sid
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 6
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 # The matrix runs beside pytest, not after it (matrix/beside.sh): both mostly wait on daemons and
 # timers; its output goes to build/matrix.log and is printed whole after pytest's.
