@@ -68,7 +68,7 @@ from slurmft.status.report import build_report  # noqa: E402
 TEMPLATE = REPO / "sbatch_templates" / "train.sbatch"
 SCRIPT = REPO / "examples" / "train_gpt.py"
 NODES, JOB_NODES, RANKS = 4, "3-4", 3
-# The model's own step takes ~0.1 s here; the sleep stands for a bigger model's compute, so that
+# The tiny model's own step takes a few tens of ms here; the sleep stands for a bigger model's compute, so that
 # a step costs what it does on a real cluster relative to a restart. It changes no number.
 STEP_SLEEP_S = 0.5
 BASE_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5"]

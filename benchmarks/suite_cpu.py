@@ -1,12 +1,13 @@
 """Where the test suite's CPU goes: each test's CPU-seconds, with everything its worker started
 (the devcluster's daemons, the jobs, the ranks), not only its wall time.
 
-On 2 cores the suite is bound by CPU, not by waiting (issue 28): pytest's ``--durations`` ranks
-tests by wall time, which on a saturated box is mostly the others' CPU. This runs pytest under
+On 2 cores the suite was bound by its CPU until 2026-11-29 (issue 28; since then by its tests'
+waits, over six workers): pytest's ``--durations`` ranks tests by wall time, which on a busy box
+is partly the others' CPU. This runs pytest under
 xdist with a cgroup per worker (``_suite_cpu_plugin``) and ranks tests and modules by what they
 burnt.
 
-    python benchmarks/suite_cpu.py [--workers 4] [--top 20] [--out FILE] [--json] [-- PYTEST_ARGS]
+    python benchmarks/suite_cpu.py [--workers 6] [--top 20] [--out FILE] [--json] [-- PYTEST_ARGS]
 
 PYTEST_ARGS default to the whole suite as ``make test`` runs it (``--dist loadgroup``). Needs
 root and a writable cgroup hierarchy (cgroup v2's ``cpu.stat``, else v1's ``cpuacct``): a clear
@@ -187,7 +188,7 @@ def run(workers: int, pytest_args: list[str], out: Path, parent: Path, kind: str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=4, help="pytest-xdist workers (4, as make test)")
+    parser.add_argument("--workers", type=int, default=6, help="pytest-xdist workers (6, as make test)")
     parser.add_argument("--top", type=int, default=20, help="tests and modules listed (20)")
     parser.add_argument("--out", type=Path, help="also keep every test's line (JSON lines) here")
     parser.add_argument("--json", action="store_true")

@@ -68,6 +68,7 @@ ORDER = (faults.NODE_DEATH, faults.HANG, faults.CRASH, faults.CORRUPT_NEWEST, fa
 TRAIN_ARGS = ["--tiny", "--global-batch", "12", "--heartbeat-interval", "0.5", "--ckpt-every", "5",
               "--step-sleep", "0.25", "--watchdog-timeout", "600"]
 # The uninterrupted run's: the same less the step sleep and the checkpoints, which change no loss
+# while the guard does not trip (a job rolls back there, a run without checkpoints skips)
 # (80 steps' sleep was 20 s of the demo's wall, more on a loaded box; its 16 saves ~10 % of its CPU).
 _NOT_IN_REFERENCE = ("--step-sleep", "--ckpt-every")  # each with its value
 REFERENCE_ARGS = [a for i, a in enumerate(TRAIN_ARGS) if a not in _NOT_IN_REFERENCE

@@ -51,10 +51,9 @@ class ModelConfig:
     n_layers: int = 6
 
 
-# For tests, the demo and the soak: one block still makes a block and the root each an FSDP2 unit;
-# a second doubled the collectives and nearly doubled the CPU of a step (2026-11-29). Two heads:
-# with four, step 78's gradient norm tripped the guard (a rollback where a reference run without
-# checkpoints has nothing to roll back to); this shape trains 3,000 steps on 1-4 ranks without one.
+# For tests, the demo and the soak: one block (still two FSDP2 units, it and the root), less CPU
+# per step than two. Two heads: with four, step 78's gradient norm tripped the guard (no trip
+# with two in 3,000 steps on 3 ranks nor in 400 on 1, 2 and 4; docs/performance.md, 2026-11-29).
 TINY = ModelConfig(seq_len=32, d_model=32, n_heads=2, n_layers=1)
 
 

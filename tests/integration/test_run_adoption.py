@@ -86,7 +86,9 @@ def test_adopted_plain_loop_survives_preemption_and_crash_bit_for_bit(slurm_clus
     segments = _per_segment_losses(events)
     assert sorted(segments) == [0, 1, 2]
     assert max(segments[0]) == preempted_at and min(segments[1]) == preempted_at + 1
-    assert min(segments[2]) == committed + 1 and max(segments[2]) == STEPS
+    # From the restored step, not the journaled one: s24f (two busy processes beside the suite)
+    # killed the ranks between step 25's commit and its journal line and resumed at 26.
+    assert min(segments[2]) == restored + 1 and max(segments[2]) == STEPS
     for restart, steps in segments.items():
         for step, loss in steps.items():
             assert loss == reference[step][0], (restart, step, loss, reference[step])
